@@ -1,0 +1,13 @@
+"""fkjax: sparse and adversarially robust deep nets in JAX.
+
+Reimplements "Sparsity Meets Robustness: Channel Pruning for the Feynman-Kac
+Formalism Principled Robust Deep Neural Nets" (Dinh, Wang, Bertozzi, Osher, Xin).
+
+Subpackages are imported explicitly (``from fkjax import sparsity``) so that a
+project that only needs the optax sparsifiers does not pay for the rest.
+"""
+from fkjax import _xla_flags
+
+_xla_flags.apply_default_flags()
+
+__version__ = "0.1.0"

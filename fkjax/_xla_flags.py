@@ -1,0 +1,31 @@
+"""XLA flags that fkjax sets for itself, before JAX starts its backend.
+
+XLA reads ``XLA_FLAGS`` once, when the first backend is created, which JAX does
+lazily. Importing fkjax before running any JAX computation is therefore enough.
+
+Defaults (each measured on XLA:CPU, see ``docs/performance.md``):
+
+* ``--xla_cpu_experimental_ynn_fusion_type=`` disables the YNNPACK fusions,
+  which made the weight-gradient convolution ~11x slower on CPU.
+
+A flag the user already put in ``XLA_FLAGS`` always wins; ``FKJAX_NO_XLA_FLAGS=1``
+disables all of this.
+"""
+from __future__ import annotations
+
+import os
+
+DEFAULT_CPU_FLAGS: dict[str, str] = {
+    "--xla_cpu_experimental_ynn_fusion_type": "",
+}
+
+
+def apply_default_flags() -> None:
+  """Adds fkjax's default XLA flags to ``XLA_FLAGS`` unless already set."""
+  if os.environ.get("FKJAX_NO_XLA_FLAGS"):
+    return
+  current = os.environ.get("XLA_FLAGS", "")
+  present = {item.split("=", 1)[0] for item in current.split()}
+  extra = [f"{k}={v}" for k, v in DEFAULT_CPU_FLAGS.items() if k not in present]
+  if extra:
+    os.environ["XLA_FLAGS"] = " ".join([current, *extra]).strip()
