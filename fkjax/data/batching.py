@@ -1,0 +1,134 @@
+"""Host-side batching: shuffled, augmented training batches and padded,
+masked evaluation batches, each process getting its slice of a global batch.
+
+The loader knows nothing about devices or meshes; it yields NumPy arrays.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from fkjax.data import augmentation
+from fkjax.data.types import Split
+
+_SCALE = np.float32(1.0 / 255.0)
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+  """Full training batches in an epoch of n examples (the rest is dropped)."""
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  return n // batch_size
+
+
+def num_eval_batches(n: int, batch_size: int) -> int:
+  """Evaluation batches needed to see all n examples (the last one padded)."""
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  return -(-n // batch_size)
+
+
+def to_float(images_uint8: np.ndarray) -> np.ndarray:
+  """uint8 [0, 255] -> float32 [0, 1], one pass with no float64 temporary."""
+  return np.multiply(images_uint8, _SCALE, dtype=np.float32)
+
+
+def train_batches(
+    split: Split,
+    batch_size: int,
+    *,
+    seed: int,
+    epoch: int,
+    augment: bool = True,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Iterator[dict[str, np.ndarray]]:
+  """Yields one epoch of shuffled (and augmented) training batches.
+
+  The order and the augmentation depend only on (seed, epoch), and are drawn
+  for the whole global batch before it is sliced, so the union of what the
+  processes see equals what a single process would see.
+
+  Args:
+    split: the training split.
+    batch_size: the GLOBAL batch size; divisible by process_count.
+    seed: base seed of the run.
+    epoch: epoch number; each epoch has its own order and augmentation.
+    augment: apply random crop + flip.
+    process_index: this process's index in [0, process_count).
+    process_count: number of processes sharing each global batch.
+
+  Yields:
+    {"image": float32 (batch_size // process_count, 32, 32, 3) in [0, 1],
+     "label": int32 (batch_size // process_count,)}; steps_per_epoch(N,
+    batch_size) batches, the last partial batch being dropped.
+  """
+  local = _local_size(batch_size, process_index, process_count)
+  n = split.num_examples
+  steps = steps_per_epoch(n, batch_size)
+  if steps == 0:
+    raise ValueError(f"batch_size {batch_size} exceeds the {n} training "
+                     "examples: the epoch would be empty")
+  rng = np.random.default_rng([seed, epoch])
+  order_rng, augment_rng = rng.spawn(2)
+  order = order_rng.permutation(n)[:steps * batch_size]
+  params = augmentation.draw_params(augment_rng, steps * batch_size)
+  lo = process_index * local
+  for step in range(steps):
+    mine = slice(step * batch_size + lo, step * batch_size + lo + local)
+    idx = order[mine]
+    images = split.images[idx]
+    if augment:
+      images = augmentation.apply_params(
+          images, augmentation.AugmentParams(params.offsets[mine],
+                                             params.flips[mine]))
+    yield {"image": to_float(images),
+           "label": split.labels[idx].astype(np.int32, copy=False)}
+
+
+def eval_batches(
+    split: Split,
+    batch_size: int,
+    *,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> Iterator[dict[str, np.ndarray]]:
+  """Yields every example exactly once, in order, in fixed-size batches.
+
+  The last global batch is padded with zero images (label 0) whose mask is
+  False, so every process yields the same number of equally shaped batches
+  and accuracy is sum(correct * mask) / sum(mask).
+
+  Args:
+    split: the split to evaluate.
+    batch_size: the GLOBAL batch size; divisible by process_count.
+    process_index: this process's index in [0, process_count).
+    process_count: number of processes sharing each global batch.
+
+  Yields:
+    {"image": float32 (local, 32, 32, 3), "label": int32 (local,),
+     "mask": bool (local,)} with local = batch_size // process_count.
+  """
+  local = _local_size(batch_size, process_index, process_count)
+  n = split.num_examples
+  for b in range(num_eval_batches(n, batch_size)):
+    start = b * batch_size + process_index * local
+    idx = np.arange(start, start + local)
+    mask = idx < n
+    idx = np.where(mask, idx, 0)
+    images = split.images[idx]
+    images[~mask] = 0
+    labels = np.where(mask, split.labels[idx], 0).astype(np.int32)
+    yield {"image": to_float(images), "label": labels, "mask": mask}
+
+
+def _local_size(batch_size: int, process_index: int, process_count: int) -> int:
+  if process_count <= 0 or not 0 <= process_index < process_count:
+    raise ValueError(f"need 0 <= process_index < process_count, got "
+                     f"process_index={process_index}, "
+                     f"process_count={process_count}")
+  if batch_size <= 0 or batch_size % process_count:
+    raise ValueError(f"batch_size {batch_size} must be a positive multiple "
+                     f"of process_count {process_count}")
+  return batch_size // process_count
