@@ -1,8 +1,9 @@
 """Host input-pipeline throughput: augmentation + batching per batch.
 
 Usage:
-  python -m benchmarks.bench_data [--source synthetic|cifar_binary]  # from the repo root
+  python -m benchmarks.bench_data [--source synthetic|cifar_binary]
       [--data_dir DIR] [--batch_size 128] [--batches 200]
+  (from the repository root)
 
 Prints one table row per stage with the mean and median milliseconds per
 batch. For scale: one PGD-10 training step of ResNet20 at batch 128 takes

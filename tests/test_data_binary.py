@@ -258,8 +258,10 @@ def test_real_cifar10_counts_and_known_values(real_cifar10):
   np.testing.assert_array_equal(official.test.labels[:10],
                                 [3, 8, 8, 0, 6, 6, 1, 6, 3, 1])
   # Values printed from the official pickles: red plane starts 59 43 50, blue
-  # plane ends 140 84 72 (train image 0); test image 0: 158 159 165 / 124 129 110.
-  np.testing.assert_array_equal(official.train.images[0, 0, :3, 0], [59, 43, 50])
+  # plane ends 140 84 72 (train image 0); test image 0: 158 159 165 / 124 129
+  # 110.
+  np.testing.assert_array_equal(official.train.images[0, 0, :3, 0],
+                                [59, 43, 50])
   np.testing.assert_array_equal(official.train.images[0, -1, -3:, 2],
                                 [140, 84, 72])
   np.testing.assert_array_equal(official.test.images[0, 0, :3, 0],

@@ -117,7 +117,8 @@ def test_train_batches_shapes_and_one_pass_over_the_data():
                                     augment=False))
   assert len(batches) == data.steps_per_epoch(70, 16) == 4
   for b in batches:
-    assert b["image"].shape == (16, 32, 32, 3) and b["image"].dtype == np.float32
+    assert b["image"].shape == (16, 32, 32, 3)
+    assert b["image"].dtype == np.float32
     assert b["label"].shape == (16,) and b["label"].dtype == np.int32
     # Without augmentation the images are the originals scaled to [0, 1].
     np.testing.assert_allclose(b["image"],
@@ -168,7 +169,10 @@ def test_train_batches_processes_split_each_global_batch():
 ])
 def test_train_batches_rejects_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    next(data.train_batches(_id_split(20), seed=0, epoch=0, **kwargs))
+    # Raised at the call, before any batch is requested.
+    data.train_batches(_id_split(20), seed=0, epoch=0, **kwargs)
+  with pytest.raises(ValueError, match="process_count"):
+    data.eval_batches(_id_split(20), 12, process_index=0, process_count=5)
 
 
 # --- evaluation batches
@@ -179,7 +183,8 @@ def test_eval_batches_pad_and_mask_so_each_example_counts_once():
   batches = list(data.eval_batches(split, 16))
   assert len(batches) == data.num_eval_batches(37, 16) == 3
   for b in batches:
-    assert b["image"].shape == (16, 32, 32, 3) and b["image"].dtype == np.float32
+    assert b["image"].shape == (16, 32, 32, 3)
+    assert b["image"].dtype == np.float32
     assert b["label"].dtype == np.int32 and b["mask"].dtype == bool
   labels = np.concatenate([b["label"][b["mask"]] for b in batches])
   np.testing.assert_array_equal(labels, np.arange(37))

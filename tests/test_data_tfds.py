@@ -43,9 +43,11 @@ def prepared_cifar10(tmp_path, monkeypatch):
   Preparing needs TensorFlow only to PNG-encode images; this fixture swaps in
   Pillow for that single step so the READ path can be tested without TF.
   """
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.core.features import image_feature  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.image_classification import cifar  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from PIL import Image
+  from tensorflow_datasets.core.features import image_feature
+  from tensorflow_datasets.image_classification import cifar
+  # pylint: enable=g-import-not-at-top
 
   def encode_png(self, np_image):
     del self
@@ -53,7 +55,8 @@ def prepared_cifar10(tmp_path, monkeypatch):
     Image.fromarray(np_image).save(buf, format="PNG")
     return buf.getvalue()
 
-  monkeypatch.setattr(image_feature._ImageEncoder, "_encode_image", encode_png)  # pylint: disable=protected-access
+  monkeypatch.setattr(image_feature._ImageEncoder,  # pylint: disable=protected-access
+                      "_encode_image", encode_png)
   rng = np.random.default_rng(0)
   splits = {
       "train": (rng.integers(0, 256, (30, 32, 32, 3), np.uint8),

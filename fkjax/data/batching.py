@@ -64,15 +64,24 @@ def train_batches(
      "label": int32 (batch_size // process_count,)}; steps_per_epoch(N,
     batch_size) batches, the last partial batch being dropped.
   """
+  # Checked here, not inside the generator, so that bad arguments fail at
+  # the call rather than at the first next().
   local = _local_size(batch_size, process_index, process_count)
   n = split.num_examples
   steps = steps_per_epoch(n, batch_size)
   if steps == 0:
     raise ValueError(f"batch_size {batch_size} exceeds the {n} training "
                      "examples: the epoch would be empty")
+  return _train_iter(split, batch_size, steps, local, seed, epoch, augment,
+                     process_index)
+
+
+def _train_iter(split: Split, batch_size: int, steps: int, local: int,
+                seed: int, epoch: int, augment: bool,
+                process_index: int) -> Iterator[dict[str, np.ndarray]]:
   rng = np.random.default_rng([seed, epoch])
   order_rng, augment_rng = rng.spawn(2)
-  order = order_rng.permutation(n)[:steps * batch_size]
+  order = order_rng.permutation(split.num_examples)[:steps * batch_size]
   params = augmentation.draw_params(augment_rng, steps * batch_size)
   lo = process_index * local
   for step in range(steps):
@@ -111,6 +120,11 @@ def eval_batches(
      "mask": bool (local,)} with local = batch_size // process_count.
   """
   local = _local_size(batch_size, process_index, process_count)
+  return _eval_iter(split, batch_size, local, process_index)
+
+
+def _eval_iter(split: Split, batch_size: int, local: int,
+               process_index: int) -> Iterator[dict[str, np.ndarray]]:
   n = split.num_examples
   for b in range(num_eval_batches(n, batch_size)):
     start = b * batch_size + process_index * local

@@ -84,21 +84,18 @@ class OfficialSplits(NamedTuple):
   location: str
 
 
-def empty_split() -> Split:
-  """A split with no examples but the right shapes and dtypes."""
-  return Split(np.zeros((0,) + IMAGE_SHAPE, np.uint8), np.zeros((0,), np.int32))
-
-
 def check_split(split: Split, num_classes: int, where: str) -> None:
   """Raises DataError unless `split` has CIFAR shapes, dtypes and labels."""
   images, labels = split.images, split.labels
-  if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
+  if (images.dtype != np.uint8 or images.ndim != 4 or
+      images.shape[1:] != IMAGE_SHAPE):
     raise DataError(
         f"{where}: expected uint8 images of shape (N, 32, 32, 3), found "
         f"{images.dtype} {images.shape}")
   if labels.shape != (images.shape[0],):
     raise DataError(
-        f"{where}: expected {images.shape[0]} labels, found shape {labels.shape}")
+        f"{where}: expected {images.shape[0]} labels, found shape "
+        f"{labels.shape}")
   check_labels(labels, num_classes, where)
 
 
