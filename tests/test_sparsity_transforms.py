@@ -277,7 +277,8 @@ def test_admm_reset_inside_chain_mask_and_inject():
   g = jax.tree.map(lambda x: 0.01 * jnp.ones_like(x), params)
   tx = optax.chain(
       optax.sgd(0.1, momentum=0.9),
-      optax.inject_hyperparams(sp.admm, static_args=("structure",))(
+      # `structure` is a string: inject_hyperparams passes it through as is.
+      optax.inject_hyperparams(sp.admm)(
           rho=RHO, percent=PERCENT, learning_rate=0.1, structure="channel"),
   )
   state = tx.init(params)

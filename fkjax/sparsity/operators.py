@@ -91,7 +91,7 @@ def group_norms(
 
 def l0_threshold(lamb: ArrayLike, beta: ArrayLike) -> Array:
   """The hard-threshold level ``sqrt(2 λ / β)`` of the ℓ0 prox."""
-  return jnp.sqrt(2.0 * jnp.asarray(lamb, jnp.float32) / beta)
+  return jnp.sqrt(2.0 * jnp.asarray(lamb) / beta)
 
 
 def hard_threshold(w: ArrayLike, gamma: ArrayLike) -> Array:

@@ -16,8 +16,9 @@ _OPTIMIZER_ONLY = {"rgsm": {"lamb2"}, "admm": {"rho"}}
 
 
 def _rvsm_prox(beta, lamb):
-  gamma = operators.l0_threshold(lamb, beta)
-  return lambda w: operators.hard_threshold(w, gamma)
+  return lambda w: operators.hard_threshold(
+      w, operators.l0_threshold(lamb, beta)
+  )
 
 
 def _rgsm_prox(beta, lamb1, group="input"):

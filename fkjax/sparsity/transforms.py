@@ -114,11 +114,10 @@ def rvsm(
     An ``optax.GradientTransformation`` whose state holds an :class:`RVSMState`
     (inside ``optax.MaskedState`` when masked).
   """
-  gamma = operators.l0_threshold(lamb, beta)
   inner = _splitting_step(
       "rvsm",
       RVSMState,
-      lambda w: operators.hard_threshold(w, gamma),
+      lambda w: operators.hard_threshold(w, operators.l0_threshold(lamb, beta)),
       beta,
       learning_rate,
   )
