@@ -49,7 +49,8 @@ def rvsm_lagrangian_trajectory(keys, beta, lamb, eta_factor):
       w, state = carry
       updates, state = tx.update(jax.grad(f)(w), state, w)
       w = optax.apply_updates(w, updates)
-      return (w, state), (lagrangian(w), jnp.mean(sp.hard_threshold(w, gamma) == 0))
+      u_zeros = jnp.mean(sp.hard_threshold(w, gamma) == 0)
+      return (w, state), (lagrangian(w), u_zeros)
 
     _, (values, u_sparsity) = jax.lax.scan(
         step, (w0, tx.init(w0)), None, length=STEPS)

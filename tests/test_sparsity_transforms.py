@@ -15,12 +15,12 @@ import pytest
 from fkjax import sparsity as sp
 
 BETA, LAMB = 0.5, 2e-3          # RVSM threshold sqrt(2 * 2e-3 / 0.5) ≈ 0.089
-LAMB1, LAMB2 = 6.25e-2, 1e-2    # RGSM channel threshold sqrt(2 * LAMB1 / BETA) = 0.5
+LAMB1, LAMB2 = 6.25e-2, 1e-2    # RGSM channel threshold sqrt(2 LAMB1/BETA) = .5
 RHO, PERCENT = 0.3, 50.0
 
 
 def make_params(seed=0):
-  """A conv kernel, a member-stacked conv kernel, BatchNorm and a dense layer."""
+  """A conv kernel, a member-stacked conv kernel, BatchNorm, a dense layer."""
   rng = np.random.default_rng(seed)
   f = lambda *s: (0.1 * rng.standard_normal(s)).astype(np.float32)
   # Input channels of growing scale, so that the RGSM prox (threshold 0.5)
@@ -55,7 +55,8 @@ def np_input_channel_norms(w):
   out = np.zeros(lead + (w.shape[-2],))
   for idx in np.ndindex(*lead):
     for i in range(w.shape[-2]):
-      out[idx + (i,)] = np.sqrt(np.sum(w[idx][:, :, i, :].astype(np.float64)**2))
+      group = w[idx][:, :, i, :].astype(np.float64)
+      out[idx + (i,)] = np.sqrt(np.sum(group**2))
   return out
 
 
@@ -345,7 +346,7 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     params = {
         "conv": {"kernel": rng.standard_normal((3, 3, 8, 8), np.float32) * .1},
-        "ens": {"kernel": rng.standard_normal((4, 3, 3, 8, 4), np.float32) * .1},
+        "ens": {"kernel": rng.standard_normal((4, 3, 3, 8, 4), np.float32)},
         "bn": {"scale": np.ones(8, np.float32)},
     }
     specs = {"conv": {"kernel": P(None, None, None, "model")},
@@ -355,7 +356,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     grads = jax.tree.map(lambda x: np.full_like(x, 0.01), params)
     for method, hp in [("rvsm", dict(beta=.5, lamb=2e-3)),
                        ("rgsm", dict(beta=.5, lamb1=2e-2, lamb2=1e-2)),
-                       ("admm", dict(rho=.3, percent=50., structure="channel"))]:
+                       ("admm", dict(rho=.3, percent=50., structure="channel")),
+                       ]:
       tx = sp.sparse_sgd(method, 0.1, **hp)
       def run(p, g):
         s = tx.init(p)

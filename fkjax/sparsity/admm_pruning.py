@@ -65,7 +65,9 @@ class ADMMState(NamedTuple):
 
 def _project_tree(tree: PyTree, percent: Any, spec: ADMMSpec) -> PyTree:
   return jax.tree.map(
-      lambda w: operators.admm_projection(w, percent, spec.structure, spec.group),
+      lambda w: operators.admm_projection(
+          w, percent, spec.structure, spec.group
+      ),
       tree,
   )
 
@@ -118,7 +120,9 @@ def admm(
       )
     eta = transforms.learning_rate_at(learning_rate, state.count)
     z = jax.tree.map(
-        lambda w, u: operators.admm_projection(w + u, percent, structure, group),
+        lambda w, u: operators.admm_projection(
+            w + u, percent, structure, group
+        ),
         params,
         state.u,
     )
@@ -139,7 +143,9 @@ def admm(
     )
     return updates, new_state
 
-  return masks.maybe_masked(optax.GradientTransformation(init_fn, update_fn), mask)
+  return masks.maybe_masked(
+      optax.GradientTransformation(init_fn, update_fn), mask
+  )
 
 
 def _is_masked_node(x: Any) -> bool:
@@ -147,7 +153,7 @@ def _is_masked_node(x: Any) -> bool:
 
 
 def admm_reset(opt_state: PyTree, params: PyTree) -> PyTree:
-  """Re-initialises every ADMM state inside ``opt_state``: ``z = Proj(w)``, ``u = 0``.
+  """Re-initialises every ADMM state in ``opt_state``: z = Proj(w), u = 0.
 
   Finds :class:`ADMMState` anywhere in a chained / masked /
   ``inject_hyperparams``-wrapped optax state. The paper's protocol calls this

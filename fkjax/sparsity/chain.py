@@ -42,7 +42,8 @@ def sparse_sgd(
   if method == "none":
     if method_hparams:
       raise TypeError(
-          f"method 'none' takes no hyperparameters, got {sorted(method_hparams)}"
+          "method 'none' takes no hyperparameters, got "
+          f"{sorted(method_hparams)}"
       )
   elif method == "rvsm":
     after.append(transforms.rvsm(learning_rate=learning_rate, **method_hparams))
@@ -51,7 +52,9 @@ def sparse_sgd(
     before.append(pre)
     after.append(post)
   elif method == "admm":
-    after.append(admm_pruning.admm(learning_rate=learning_rate, **method_hparams))
+    after.append(
+        admm_pruning.admm(learning_rate=learning_rate, **method_hparams)
+    )
   else:
     raise ValueError(
         f"Unknown sparsification method {method!r}; expected one of 'none', "

@@ -1,7 +1,7 @@
 """Which parameters are sparsified.
 
-By default every convolution kernel is, and nothing else: BatchNorm ``scale`` and
-``bias``, biases and the final dense layer stay dense, as in the paper.
+By default every convolution kernel is, and nothing else: BatchNorm ``scale``
+and ``bias``, biases and the final dense layer stay dense, as in the paper.
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ class SparsityReport:
   layers: tuple[LayerSparsity, ...]
 
   def channel_norms(self) -> np.ndarray:
-    """All channel-group norms as one flat array (for the paper's histograms)."""
+    """All channel-group norms as one flat array (the paper's histograms)."""
     if not self.layers:
       return np.zeros([0])
     return np.concatenate([l.channel_norms.ravel() for l in self.layers])

@@ -36,7 +36,7 @@ GROUP_LASSO_EPS = 1e-8
 
 
 def group_axes(group: Group, ndim: int) -> tuple[int, ...]:
-  """Returns the (negative) axes a channel group of a rank-``ndim`` kernel spans.
+  """The (negative) axes one channel group of a rank-``ndim`` kernel spans.
 
   Args:
     group: ``"input"``, ``"output"``, or an explicit sequence of axes.
@@ -95,7 +95,7 @@ def l0_threshold(lamb: ArrayLike, beta: ArrayLike) -> Array:
 
 
 def hard_threshold(w: ArrayLike, gamma: ArrayLike) -> Array:
-  """Hard thresholding ``H_γ(w)``: keeps entries with ``|w| > γ``, zeros the rest.
+  """Hard thresholding ``H_γ(w)``: keeps entries with ``|w| > γ``, zeros others.
 
   An entry exactly at the threshold is zeroed (the inequality is strict), as in
   the paper's definition ``w χ{|w| > γ}``.

@@ -1,4 +1,4 @@
-"""``project``: the sparse ``u`` of a method, which replaces ``w`` each epoch."""
+"""``project``: a method's sparse ``u``, which replaces ``w`` every epoch."""
 from __future__ import annotations
 
 from typing import Any
