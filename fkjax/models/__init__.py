@@ -1,0 +1,31 @@
+"""Flax models: pre-activation ResNets and the noise-injected EnResNet."""
+from __future__ import annotations
+
+import flax.linen as nn
+
+from fkjax.models.ensemble import EnResNet
+from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
+                                 PreActResNet, inject_noise)
+
+
+def create_model(*, depth: int = 20, num_classes: int = 10,
+                 ensemble_size: int = 1, width: int = 1, skip: bool = True,
+                 noise_coef: float = 0.0, noise_std_over: str = "batch",
+                 normalize: bool = True) -> nn.Module:
+  """Builds ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}.
+
+  ``ensemble_size=1`` gives a plain :class:`PreActResNet` (no member axis).
+  """
+  kwargs = dict(depth=depth, num_classes=num_classes, width=width, skip=skip,
+                noise_coef=noise_coef, noise_std_over=noise_std_over)
+  if not normalize:
+    kwargs.update(mean=None, std=None)
+  if ensemble_size < 1:
+    raise ValueError(f"ensemble_size must be >= 1, got {ensemble_size}")
+  if ensemble_size == 1:
+    return PreActResNet(**kwargs)
+  return EnResNet(num_members=ensemble_size, member_kwargs=kwargs)
+
+
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "EnResNet", "PreActBlock",
+           "PreActResNet", "create_model", "inject_noise"]

@@ -1,0 +1,207 @@
+"""Tests of the PreActResNet / EnResNet models."""
+import functools
+
+import fkjax  # noqa: F401  (sets XLA flags)
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fkjax.models import EnResNet, PreActResNet, create_model
+
+KEYS = {"params": jax.random.key(0), "noise": jax.random.key(1)}
+
+
+def param_count(tree) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def expected_param_count(depth, num_classes=10, width=1, members=1,
+                         skip=True) -> int:
+  """Closed-form count of the architecture, derived independently of Flax."""
+  n = (depth - 2) // 6
+  w = [16 * width, 32 * width, 64 * width]
+  total = 3 * 3 * 3 * w[0]                      # stem
+  cin = w[0]
+  for cout in w:
+    for b in range(n):
+      total += 2 * cin + 9 * cin * cout          # bn1 + conv1
+      total += 2 * cout + 9 * cout * cout        # bn2 + conv2
+      if skip and cin != cout:
+        total += cin * cout                      # 1x1 shortcut
+      cin = cout
+  total += 2 * w[2] + w[2] * num_classes + num_classes  # bn_final + head
+  return members * total
+
+
+_JITTED = {}
+
+
+def jit_apply(model):
+  """``model.apply`` compiled once per model (eager Flax is slow on CPU)."""
+  if repr(model) not in _JITTED:
+    _JITTED[repr(model)] = jax.jit(
+        model.apply, static_argnames=("train", "add_noise", "mutable"))
+  return _JITTED[repr(model)]
+
+
+def init_shapes(model, x_shape=(1, 32, 32, 3)):
+  return jax.eval_shape(
+      functools.partial(model.init, train=False), KEYS,
+      jnp.zeros(x_shape))
+
+
+@pytest.mark.parametrize("depth,members,classes,expected", [
+    (20, 1, 10, 272_282),   # ResNet20 ~0.27M
+    (20, 2, 10, 544_564),   # En2ResNet20 ~0.54M
+    (38, 1, 10, 563_930),   # ResNet38 ~0.56M
+    (20, 5, 10, 1_361_410),
+    (20, 1, 100, 278_132),
+])
+def test_exact_parameter_counts(depth, members, classes, expected):
+  model = create_model(depth=depth, ensemble_size=members,
+                       num_classes=classes, noise_coef=0.1)
+  count = param_count(init_shapes(model)["params"])
+  assert count == expected
+  assert count == expected_param_count(depth, classes, members=members)
+
+
+def test_width_and_no_skip_counts():
+  for width, skip in [(2, True), (1, False)]:
+    model = create_model(depth=20, width=width, skip=skip)
+    count = param_count(init_shapes(model)["params"])
+    assert count == expected_param_count(20, width=width, skip=skip)
+
+
+@pytest.mark.parametrize("classes,members", [(10, 1), (100, 2)])
+def test_output_shapes(classes, members):
+  model = create_model(depth=8, num_classes=classes, ensemble_size=members,
+                       noise_coef=0.1)
+  x = jnp.ones((3, 8, 8, 3)) * 0.5
+  variables = jax.jit(model.init)(KEYS, x)
+  logits, new_state = jit_apply(model)(variables, x, train=True, rngs=KEYS,
+                                  mutable="batch_stats")
+  assert logits.shape == (3, classes)
+  assert logits.dtype == jnp.float32
+  assert set(new_state) == {"batch_stats"}
+
+
+@pytest.fixture(scope="module")
+def small_batch():
+  return jax.random.uniform(jax.random.key(7), (4, 8, 8, 3))
+
+
+def test_noise_keys(small_batch):
+  for coef in (0.0, 0.2):
+    model = create_model(depth=8, ensemble_size=2, noise_coef=coef)
+    variables = jax.jit(model.init)(KEYS, small_batch)
+    run = lambda k: jit_apply(model)(variables, small_batch, rngs={"noise": k})
+    a, b, c = run(jax.random.key(3)), run(jax.random.key(3)), run(
+        jax.random.key(4))
+    np.testing.assert_array_equal(a, b)
+    if coef == 0.0:
+      np.testing.assert_array_equal(a, c)
+    else:
+      assert not np.allclose(a, c)
+      # the switch turns noise off: deterministic without any noise key
+      off = jit_apply(model)(variables, small_batch, add_noise=False)
+      np.testing.assert_array_equal(
+          off, jit_apply(model)(variables, small_batch, add_noise=False))
+
+
+def test_noise_std_over_example_is_batch_independent(small_batch):
+  model = create_model(depth=8, noise_coef=0.3, noise_std_over="example")
+  variables = jax.jit(model.init)(KEYS, small_batch)
+  # noise drawn for a batch of 4 with the same key differs from one of 2 in
+  # shape, so compare the deterministic part: scale one example only and
+  # check that the other examples' noise-free logits do not move.
+  out = jit_apply(model)(variables, small_batch, add_noise=False)
+  x2 = small_batch.at[0].multiply(0.1)
+  out2 = jit_apply(model)(variables, x2, add_noise=False)
+  np.testing.assert_allclose(out[1:], out2[1:], rtol=1e-5, atol=1e-6)
+
+
+def test_ensemble_equals_mean_of_members(small_batch):
+  ens = create_model(depth=8, ensemble_size=3)
+  variables = jax.jit(ens.init)(KEYS, small_batch)
+  stacked = variables["params"]["members"]
+  leaves = jax.tree.leaves(stacked)
+  assert all(leaf.shape[0] == 3 for leaf in leaves)
+  # independently initialised members
+  stem = stacked["stem"]["kernel"]
+  assert not np.allclose(stem[0], stem[1])
+  single = PreActResNet(depth=8)
+  member_out = []
+  for i in range(3):
+    member_vars = jax.tree.map(lambda a: a[i], {
+        "params": stacked, "batch_stats": variables["batch_stats"]["members"]})
+    member_out.append(jit_apply(single)(member_vars, small_batch))
+  np.testing.assert_allclose(jit_apply(ens)(variables, small_batch),
+                             np.mean(member_out, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_en1_without_noise_equals_plain_net(small_batch):
+  plain = create_model(depth=8)
+  variables = jax.jit(plain.init)(KEYS, small_batch)
+  en1 = EnResNet(num_members=1, member_kwargs=dict(depth=8))
+  en1_vars = {k: {"members": jax.tree.map(lambda a: a[None], v)}
+              for k, v in variables.items()}
+  for train in (False, True):
+    a = jit_apply(plain)(variables, small_batch, train=train,
+                    mutable="batch_stats")[0]
+    b = jit_apply(en1)(en1_vars, small_batch, train=train,
+                  mutable="batch_stats")[0]
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _zero_block_kernels(params):
+  def zero(path, leaf):
+    names = [getattr(p, "key", "") for p in path]
+    branch = any(n in ("conv1", "conv2") for n in names)
+    return jnp.zeros_like(leaf) if branch else leaf
+  return jax.tree_util.tree_map_with_path(zero, params)
+
+
+def test_skip_false_removes_skip_path(small_batch):
+  for skip in (True, False):
+    model = create_model(depth=8, skip=skip)
+    variables = jax.jit(model.init)(KEYS, small_batch)
+    names = str(jax.tree_util.tree_structure(variables["params"]))
+    assert ("shortcut" in names) == skip
+    # With every residual-branch kernel zero, only the skip path carries the
+    # input to the head: without it the logits cannot depend on the image.
+    variables = {**variables, "params": _zero_block_kernels(variables["params"])}
+    a = jit_apply(model)(variables, small_batch)
+    b = jit_apply(model)(variables, 1.0 - small_batch)
+    assert np.allclose(a, b) != skip
+
+
+def test_jit_matches_eager(small_batch):
+  model = create_model(depth=8, noise_coef=0.1)
+  variables = model.init(KEYS, small_batch)
+  fn = lambda v, x, k: model.apply(v, x, train=True, rngs={"noise": k},
+                                   mutable=["batch_stats"])
+  eager = fn(variables, small_batch, jax.random.key(5))
+  jitted = jax.jit(fn)(variables, small_batch, jax.random.key(5))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
+                                                       atol=1e-5),
+               eager, jitted)
+
+
+def test_batchnorm_train_updates_stats_eval_uses_them(small_batch):
+  model = create_model(depth=8)
+  variables = jax.jit(model.init)(KEYS, small_batch)
+  _, state = jit_apply(model)(variables, small_batch, train=True,
+                         mutable="batch_stats")
+  before = jax.tree.leaves(variables["batch_stats"])
+  after = jax.tree.leaves(state["batch_stats"])
+  assert any(not np.allclose(a, b) for a, b in zip(before, after))
+  # eval mode: each example's logits are independent of the batch
+  full = jit_apply(model)(variables, small_batch)
+  alone = jit_apply(model)(variables, small_batch[:1])
+  np.testing.assert_allclose(full[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_depth_raises():
+  with pytest.raises(ValueError, match="6n\\+2"):
+    init_shapes(create_model(depth=21))
