@@ -52,6 +52,8 @@ def default_attacks(eot_samples: int = 1,
                     cw_steps: int = 20,
                     nattack_population: int = 300,
                     nattack_chunk: int | None = None,
+                    ifgsm_random_start: bool = False,
+                    cw_random_start: bool = True,
                     unroll: bool | int = True) -> dict[str, Attack]:
   """The paper's attacks, keyed in column order (see ``PAPER_COLUMNS``).
 
@@ -66,6 +68,10 @@ def default_attacks(eot_samples: int = 1,
     cw_steps: C&W-l_inf steps.
     nattack_population: NAttack's population.
     nattack_chunk: population members NAttack evaluates at once (memory).
+    ifgsm_random_start: start IFGSM from a random point of the ball. False by
+      default: the paper's IFGSM^M starts from ``x^(0) = x`` (its appendix);
+      only its training PGD starts at random.
+    cw_random_start: start C&W from a random point (the paper is silent).
     unroll: loop form of IFGSM and C&W, see ``fkjax.attacks.pgd``.
 
   Returns:
@@ -77,11 +83,12 @@ def default_attacks(eot_samples: int = 1,
                                 eot_samples=eot_samples),
       "ifgsm20": functools.partial(
           attacks_lib.pgd, epsilon=epsilon, step_size=step_size,
-          num_steps=ifgsm_steps, random_start=True, loss="ce",
+          num_steps=ifgsm_steps, random_start=ifgsm_random_start, loss="ce",
           eot_samples=eot_samples, unroll=unroll),
       "cw": functools.partial(
           attacks_lib.cw_linf, epsilon=epsilon, step_size=step_size,
-          num_steps=cw_steps, random_start=True, eot_samples=eot_samples,
+          num_steps=cw_steps, random_start=cw_random_start,
+          eot_samples=eot_samples,
           unroll=unroll),
       "nattack": functools.partial(
           attacks_lib.nattack, epsilon=epsilon, population=nattack_population,

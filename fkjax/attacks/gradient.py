@@ -121,9 +121,9 @@ def cw_linf(apply_fn: common.ApplyFn,
             unroll: bool | int = True) -> jax.Array:
   """C&W attack in l_inf: ``pgd`` on the margin ``max_{j != y} z_j - z_y``.
 
-  The paper leaves the C&W settings open; the default (20 steps of 2/255 from
-  a random start, epsilon 8/255) matches IFGSM^20 so that A3 and A4 differ
-  only in the loss. See ``pgd`` for the arguments.
+  The paper leaves the C&W settings open; the default is 20 steps of 2/255
+  from a random start in the epsilon = 8/255 ball: the budget of IFGSM^20, on
+  the margin loss. See ``pgd`` for the arguments.
   """
   return pgd(apply_fn, variables, images, labels, key, epsilon=epsilon,
              step_size=step_size, num_steps=num_steps,
