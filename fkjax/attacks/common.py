@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 ApplyFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
-"""``apply_fn(variables, images, key) -> logits`` of shape ``[batch, classes]``."""
+"""``apply_fn(variables, images, key) -> logits``, ``[batch, classes]``."""
 
 LOSSES = ("ce", "cw")
 

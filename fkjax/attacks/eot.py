@@ -1,8 +1,8 @@
-"""Input gradients averaged over the model's noise (Expectation over Transformation).
+"""Input gradients averaged over the model's noise (EOT).
 
 A model with noise injection gives a different gradient for every noise draw;
 attacking a single draw can make a noisy model look more robust than it is
-(Athalye et al., 2018). ``input_gradient`` averages the gradient over
+(Athalye et al., 2018): Expectation over Transformation. ``input_gradient`` averages the gradient over
 ``eot_samples`` independent noise keys.
 """
 from __future__ import annotations
