@@ -1,9 +1,10 @@
 """Input gradients averaged over the model's noise (EOT).
 
 A model with noise injection gives a different gradient for every noise draw;
-attacking a single draw can make a noisy model look more robust than it is
-(Athalye et al., 2018): Expectation over Transformation. ``input_gradient`` averages the gradient over
-``eot_samples`` independent noise keys.
+attacking a single draw can make a noisy model look more robust than it is.
+Expectation over Transformation (Athalye et al., 2018) attacks the expected
+loss instead: ``input_gradient`` averages the gradient over ``eot_samples``
+independent noise keys.
 """
 from __future__ import annotations
 
