@@ -1,4 +1,4 @@
-"""Tests for fkjax.attacks: optimality on linear models, constraints, EOT, NAttack."""
+"""Tests for fkjax.attacks: linear optimality, constraints, EOT, NAttack."""
 import functools
 
 import jax
