@@ -141,6 +141,88 @@ def _signature(*arrays) -> tuple[Any, ...]:
   return tuple((a.shape, str(a.dtype)) for a in arrays)
 
 
+class Evaluator:
+  """Robust accuracy under fixed attacks, for any variables and data.
+
+  Keeps its compiled functions (one per attack and batch shape, plus the
+  shared prediction) across calls, so a training loop that validates every
+  epoch compiles once.
+  """
+
+  def __init__(self, apply_fn: attacks_lib.ApplyFn,
+               attacks: Mapping[str, Attack], *, num_noise_draws: int = 1):
+    self.names = list(attacks)
+    self.num_noise_draws = num_noise_draws
+    self._jitted = {name: jax.jit(functools.partial(attacks[name], apply_fn))
+                    for name in self.names}
+    self._count_correct = jax.jit(functools.partial(
+        _count_correct, apply_fn, num_noise_draws))
+    self._compiled: dict[str, dict[Any, Any]] = {n: {} for n in self.names}
+    self._compiled_count: dict[Any, Any] = {}
+
+  def __call__(self, variables: Any, batches: Iterable[Mapping[str, Any]],
+               key: jax.Array, *, progress: bool = False) -> dict[str, Any]:
+    """See :func:`robust_accuracy`; ``compile_seconds`` counts this call's."""
+    names = self.names
+    compiled, compiled_count = self._compiled, self._compiled_count
+    predict_compile_seconds = 0.0
+    correct = collections.Counter()
+    seconds = collections.Counter()
+    compile_seconds = collections.Counter()
+    num_examples = 0
+
+    bar = tqdm.tqdm(batches, desc="robust accuracy", unit="batch",
+                    disable=not progress)
+    for batch_index, batch in enumerate(bar):
+      images = jnp.asarray(batch["image"])
+      labels = jnp.asarray(batch["label"], jnp.int32)
+      if "mask" in batch:
+        mask = jnp.asarray(batch["mask"], jnp.bool_)
+      else:
+        mask = jnp.ones(labels.shape, jnp.bool_)
+      num_examples += int(np.sum(np.asarray(mask)))
+      batch_key = jax.random.fold_in(key, batch_index)
+      predict_key, *attack_keys = jax.random.split(batch_key, len(names) + 1)
+      signature = _signature(images, labels, mask)
+      if signature not in compiled_count:
+        start = time.perf_counter()
+        compiled_count[signature] = self._count_correct.lower(
+            variables, images, labels, mask, predict_key).compile()
+        predict_compile_seconds += time.perf_counter() - start
+      predict = compiled_count[signature]
+      for name, attack_key in zip(names, attack_keys):
+        start = time.perf_counter()
+        attack = compiled[name].get(signature)
+        if attack is None:
+          attack = self._jitted[name].lower(variables, images, labels,
+                                            attack_key).compile()
+          compiled[name][signature] = attack
+          compile_seconds[name] += time.perf_counter() - start
+        x_adv = attack(variables, images, labels, attack_key)
+        correct[name] += int(predict(variables, x_adv, labels, mask,
+                                     predict_key))
+        seconds[name] += time.perf_counter() - start
+      if progress and num_examples:
+        bar.set_postfix({name: f"{100.0 * correct[name] / num_examples:.1f}"
+                         for name in names})
+
+    return {
+        "num_examples": num_examples,
+        "num_noise_draws": self.num_noise_draws,
+        "attacks": {
+            name: {
+                "accuracy": (100.0 * correct[name] / num_examples
+                             if num_examples else float("nan")),
+                "correct": correct[name],
+                "seconds": seconds[name],
+                "compile_seconds": compile_seconds[name],
+                "num_compiles": len(compiled[name]),
+            } for name in names
+        },
+        "predict_compile_seconds": predict_compile_seconds,
+    }
+
+
 def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
                     variables: Any,
                     batches: Iterable[Mapping[str, Any]],
@@ -178,69 +260,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     float, "num_compiles": int}}, "predict_compile_seconds": float}``,
     attacks in the order given.
   """
-  names = list(attacks)
-  jitted = {name: jax.jit(functools.partial(attacks[name], apply_fn))
-            for name in names}
-  count_correct = jax.jit(functools.partial(_count_correct, apply_fn,
-                                            num_noise_draws))
-  compiled: dict[str, dict[Any, Any]] = {name: {} for name in names}
-  compiled_count: dict[Any, Any] = {}
-  predict_compile_seconds = 0.0
-  correct = collections.Counter()
-  seconds = collections.Counter()
-  compile_seconds = collections.Counter()
-  num_examples = 0
-
-  bar = tqdm.tqdm(batches, desc="robust accuracy", unit="batch",
-                  disable=not progress)
-  for batch_index, batch in enumerate(bar):
-    images = jnp.asarray(batch["image"])
-    labels = jnp.asarray(batch["label"], jnp.int32)
-    if "mask" in batch:
-      mask = jnp.asarray(batch["mask"], jnp.bool_)
-    else:
-      mask = jnp.ones(labels.shape, jnp.bool_)
-    num_examples += int(np.sum(np.asarray(mask)))
-    batch_key = jax.random.fold_in(key, batch_index)
-    predict_key, *attack_keys = jax.random.split(batch_key, len(names) + 1)
-    signature = _signature(images, labels, mask)
-    if signature not in compiled_count:
-      start = time.perf_counter()
-      compiled_count[signature] = count_correct.lower(
-          variables, images, labels, mask, predict_key).compile()
-      predict_compile_seconds += time.perf_counter() - start
-    predict = compiled_count[signature]
-    for name, attack_key in zip(names, attack_keys):
-      start = time.perf_counter()
-      attack = compiled[name].get(signature)
-      if attack is None:
-        attack = jitted[name].lower(variables, images, labels,
-                                    attack_key).compile()
-        compiled[name][signature] = attack
-        compile_seconds[name] += time.perf_counter() - start
-      x_adv = attack(variables, images, labels, attack_key)
-      correct[name] += int(predict(variables, x_adv, labels, mask,
-                                   predict_key))
-      seconds[name] += time.perf_counter() - start
-    if progress and num_examples:
-      bar.set_postfix({name: f"{100.0 * correct[name] / num_examples:.1f}"
-                       for name in names})
-
-  return {
-      "num_examples": num_examples,
-      "num_noise_draws": num_noise_draws,
-      "attacks": {
-          name: {
-              "accuracy": (100.0 * correct[name] / num_examples
-                           if num_examples else float("nan")),
-              "correct": correct[name],
-              "seconds": seconds[name],
-              "compile_seconds": compile_seconds[name],
-              "num_compiles": len(compiled[name]),
-          } for name in names
-      },
-      "predict_compile_seconds": predict_compile_seconds,
-  }
+  evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws)
+  return evaluator(variables, batches, key, progress=progress)
 
 
 def format_table(results: Mapping[str, Any],

@@ -48,7 +48,9 @@ def inject_noise(out: jax.Array, coef: float, key: jax.Array,
     std = jnp.std(out, axis=tuple(range(1, out.ndim)), keepdims=True)
   else:
     raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
-  noise = jax.random.normal(key, out.shape, out.dtype)
+  # Drawn flat and reshaped: XLA:CPU compiles a flat draw ~2x faster than
+  # one in the NHWC shape, with the same values.
+  noise = jax.random.normal(key, (out.size,), out.dtype).reshape(out.shape)
   return out + coef * std * noise
 
 

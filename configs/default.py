@@ -1,0 +1,132 @@
+"""The paper's protocol: PGD adversarial training of En2ResNet20 on CIFAR-10.
+
+Presets pick the rows of the paper's tables; pass them after a colon:
+
+    python train.py --config=configs/default.py:en5resnet20,rgsm --workdir=...
+
+Model presets: ``resnet20`` ``resnet38`` ``en2resnet20`` ``en5resnet20``, any
+``en{n}resnet{depth}`` / ``resnet{depth}``, and ``noskip``. Plain ResNets have
+no noise; ``en{n}`` nets inject noise with ``noise_coef=0.1``.
+Training presets: ``natural`` (no attack during training).
+Sparsity presets: ``none`` ``rvsm`` ``rgsm`` ``admm`` with the paper's values
+(RVSM beta=0.5, lambda=1e-6; RGSM beta=1, lambda1=5e-2, lambda2=1e-5).
+Data presets: ``cifar100``.
+Any value can then be overridden: ``--config.sparsity.lamb1=0.1``.
+"""
+import re
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(presets: str = "") -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  config.dataset = ml_collections.ConfigDict()
+  config.dataset.name = "cifar10"             # or "cifar100"
+  config.dataset.source = "cifar_binary"      # or "tfds", "synthetic"
+  # None: the FKJAX_DATA_DIR environment variable.
+  config.dataset.data_dir = config_dict.placeholder(str)
+  config.dataset.tfds_data_dir = config_dict.placeholder(str)
+  config.dataset.val_size = 5000
+  config.dataset.split_seed = 0
+  config.dataset.subset_per_class = config_dict.placeholder(int)
+  config.dataset.test_subset_per_class = config_dict.placeholder(int)
+  # (train pool, test) sizes of source="synthetic".
+  config.dataset.synthetic_sizes = (50000, 10000)
+
+  config.model = ml_collections.ConfigDict()
+  config.model.depth = 20
+  config.model.ensemble_size = 2
+  config.model.width = 1
+  config.model.skip = True
+  config.model.noise_coef = 0.1
+  config.model.noise_std_over = "batch"   # authors' torch.std(out); "example"
+  config.model.normalize = True
+
+  config.training = ml_collections.ConfigDict()
+  config.training.num_epochs = 200
+  config.training.batch_size = 128
+  config.training.learning_rate = 0.1
+  config.training.lr_boundaries = (80, 120, 160)   # epochs
+  config.training.lr_decay = 0.1
+  config.training.momentum = 0.9
+  config.training.nesterov = True
+  config.training.weight_decay = 5e-4
+  config.training.adversarial = True
+  config.training.augment = True
+  config.training.track_clean_accuracy = True
+  config.training.checkpoint_every_steps = 0   # 0: at the end of each epoch
+
+  # PGD used to make the training batches adversarial.
+  config.attack = ml_collections.ConfigDict()
+  config.attack.epsilon = 8 / 255
+  config.attack.step_size = 2 / 255
+  config.attack.num_steps = 10
+  config.attack.random_start = True
+  # BatchNorm mode of the model while the attack runs. "train" (batch
+  # statistics) is what the authors' PyTorch code does (the model stays in
+  # train() mode); "eval" uses the running averages.
+  config.attack.bn_mode = "train"
+  config.attack.unroll = True   # written-out loop (fast on XLA:CPU) or scan
+
+  config.sparsity = ml_collections.ConfigDict()
+  config.sparsity.method = "none"   # "rvsm", "rgsm", "admm"
+  config.sparsity.beta = 0.5        # rvsm / rgsm
+  config.sparsity.lamb = 1e-6       # rvsm
+  config.sparsity.lamb1 = 5e-2      # rgsm
+  config.sparsity.lamb2 = 1e-5      # rgsm
+  config.sparsity.group = "input"   # rgsm / admm channel groups
+  config.sparsity.rho = 1e-2        # admm
+  config.sparsity.percent = 80.0    # admm: % of weights (or channels) pruned
+  config.sparsity.structure = "element"   # admm: or "channel"
+
+  config.validation = ml_collections.ConfigDict()
+  config.validation.batch_size = 500
+  config.validation.num_examples = 0     # 0: the whole validation split
+  config.validation.attack_steps = 20    # IFGSM^20 on validation; 0 disables
+  config.validation.select_by = "natural"   # best checkpoint: or "pgd"
+
+  # eval.py (and the final test evaluation of train.py).
+  config.eval = ml_collections.ConfigDict()
+  config.eval.checkpoint = "best"   # or "latest"
+  config.eval.attacks = "natural,fgsm,ifgsm20,cw,nattack"
+  config.eval.batch_size = 500
+  config.eval.num_examples = 0       # 0: the whole test split
+  config.eval.eot_samples = 1
+  config.eval.num_noise_draws = 1
+  config.eval.nattack_iters = 500
+  config.eval.nattack_population = 300
+  config.eval.nattack_chunk = config_dict.placeholder(int)
+  config.eval.plots = True
+  config.eval.final_attacks = "natural,ifgsm20"   # run by train.py at the end
+
+  config.num_devices = 0   # 0: all visible devices
+  config.progress = True
+
+  for preset in filter(None, (p.strip() for p in presets.split(","))):
+    apply_preset(config, preset)
+  return config
+
+
+def apply_preset(config: ml_collections.ConfigDict, preset: str) -> None:
+  """Applies one named preset (see the module docstring) in place."""
+  model = re.fullmatch(r"(?:en(\d+))?resnet(\d+)", preset)
+  if model:
+    members, depth = model.groups()
+    config.model.depth = int(depth)
+    config.model.ensemble_size = int(members or 1)
+    config.model.noise_coef = 0.1 if members else 0.0
+  elif preset == "noskip":
+    config.model.skip = False
+  elif preset == "natural":
+    config.training.adversarial = False
+  elif preset in ("none", "rvsm", "rgsm", "admm"):
+    config.sparsity.method = preset
+    if preset == "rgsm":
+      config.sparsity.beta = 1.0
+  elif preset in ("cifar10", "cifar100"):
+    config.dataset.name = preset
+  else:
+    raise ValueError(f"unknown config preset {preset!r}; see configs/default.py")

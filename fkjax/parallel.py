@@ -1,0 +1,75 @@
+"""Data parallelism with ``jax.jit`` over a 1-D ``'data'`` device mesh.
+
+The batch is sharded along its first axis, everything else is replicated; XLA
+inserts the cross-device reductions (gradient mean, BatchNorm statistics over
+the global batch), so the program is the single-device one. Multi-host runs
+call :func:`initialize_distributed` first; each process then feeds its own
+slice of every global batch (``fkjax.data`` slices by ``process_index``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = "data"
+
+
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """Starts multi-host JAX (a no-op for one process with no arguments).
+
+  On clusters that JAX auto-detects (SLURM, TPU pods, ...) call it without
+  arguments; elsewhere give the coordinator ``host:port``, the number of
+  processes and this process's id, the same on every host.
+  """
+  if coordinator_address is None and num_processes in (None, 1):
+    return
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes,
+                             process_id=process_id)
+
+
+def make_mesh(num_devices: int | None = None) -> Mesh:
+  """A 1-D mesh named ``'data'`` over all (or the first ``num_devices``) devices."""
+  devices = jax.devices()
+  if num_devices is not None:
+    if not 1 <= num_devices <= len(devices):
+      raise ValueError(f"num_devices={num_devices} but {len(devices)} "
+                       "devices are visible")
+    devices = devices[:num_devices]
+  return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Shards the leading (batch) axis over the mesh."""
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
+  if global_batch_size % mesh.size:
+    raise ValueError(f"batch size {global_batch_size} is not divisible by the "
+                     f"{mesh.size} devices of the mesh")
+
+
+def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Places this process's slice of a global batch on the mesh.
+
+  With one process the slice is the whole batch; with several, each passes
+  its own contiguous slice and the result is the global array.
+  """
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in batch.items()}
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Puts every leaf of ``tree`` on all devices of the mesh."""
+  return jax.device_put(tree, replicated(mesh))

@@ -1,0 +1,100 @@
+"""PNG figures of a trained model's weights (matplotlib, no display needed).
+
+* ``weight_histogram``: all conv weights (the paper's Figs. 1-2).
+* ``channel_norm_histogram``: channel-group norms, with pruned channels
+  counted apart (Fig. 3).
+* ``conv_filters_grid``: one conv layer's 3x3 kernels as an image grid
+  (appendix figures); for an ensemble, the first member.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+import numpy as np  # noqa: E402
+
+from fkjax import sparsity  # noqa: E402
+
+
+def _conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
+  mask = sparsity.conv_kernel_mask(params)
+  out = []
+  for (path, leaf), keep in zip(
+      jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(mask)):
+    if keep:
+      out.append((jax.tree_util.keystr(path), np.asarray(leaf)))
+  return out
+
+
+def weight_histogram(params: Any, path: str, bins: int = 200) -> str:
+  weights = np.concatenate([k.ravel() for _, k in _conv_kernels(params)])
+  zeros = np.mean(weights == 0) * 100
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.hist(weights[weights != 0], bins=bins, color="tab:blue")
+  ax.set_yscale("log")
+  ax.set_xlabel("conv weight value (exact zeros excluded)")
+  ax.set_ylabel("count")
+  ax.set_title(f"{weights.size} conv weights, {zeros:.2f}% exactly zero")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def channel_norm_histogram(report: sparsity.SparsityReport, path: str,
+                           bins: int = 100) -> str:
+  norms = report.channel_norms()
+  pruned = norms < sparsity.CHANNEL_ZERO_TOL
+  fig, ax = plt.subplots(figsize=(6, 4))
+  ax.hist(norms[~pruned], bins=bins, color="tab:orange")
+  ax.set_xlabel("channel l2 norm (pruned channels excluded)")
+  ax.set_ylabel("count")
+  ax.set_title(f"{norms.size} channels, {pruned.sum()} pruned "
+               f"({report.channel_sparsity:.2f}%)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def conv_filters_grid(params: Any, path: str, layer: int | None = None,
+                      max_filters: int = 16) -> str:
+  """Kernels ``[:, :, i, o]`` of one conv layer, inputs by rows."""
+  kernels = _conv_kernels(params)
+  index = len(kernels) // 2 if layer is None else layer
+  name, kernel = kernels[index]
+  if kernel.ndim == 5:   # member axis first: show member 0
+    kernel, name = kernel[0], f"{name} (member 0)"
+  n_in = min(kernel.shape[2], max_filters)
+  n_out = min(kernel.shape[3], max_filters)
+  vmax = float(np.abs(kernel).max()) or 1.0
+  fig, axes = plt.subplots(n_in, n_out, figsize=(n_out * 0.6, n_in * 0.6),
+                           squeeze=False)
+  for i in range(n_in):
+    for o in range(n_out):
+      axes[i, o].imshow(kernel[:, :, i, o], cmap="seismic", vmin=-vmax,
+                        vmax=vmax)
+      axes[i, o].axis("off")
+  fig.suptitle(f"{name}: {n_in} inputs x {n_out} filters")
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
+def save_all(params: Any, report: sparsity.SparsityReport,
+             directory: str) -> dict[str, str]:
+  """Writes the three figures to ``directory``; returns their paths."""
+  os.makedirs(directory, exist_ok=True)
+  return {
+      "weight_histogram": weight_histogram(
+          params, os.path.join(directory, "weight_histogram.png")),
+      "channel_norm_histogram": channel_norm_histogram(
+          report, os.path.join(directory, "channel_norms.png")),
+      "conv_filters": conv_filters_grid(
+          params, os.path.join(directory, "conv_filters.png")),
+  }
