@@ -1,0 +1,72 @@
+"""Tests of the benchmark helpers; the PyTorch cross-check needs torch."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import bench_train
+from fkjax import models
+
+
+def test_forward_macs_matches_a_direct_count():
+  # ResNet8 (n=1) counted layer by layer: stem, stage1, stage2, stage3, head.
+  expected = (32 * 32 * 3 * 16 * 9
+              + 2 * 32 * 32 * 16 * 16 * 9
+              + 16 * 16 * 16 * 32 * (9 + 1) + 16 * 16 * 32 * 32 * 9
+              + 8 * 8 * 32 * 64 * (9 + 1) + 8 * 8 * 64 * 64 * 9
+              + 64 * 10)
+  assert bench_train.forward_macs(8) == expected
+  # Each extra block per stage adds two full-width 3x3 convs per stage.
+  per_block = 2 * 9 * (32 * 32 * 16 * 16 + 16 * 16 * 32 * 32 + 8 * 8 * 64 * 64)
+  assert bench_train.forward_macs(14) - bench_train.forward_macs(8) == per_block
+
+
+def test_forward_equivalents_and_gflops():
+  assert bench_train.forward_equivalents("clean", 10, 20) == 3
+  assert bench_train.forward_equivalents("pgd", 10, 20) == 24
+  assert bench_train.forward_equivalents("pgd", 10, 20, False) == 23
+  assert bench_train.forward_equivalents("ifgsm", 10, 20) == 41
+  with pytest.raises(ValueError):
+    bench_train.forward_equivalents("nope", 1, 1)
+  assert bench_train.gflops(10**9, 2, 3.0, 4, 2.0) == pytest.approx(24.0)
+
+
+def test_interleaved_alternates_and_counts():
+  calls = []
+  times = bench_train.interleaved(
+      {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+      repeats=3, warmup=1)
+  assert calls == ["a", "b"] + ["a", "b"] * 3
+  assert [len(v) for v in times.values()] == [3, 3]
+
+
+def test_markdown_has_one_row_per_result():
+  row = {"model": "resnet20", "bench": "pgd", "batch": 8, "fkjax_ms": 10.0,
+         "fkjax_min_ms": 9.0, "torch_ms": 20.0, "torch_min_ms": 18.0,
+         "fkjax_gflops": 5.0, "torch_gflops": 2.5, "fkjax_compile_s": 1.0,
+         "fkjax_memory_mb": 3.0, "load_before": (1.0, 1.0, 1.0),
+         "load_after": (2.0, 2.0, 2.0)}
+  table = bench_train.format_markdown([row, {**row, "bench": "clean"}], 50.0)
+  lines = [l for l in table.splitlines() if l.startswith("| resnet20")]
+  assert len(lines) == 2
+  assert "0.50 (0.50)" in lines[0] and "10%" in lines[0]
+
+
+@pytest.mark.parametrize("ensemble_size", [1, 2])
+def test_torch_reference_computes_the_same_function(ensemble_size):
+  torch = pytest.importorskip("torch")
+  from benchmarks import torch_reference as ref
+  model = models.create_model(depth=8, ensemble_size=ensemble_size)
+  x = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
+  variables = model.init({"params": jax.random.key(0)}, jnp.asarray(x))
+  # Non-trivial BatchNorm statistics, so that eval mode is really checked.
+  stats = jax.tree.map(lambda s: s + 0.1, variables["batch_stats"])
+  want = model.apply({**variables, "batch_stats": stats}, jnp.asarray(x))
+  net = ref.create_model(8, ensemble_size)
+  ref.load_flax_variables(net, variables["params"], stats)
+  assert ref.num_params(net) == sum(
+      p.size for p in jax.tree.leaves(variables["params"]))
+  net.eval()
+  with torch.no_grad():
+    got = net(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
+  np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-4)
