@@ -1,0 +1,45 @@
+"""Runs a few train steps on 1 and on 4 devices; prints the differences.
+
+Run as a subprocess with ``--xla_force_host_platform_device_count=4`` (the
+device count is fixed when JAX starts). Prints one JSON line.
+"""
+import json
+import sys
+
+import fkjax  # noqa: F401
+import jax
+import numpy as np
+
+from configs import tiny
+from fkjax import data, parallel, train
+
+
+def run(num_devices: int, num_steps: int):
+  config = tiny.get_config()
+  config.num_devices = num_devices
+  exp = train.Experiment.build(config)
+  state = exp.initial_state()
+  step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
+  batches = data.train_batches(exp.dataset.train, config.training.batch_size,
+                               seed=0, epoch=0)
+  losses = []
+  for i, batch in zip(range(num_steps), batches):
+    state, metrics = step(state, parallel.shard_batch(batch, exp.mesh),
+                          jax.random.key(i))
+    losses.append(float(metrics["loss"]))
+  sharding = state["params"]["stem"]["kernel"].sharding
+  return losses, jax.device_get(state["params"]), len(sharding.device_set)
+
+
+def main():
+  num_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+  loss1, params1, dev1 = run(1, num_steps)
+  loss4, params4, dev4 = run(4, num_steps)
+  diffs = [float(np.max(np.abs(a - b))) for a, b in
+           zip(jax.tree.leaves(params1), jax.tree.leaves(params4))]
+  print(json.dumps({"losses_1": loss1, "losses_4": loss4,
+                    "max_param_diff": max(diffs), "devices": [dev1, dev4]}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,209 @@
+"""End-to-end tests of train.py / eval.py on the tiny synthetic config.
+
+Each training run is a real ``python train.py`` process (the tests also
+cover the command line). The runs share a persistent compilation cache, so
+only the first run of each program pays for compilation.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny
+from fkjax import checkpoint as ckpt_lib
+from fkjax import sparsity
+from fkjax import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env(cache_dir):
+  env = dict(os.environ)
+  env.update({
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+      "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+      "PYTHONUNBUFFERED": "1",
+  })
+  return env
+
+
+def _cmd(program, workdir, overrides):
+  return [sys.executable, program, "--config=configs/tiny.py",
+          f"--workdir={workdir}", *overrides]
+
+
+def _run(program, workdir, overrides, cache_dir, check=True):
+  proc = subprocess.run(_cmd(program, workdir, overrides), cwd=REPO,
+                        env=_env(cache_dir), capture_output=True, text=True,
+                        timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"{program} failed:\n{proc.stdout}\n{proc.stderr}")
+  return proc
+
+
+ONE_DEVICE = ["--config.num_devices=1",
+              "--config.training.checkpoint_every_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """Workdirs: uninterrupted, killed-then-resumed, and 4-device runs."""
+  root = tmp_path_factory.mktemp("train")
+  cache = root / "jax_cache"
+  out = {"root": root, "cache": cache}
+
+  out["full"] = root / "full"
+  out["full_log"] = _run("train.py", out["full"], ONE_DEVICE, cache).stdout
+
+  # Kill -9 in the middle of epoch 2, once the step-6 checkpoint exists.
+  killed = root / "killed"
+  proc = subprocess.Popen(_cmd("train.py", killed, ONE_DEVICE), cwd=REPO,
+                          env=_env(cache), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  marker = killed / "checkpoints" / "latest" / "6"
+  deadline = time.time() + 300
+  while not marker.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  out["kill_returncode"] = proc.returncode
+  # A save that was cut short leaves an orbax temporary directory behind.
+  partial = killed / "checkpoints" / "latest" / "10.orbax-checkpoint-tmp"
+  partial.mkdir(parents=True, exist_ok=True)
+  (partial / "garbage").write_bytes(b"\x00" * 10)
+  out["killed"] = killed
+  out["resumed_log"] = _run("train.py", killed, ONE_DEVICE, cache).stdout
+
+  out["four"] = root / "four"
+  _run("train.py", out["four"], ["--config.num_devices=4"], cache)
+  return out
+
+
+def _restore(workdir, which="latest", config=None):
+  config = config or tiny.get_config()
+  exp = train.Experiment.build(config)
+  checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
+  try:
+    return exp.restore(checkpointer, which)
+  finally:
+    checkpointer.close()
+
+
+def test_resume_after_kill_matches_uninterrupted_run(runs):
+  assert runs["kill_returncode"] == -signal.SIGKILL
+  assert "resumed from step" in runs["resumed_log"]
+  step_a, full = _restore(runs["full"])
+  step_b, resumed = _restore(runs["killed"])
+  assert step_a == step_b == 12
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(full),
+               jax.device_get(resumed))
+
+
+def test_one_and_four_devices_agree(runs):
+  # One step from the same state and batch: equal to float rounding.
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.dp_equivalence", "1"], cwd=REPO,
+      env=_env(runs["cache"]), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["devices"] == [1, 4]
+  np.testing.assert_allclose(result["losses_1"], result["losses_4"],
+                             rtol=1e-5)
+  assert result["max_param_diff"] < 1e-5
+  # Whole runs: rounding differences grow (PGD's sign steps, RVSM's hard
+  # threshold, BatchNorm right after the stem), but the runs stay together.
+  losses = [[json.loads(line)["train_loss"]
+             for line in open(w / "metrics.jsonl")]
+            for w in (runs["full"], runs["four"])]
+  np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
+
+
+def test_epoch_end_projection_makes_params_sparse(runs):
+  config = tiny.get_config()
+  _, state = _restore(runs["full"])
+  threshold = np.sqrt(2 * config.sparsity.lamb / config.sparsity.beta)
+  mask = sparsity.conv_kernel_mask(state["params"])
+  kernels = [np.asarray(k) for k, m in zip(jax.tree.leaves(state["params"]),
+                                           jax.tree.leaves(mask)) if m]
+  assert kernels
+  for k in kernels:
+    # w was replaced by u = H(w): nothing survives at or below the threshold
+    assert np.all((k == 0) | (np.abs(k) > threshold))
+  records = [json.loads(l) for l in open(runs["full"] / "metrics.jsonl")]
+  assert [r["epoch"] for r in records] == [1, 2, 3]
+  assert all(r["weight_sparsity"] > 10 for r in records)
+
+
+def test_eval_restores_and_reproduces_train_numbers(runs):
+  workdir = runs["full"]
+  from_train = json.loads((workdir / "eval.json").read_text())
+  shutil.move(workdir / "eval.json", workdir / "eval_from_train.json")
+  proc = _run("eval.py", workdir, ["--config.num_devices=1",
+                                   "--config.eval.plots=true"], runs["cache"])
+  from_eval = json.loads((workdir / "eval.json").read_text())
+  assert from_eval["step"] == from_train["step"]
+  for name in ("natural", "fgsm"):
+    assert (from_eval["attacks"][name]["accuracy"] ==
+            from_train["attacks"][name]["accuracy"])
+  assert from_eval["weight_sparsity"] == from_train["weight_sparsity"] > 10
+  assert "A1 natural" in proc.stdout
+  for png in ("weight_histogram.png", "channel_norms.png", "conv_filters.png"):
+    assert (workdir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_overrides_are_recorded_and_bad_keys_rejected(runs, tmp_path):
+  config = json.loads((runs["full"] / "config.json").read_text())
+  assert config["training"]["checkpoint_every_steps"] == 2
+  assert config["num_devices"] == 1
+  assert config["sparsity"]["method"] == "rvsm"
+  proc = _run("train.py", tmp_path / "bad", ["--config.sparsity.lambda=1"],
+              runs["cache"], check=False)
+  assert proc.returncode != 0
+  assert "lambda" in proc.stderr
+  assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(runs, tmp_path):
+  workdir = tmp_path / "nan"
+  # lr jumps from 0.1 to 1e29 after epoch 1: the loss blows up in epoch 2.
+  proc = _run("train.py", workdir,
+              ["--config.num_devices=1", "--config.training.lr_decay=1e30",
+               "--config.training.lr_boundaries=(1,)"], runs["cache"],
+              check=False)
+  assert proc.returncode != 0
+  assert "non-finite training loss" in proc.stderr
+  step, state = _restore(workdir)
+  assert step == 4
+  assert all(np.all(np.isfinite(x)) for x in
+             jax.tree.leaves(jax.device_get(state["params"])))
+
+
+def test_eval_errors_are_clear(runs, tmp_path):
+  config = tiny.get_config()
+  config.num_devices = 1
+  with pytest.raises(ckpt_lib.CheckpointError, match="no checkpoints"):
+    train.evaluate_checkpoint(config, str(tmp_path / "nowhere"))
+
+  wrong = tiny.get_config()
+  wrong.model.width = 2
+  with pytest.raises(ckpt_lib.CheckpointError, match="config"):
+    _restore(runs["full"], "best", config=wrong)
+
+  corrupt = tmp_path / "corrupt"
+  shutil.copytree(runs["full"], corrupt)
+  best = corrupt / "checkpoints" / "best"
+  for path in best.rglob("*"):
+    if path.is_file() and path.stat().st_size > 1000:
+      path.write_bytes(path.read_bytes()[:100])
+  with pytest.raises(ckpt_lib.CheckpointError, match="could not restore"):
+    _restore(corrupt, "best")
