@@ -14,9 +14,10 @@ from configs import tiny
 from fkjax import data, parallel, train
 
 
-def run(num_devices: int, num_steps: int):
+def run(num_devices: int, num_steps: int, adversarial: bool = True):
   config = tiny.get_config()
   config.num_devices = num_devices
+  config.training.adversarial = adversarial
   exp = train.Experiment.build(config)
   state = exp.initial_state()
   step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
@@ -33,8 +34,9 @@ def run(num_devices: int, num_steps: int):
 
 def main():
   num_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-  loss1, params1, dev1 = run(1, num_steps)
-  loss4, params4, dev4 = run(4, num_steps)
+  adversarial = "--natural" not in sys.argv
+  loss1, params1, dev1 = run(1, num_steps, adversarial)
+  loss4, params4, dev4 = run(4, num_steps, adversarial)
   diffs = [float(np.max(np.abs(a - b))) for a, b in
            zip(jax.tree.leaves(params1), jax.tree.leaves(params4))]
   print(json.dumps({"losses_1": loss1, "losses_4": loss4,

@@ -109,17 +109,29 @@ def test_resume_after_kill_matches_uninterrupted_run(runs):
                jax.device_get(resumed))
 
 
-def test_one_and_four_devices_agree(runs):
-  # One step from the same state and batch: equal to float rounding.
+def _dp_equivalence(cache, *args):
   proc = subprocess.run(
-      [sys.executable, "-m", "tests.dp_equivalence", "1"], cwd=REPO,
-      env=_env(runs["cache"]), capture_output=True, text=True, timeout=600)
+      [sys.executable, "-m", "tests.dp_equivalence", *args], cwd=REPO,
+      env=_env(cache), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result["devices"] == [1, 4]
-  np.testing.assert_allclose(result["losses_1"], result["losses_4"],
+  return result
+
+
+def test_one_and_four_devices_agree(runs):
+  # A step from the same state and batch: equal to float rounding (1e-7
+  # measured; momentum and the BatchNorm after the stem amplify it later).
+  natural = _dp_equivalence(runs["cache"], "1", "--natural")
+  np.testing.assert_allclose(natural["losses_1"], natural["losses_4"],
                              rtol=1e-5)
-  assert result["max_param_diff"] < 1e-5
+  assert natural["max_param_diff"] < 1e-5
+  # With PGD the rounding differences flip the sign of a few near-zero pixel
+  # gradients, so a few pixels of x_adv differ by 2 * step_size: the loss
+  # still agrees closely.
+  adversarial = _dp_equivalence(runs["cache"], "1")
+  np.testing.assert_allclose(adversarial["losses_1"],
+                             adversarial["losses_4"], rtol=1e-5)
   # Whole runs: rounding differences grow (PGD's sign steps, RVSM's hard
   # threshold, BatchNorm right after the stem), but the runs stay together.
   losses = [[json.loads(line)["train_loss"]
