@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import tqdm
 
 from fkjax import attacks as attacks_lib
@@ -180,7 +179,8 @@ class Evaluator:
         mask = jnp.asarray(batch["mask"], jnp.bool_)
       else:
         mask = jnp.ones(labels.shape, jnp.bool_)
-      num_examples += int(np.sum(np.asarray(mask)))
+      # a device-side sum also works for arrays spread over several hosts
+      num_examples += int(jnp.sum(mask))
       batch_key = jax.random.fold_in(key, batch_index)
       predict_key, *attack_keys = jax.random.split(batch_key, len(names) + 1)
       signature = _signature(images, labels, mask)

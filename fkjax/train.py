@@ -471,7 +471,9 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       channel_sparsity=report.channel_sparsity)
   table = evaluate.format_table(results, sparsity=report.weight_sparsity,
                                 channel_sparsity=report.channel_sparsity)
-  evaluate.save_json(results, os.path.join(workdir, "eval.json"))
+  eot = config.eval.eot_samples
+  evaluate.save_json(results, os.path.join(
+      workdir, "eval.json" if eot == 1 else f"eval_eot{eot}.json"))
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(variables["params"], report,
                                           os.path.join(workdir, "plots"))
