@@ -28,6 +28,9 @@ def initialize_distributed(coordinator_address: str | None = None,
   """
   if coordinator_address is None and num_processes in (None, 1):
     return
+  # Cross-process collectives of the CPU backend (used when testing on one
+  # machine); GPU and TPU backends bring their own.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes,
                              process_id=process_id)

@@ -219,3 +219,33 @@ def test_eval_errors_are_clear(runs, tmp_path):
       path.write_bytes(path.read_bytes()[:100])
   with pytest.raises(ckpt_lib.CheckpointError, match="could not restore"):
     _restore(corrupt, "best")
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_process_run_on_localhost_matches_one_device(runs):
+  """jax.distributed on CPU: 2 processes, each with 1 device, one workdir."""
+  workdir = runs["root"] / "two_process"
+  address = f"127.0.0.1:{_free_port()}"
+  env = _env(runs["cache"])
+  env.pop("XLA_FLAGS")   # one CPU device per process
+  procs = [subprocess.Popen(
+      _cmd("train.py", workdir, [f"--coordinator_address={address}",
+                                 "--num_processes=2", f"--process_id={i}",
+                                 "--config.eval.final_attacks="]),
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for p, (out, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  assert "devices: 2 x cpu" in outputs[0][0]
+  losses = [[json.loads(line)["train_loss"]
+             for line in open(w / "metrics.jsonl")]
+            for w in (runs["full"], workdir)]
+  np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
+  assert (workdir / "checkpoints" / "latest" / "12").is_dir()
