@@ -54,6 +54,17 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int):
       noise_std_over=m.noise_std_over, normalize=m.normalize)
 
 
+def describe_model(config: ml_collections.ConfigDict,
+                   state: dict[str, PyTree]) -> str:
+  """E.g. ``En2ResNet20 (noise 0.1, skip), 544,564 parameters``."""
+  m = config.model
+  name = (f"En{m.ensemble_size}" if m.ensemble_size > 1 else "") + \
+      f"ResNet{m.depth}" + (f"x{m.width}" if m.width != 1 else "")
+  count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
+  return (f"{name} (noise {m.noise_coef}, {'skip' if m.skip else 'no skip'}),"
+          f" {count:,} parameters; sparsifier {config.sparsity.method}")
+
+
 def sparsity_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """The hyperparameters of ``config.sparsity.method``, by name."""
   s = config.sparsity
@@ -337,6 +348,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   logger.log_text(f"data: {exp.dataset.description}")
   logger.log_text(f"devices: {exp.mesh.size} x {jax.devices()[0].platform}")
 
+  logger.log_text(f"model: {describe_model(config, exp.abstract_state())}")
   checkpointer = ckpt_lib.Checkpointer(workdir)
   if checkpointer.latest_step() is None:
     state = exp.initial_state()
