@@ -155,7 +155,9 @@ def fkjax_config(model: str, bench: str, batch: int, attack_steps: int,
   config.attack.bn_mode = "eval" if bench == "pgd_bneval" else "train"
   config.validation.attack_steps = eval_steps
   if unroll is not None:
-    config.attack.unroll = True if unroll == "true" else int(unroll)
+    # configs/default.py types unroll as bool; an int (scan) is also valid.
+    with config.ignore_type():
+      config.attack.unroll = True if unroll == "true" else int(unroll)
   return config
 
 
@@ -302,12 +304,13 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
                             config.training.track_clean_accuracy)
   row["forward_equivalents"] = fwd
   for name, ts in times.items():
-    median = statistics.median(ts)
-    row[f"{name}_ms"] = 1e3 * median
-    row[f"{name}_min_ms"] = 1e3 * min(ts)
-    row[f"{name}_times_ms"] = [round(1e3 * t, 1) for t in ts]
-    row[f"{name}_gflops"] = gflops(macs, members, fwd, batch, median)
     row[f"{name}_compile_s"] = infos[name]["compile_s"]
+    if ts:  # --repeats 0 measures compile time and memory only
+      median = statistics.median(ts)
+      row[f"{name}_ms"] = 1e3 * median
+      row[f"{name}_min_ms"] = 1e3 * min(ts)
+      row[f"{name}_times_ms"] = [round(1e3 * t, 1) for t in ts]
+      row[f"{name}_gflops"] = gflops(macs, members, fwd, batch, median)
     row[f"{name}_memory_mb"] = infos[name]["memory_mb"]
     row[f"{name}_num_params"] = infos[name]["num_params"]
   if "fkjax_ms" in row and "torch_ms" in row:
@@ -327,15 +330,22 @@ def main() -> None:
                       help="PGD steps of the training attack")
   parser.add_argument("--eval-steps", type=int, default=20,
                       help="IFGSM steps of the evaluation")
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=5,
+                      help="timed runs; 0 measures compile time only")
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--unroll", default=None,
                       help="override config.attack.unroll: 'true' or an int "
                       "(lax.scan unrolled that many times)")
+  parser.add_argument("--conv", default="xla", choices=["xla", "io"],
+                      help="io: the proposed explicit-input-gradient conv "
+                      "(benchmarks/io_conv.py), patched into flax")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
   args = parser.parse_args()
   args.frameworks = args.frameworks.split(",")
+  if args.conv == "io":
+    from benchmarks import io_conv  # pylint: disable=import-outside-toplevel
+    io_conv.patch_flax()
   if "torch" in args.frameworks:
     import torch  # pylint: disable=import-outside-toplevel
     torch.set_num_threads(os.cpu_count() or 1)

@@ -1,0 +1,103 @@
+"""Prototype of a proposed fkjax change: convolutions with an explicit input
+gradient, which keeps XLA:CPU fast inside ``lax.scan``/``fori_loop``.
+
+JAX differentiates ``conv_general_dilated`` with respect to its input into a
+convolution whose kernel has input and output features swapped
+(``dim_labels=..._01oi->...``). When that happens inside a while loop,
+XLA:CPU runs it ~8x slower than the same convolution with an ``01io``
+kernel (outside loops it materialises the transposed kernel and is fast).
+``conv_general_dilated`` below has the same forward pass and gradients, but
+builds its input gradient from an explicitly flipped and transposed HWIO
+kernel, so the slow form never appears.
+
+Benchmark use only: ``patch_flax()`` makes every ``flax.linen.Conv`` of this
+process use it (``benchmarks/bench_train.py --conv io``). In fkjax the change
+would be ``nn.Conv(..., conv_general_dilated=io_conv.conv_general_dilated)``
+in ``fkjax/models/resnet.py``.
+"""
+from __future__ import annotations
+
+import functools
+import types
+from typing import Sequence
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+
+_DN = ("NHWC", "HWIO", "NHWC")
+_xla_conv = lax.conv_general_dilated
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv(lhs, rhs, strides, padding):
+  return _xla_conv(lhs, rhs, strides, padding, dimension_numbers=_DN)
+
+
+def _conv_fwd(lhs, rhs, strides, padding):
+  return _conv(lhs, rhs, strides, padding), (lhs, rhs)
+
+
+def _conv_bwd(strides, padding, res, g):
+  lhs, rhs = res
+  kernel = rhs.shape[:2]
+  # Padding of the stride-1 convolution of the dilated cotangent that gives
+  # back the input's spatial size.
+  pads = []
+  for n, o, k, s, (lo, _) in zip(lhs.shape[1:3], g.shape[1:3], kernel,
+                                 strides, padding):
+    before = k - 1 - lo
+    pads.append((before, n + k - 1 - ((o - 1) * s + 1) - before))
+  flipped = jnp.swapaxes(jnp.flip(rhs, (0, 1)), 2, 3)  # HWIO of the transpose
+  dlhs = _xla_conv(g, flipped, (1, 1), pads, lhs_dilation=strides,
+                   dimension_numbers=_DN)
+  _, rhs_vjp = jax.vjp(
+      lambda w: _xla_conv(lhs, w, strides, padding, dimension_numbers=_DN),
+      rhs)
+  return dlhs, rhs_vjp(g)[0]
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
+                         lhs_dilation=None, rhs_dilation=None,
+                         dimension_numbers=None, feature_group_count: int = 1,
+                         precision=None, **kwargs):
+  """``lax.conv_general_dilated`` with an explicit input gradient.
+
+  Handles 2-D NHWC/HWIO convolutions with explicit padding, no dilation and
+  no feature groups (what fkjax's ResNets use); anything else goes to
+  ``lax.conv_general_dilated`` unchanged.
+  """
+  simple = (lhs.ndim == 4 and not isinstance(padding, str)
+            and all(d in (None, 1) for d in (lhs_dilation or (1,)))
+            and all(d in (None, 1) for d in (rhs_dilation or (1,)))
+            and feature_group_count == 1 and precision is None and not kwargs
+            and _dims(dimension_numbers) == _DN)
+  if not simple:
+    return _xla_conv(lhs, rhs, window_strides, padding,
+                     lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+                     dimension_numbers=dimension_numbers,
+                     feature_group_count=feature_group_count,
+                     precision=precision, **kwargs)
+  return _conv(lhs, rhs, tuple(window_strides),
+               tuple(tuple(p) for p in padding))
+
+
+def _dims(dimension_numbers):
+  if dimension_numbers is None or isinstance(dimension_numbers, tuple) and all(
+      isinstance(d, str) for d in dimension_numbers):
+    return dimension_numbers
+  # ConvDimensionNumbers of NHWC/HWIO/NHWC, as flax passes them.
+  want = lax.conv_dimension_numbers((1, 1, 1, 1), (1, 1, 1, 1), _DN)
+  return _DN if dimension_numbers == want else None
+
+
+def patch_flax() -> None:
+  """Makes ``flax.linen.Conv`` use :func:`conv_general_dilated` (this process)."""
+  from flax.linen import linear  # pylint: disable=import-outside-toplevel
+  patched = types.SimpleNamespace(**{k: getattr(lax, k) for k in dir(lax)
+                                     if not k.startswith("__")})
+  patched.conv_general_dilated = conv_general_dilated
+  linear.lax = patched
