@@ -155,9 +155,7 @@ def fkjax_config(model: str, bench: str, batch: int, attack_steps: int,
   config.attack.bn_mode = "eval" if bench == "pgd_bneval" else "train"
   config.validation.attack_steps = eval_steps
   if unroll is not None:
-    # configs/default.py types unroll as bool; an int (scan) is also valid.
-    with config.ignore_type():
-      config.attack.unroll = True if unroll == "true" else int(unroll)
+    config.attack.unroll = attack_steps if unroll == "true" else int(unroll)
   return config
 
 
@@ -288,9 +286,11 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   batch = args.eval_batch if bench == "ifgsm" else args.batch
   config = fkjax_config(model, bench, batch, args.steps, args.eval_steps,
                         args.unroll)
+  config.model.conv = args.conv
   row: dict[str, Any] = {"model": model, "bench": bench, "batch": batch,
                          "load_before": load_average(),
-                         "unroll": str(config.attack.unroll)}
+                         "unroll": str(config.attack.unroll),
+                         "conv": args.conv}
   runners, infos = {}, {}
   if "fkjax" in args.frameworks:
     runners["fkjax"], infos["fkjax"] = fkjax_runner(config, bench, batch)
@@ -334,18 +334,15 @@ def main() -> None:
                       help="timed runs; 0 measures compile time only")
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--unroll", default=None,
-                      help="override config.attack.unroll: 'true' or an int "
-                      "(lax.scan unrolled that many times)")
-  parser.add_argument("--conv", default="xla", choices=["xla", "io"],
-                      help="io: the proposed explicit-input-gradient conv "
-                      "(benchmarks/io_conv.py), patched into flax")
+                      help="override config.attack.unroll: 'true' (the whole "
+                      "loop written out) or an int (lax.scan unroll)")
+  parser.add_argument("--conv", default="explicit_grad",
+                      choices=["explicit_grad", "xla"],
+                      help="config.model.conv (fkjax/models/conv.py)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
   args = parser.parse_args()
   args.frameworks = args.frameworks.split(",")
-  if args.conv == "io":
-    from benchmarks import io_conv  # pylint: disable=import-outside-toplevel
-    io_conv.patch_flax()
   if "torch" in args.frameworks:
     import torch  # pylint: disable=import-outside-toplevel
     torch.set_num_threads(os.cpu_count() or 1)

@@ -64,10 +64,17 @@ def channel_norm_histogram(report: sparsity.SparsityReport, path: str,
 
 def conv_filters_grid(params: Any, path: str, layer: int | None = None,
                       max_filters: int = 16) -> str:
-  """Kernels ``[:, :, i, o]`` of one conv layer, inputs by rows."""
+  """Kernels ``[:, :, i, o]`` of one conv layer, inputs by rows.
+
+  A pruned input channel shows as a blank row. ``layer`` indexes the conv
+  kernels in tree order; default the middle 3x3 layer.
+  """
   kernels = _conv_kernels(params)
-  index = len(kernels) // 2 if layer is None else layer
-  name, kernel = kernels[index]
+  if layer is None:   # the middle one of the 3x3 (not 1x1) layers
+    spatial = [k for k in kernels if k[1].shape[-4] > 1] or kernels
+    name, kernel = spatial[len(spatial) // 2]
+  else:
+    name, kernel = kernels[layer]
   if kernel.ndim == 5:   # member axis first: show member 0
     kernel, name = kernel[0], f"{name} (member 0)"
   n_in = min(kernel.shape[2], max_filters)

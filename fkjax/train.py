@@ -51,7 +51,7 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int):
   return models.create_model(
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize)
+      noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv)
 
 
 def describe_model(config: ml_collections.ConfigDict,

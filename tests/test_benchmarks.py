@@ -70,26 +70,3 @@ def test_torch_reference_computes_the_same_function(ensemble_size):
   with torch.no_grad():
     got = net(torch.from_numpy(x.transpose(0, 3, 1, 2).copy())).numpy()
   np.testing.assert_allclose(got, np.asarray(want), rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("kernel,stride,pad", [(3, 1, 1), (3, 2, 1), (1, 2, 0)])
-def test_io_conv_has_the_gradients_of_lax_conv(kernel, stride, pad):
-  from benchmarks import io_conv
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.standard_normal((2, 8, 8, 3), dtype=np.float32))
-  w = jnp.asarray(rng.standard_normal((kernel, kernel, 3, 4),
-                                      dtype=np.float32))
-  dn = ("NHWC", "HWIO", "NHWC")
-  pads = [(pad, pad)] * 2
-  loss = lambda conv: lambda x, w: jnp.sum(jnp.sin(conv(
-      x, w, (stride, stride), pads, dimension_numbers=dn)))
-  want = jax.grad(loss(jax.lax.conv_general_dilated), (0, 1))(x, w)
-  got = jax.grad(loss(io_conv.conv_general_dilated), (0, 1))(x, w)
-  for g, h in zip(got, want):
-    np.testing.assert_allclose(g, h, rtol=1e-5, atol=1e-5)
-  # The forward pass is lax's own.
-  np.testing.assert_array_equal(
-      io_conv.conv_general_dilated(x, w, (stride, stride), pads,
-                                   dimension_numbers=dn),
-      jax.lax.conv_general_dilated(x, w, (stride, stride), pads,
-                                   dimension_numbers=dn))

@@ -11,13 +11,15 @@ from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
 def create_model(*, depth: int = 20, num_classes: int = 10,
                  ensemble_size: int = 1, width: int = 1, skip: bool = True,
                  noise_coef: float = 0.0, noise_std_over: str = "batch",
-                 normalize: bool = True) -> nn.Module:
+                 normalize: bool = True, conv: str = "explicit_grad"
+                 ) -> nn.Module:
   """Builds ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}.
 
   ``ensemble_size=1`` gives a plain :class:`PreActResNet` (no member axis).
   """
   kwargs = dict(depth=depth, num_classes=num_classes, width=width, skip=skip,
-                noise_coef=noise_coef, noise_std_over=noise_std_over)
+                noise_coef=noise_coef, noise_std_over=noise_std_over,
+                conv=conv)
   if not normalize:
     kwargs.update(mean=None, std=None)
   if ensemble_size < 1:

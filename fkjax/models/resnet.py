@@ -12,6 +12,9 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+from fkjax.models import conv as conv_lib
 
 # He-normal with fan-out (PyTorch's kaiming_normal_(mode='fan_out')), which
 # the reference implementations use for every convolution.
@@ -21,6 +24,20 @@ dense_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+
+CONV_IMPLS = {"explicit_grad": conv_lib.conv_general_dilated,
+              "xla": lax.conv_general_dilated}
+
+
+def _conv(features: int, size: int, strides: int, impl: str, name: str
+          ) -> nn.Conv:
+  if impl not in CONV_IMPLS:
+    raise ValueError(f"conv must be one of {sorted(CONV_IMPLS)}, got {impl!r}")
+  return nn.Conv(features, (size, size), strides=(strides, strides),
+                 padding=[(size // 2, size // 2)] * 2, use_bias=False,
+                 kernel_init=conv_init, conv_general_dilated=CONV_IMPLS[impl],
+                 name=name)
 
 
 def _batch_norm(train: bool, name: str | None = None) -> nn.BatchNorm:
@@ -61,19 +78,18 @@ class PreActBlock(nn.Module):
   skip: bool = True
   noise_coef: float = 0.0
   noise_std_over: str = "batch"
+  conv: str = "explicit_grad"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, add_noise: bool) -> jax.Array:
-    conv = lambda f, k, s, name: nn.Conv(
-        f, (k, k), strides=(s, s), padding=[(k // 2, k // 2)] * 2,
-        use_bias=False, kernel_init=conv_init, name=name)
+    make_conv = lambda f, k, s, name: _conv(f, k, s, self.conv, name)
     pre = nn.relu(_batch_norm(train, "bn1")(x))
-    out = conv(self.features, 3, self.strides, "conv1")(pre)
+    out = make_conv(self.features, 3, self.strides, "conv1")(pre)
     out = nn.relu(_batch_norm(train, "bn2")(out))
-    out = conv(self.features, 3, 1, "conv2")(out)
+    out = make_conv(self.features, 3, 1, "conv2")(out)
     if self.skip:
       if self.strides != 1 or x.shape[-1] != self.features:
-        shortcut = conv(self.features, 1, self.strides, "shortcut")(pre)
+        shortcut = make_conv(self.features, 1, self.strides, "shortcut")(pre)
       else:
         shortcut = x
       out = out + shortcut
@@ -97,6 +113,8 @@ class PreActResNet(nn.Module):
     noise_std_over: see :func:`inject_noise`.
     mean, std: per-channel input normalisation applied inside the model, so
       that inputs (and attacks) live in ``[0, 1]``. ``None`` disables it.
+    conv: ``"explicit_grad"`` (default; see :mod:`fkjax.models.conv`) or
+      ``"xla"``: same values, different input-gradient program.
   """
   depth: int = 20
   num_classes: int = 10
@@ -106,6 +124,7 @@ class PreActResNet(nn.Module):
   noise_std_over: str = "batch"
   mean: Sequence[float] | None = CIFAR10_MEAN
   std: Sequence[float] | None = CIFAR10_STD
+  conv: str = "explicit_grad"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False,
@@ -123,14 +142,14 @@ class PreActResNet(nn.Module):
     blocks_per_stage = (self.depth - 2) // 6
     if self.mean is not None:
       x = (x - jnp.asarray(self.mean, x.dtype)) / jnp.asarray(self.std, x.dtype)
-    x = nn.Conv(16 * self.width, (3, 3), padding=[(1, 1), (1, 1)],
-                use_bias=False, kernel_init=conv_init, name="stem")(x)
+    x = _conv(16 * self.width, 3, 1, self.conv, "stem")(x)
     for stage, features in enumerate((16, 32, 64)):
       for block in range(blocks_per_stage):
         strides = 2 if stage > 0 and block == 0 else 1
         x = PreActBlock(
             features * self.width, strides, self.skip, self.noise_coef,
-            self.noise_std_over, name=f"stage{stage + 1}_block{block + 1}",
+            self.noise_std_over, self.conv,
+            name=f"stage{stage + 1}_block{block + 1}",
         )(x, train, add_noise)
     x = nn.relu(_batch_norm(train, "bn_final")(x))
     x = jnp.mean(x, axis=(1, 2))
