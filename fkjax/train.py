@@ -305,10 +305,6 @@ class Experiment:
     parallel.check_batch_size(config.training.batch_size, mesh)
     steps = data_lib.steps_per_epoch(len(dataset.train.labels),
                                      config.training.batch_size)
-    if steps < 1:
-      raise ValueError(
-          f"batch size {config.training.batch_size} exceeds the "
-          f"{len(dataset.train.labels)} training examples")
     model = create_model(config, dataset.num_classes)
     return cls(config, dataset, model, create_optimizer(config, steps),
                steps, mesh)
@@ -409,12 +405,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     state = end_of_epoch(state, config)
     train_seconds = time.perf_counter() - epoch_start
 
-    val = validator(eval_variables(state, config),
+    evaluated = eval_variables(state, config)
+    val = validator(evaluated,
                     sharded_eval_batches(val_split,
                                          config.validation.batch_size,
                                          exp.mesh),
                     jax.random.fold_in(val_key, epoch))
-    report = sparsity.sparsity_report(eval_variables(state, config)["params"],
+    report = sparsity.sparsity_report(evaluated["params"],
                                       group=config.sparsity.group)
     n_steps = max(1, state_step - skip)
     val_summary = {
