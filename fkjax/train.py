@@ -343,14 +343,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                                        enabled=jax.process_index() == 0)
   logger.log_text(f"data: {exp.dataset.description}")
   logger.log_text(f"devices: {exp.mesh.size} x {jax.devices()[0].platform}")
-
   logger.log_text(f"model: {describe_model(config, exp.abstract_state())}")
   checkpointer = ckpt_lib.Checkpointer(workdir)
   if checkpointer.latest_step() is None:
     state = exp.initial_state()
   else:
-    start_step, state = exp.restore(checkpointer, "latest")
-    logger.log_text(f"resumed from step {start_step}")
+    _, state = exp.restore(checkpointer, "latest")
+    logger.log_text(f"resumed from step {int(state['step'])}")
   start_step = int(state["step"])
 
   train_step = jax.jit(make_train_step(exp.model, exp.optimizer, config),
