@@ -34,6 +34,11 @@ def initialize_distributed(coordinator_address: str | None = None,
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes,
                              process_id=process_id)
+  # Gloo builds its communicator at the first collective and gives up if a
+  # process is more than 30 s late; the processes are in step right after
+  # initialize(), so build it now rather than after unequal start-up work.
+  from jax.experimental import multihost_utils
+  multihost_utils.sync_global_devices("fkjax: distributed start")
 
 
 def make_mesh(num_devices: int | None = None) -> Mesh:
