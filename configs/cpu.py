@@ -36,6 +36,4 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.eval.nattack_iters = 20
   config.eval.nattack_population = 50
   config.eval.final_attacks = "natural,fgsm,ifgsm20"
-  for preset in filter(None, (p.strip() for p in presets.split(","))):
-    default.apply_preset(config, preset)
-  return config
+  return default.apply_presets(config, presets)

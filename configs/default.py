@@ -111,6 +111,12 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.num_devices = 0   # 0: all visible devices
   config.progress = True
 
+  return apply_presets(config, presets)
+
+
+def apply_presets(config: ml_collections.ConfigDict,
+                  presets: str) -> ml_collections.ConfigDict:
+  """Applies comma-separated presets in order (see the module docstring)."""
   for preset in filter(None, (p.strip() for p in presets.split(","))):
     apply_preset(config, preset)
   return config

@@ -30,6 +30,4 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.eval.final_attacks = "natural,fgsm"
   config.eval.plots = False
   config.progress = False
-  for preset in filter(None, (p.strip() for p in presets.split(","))):
-    default.apply_preset(config, preset)
-  return config
+  return default.apply_presets(config, presets)

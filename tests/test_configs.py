@@ -1,0 +1,45 @@
+"""The configs: the paper's protocol and the table-row presets."""
+import pytest
+
+from configs import cpu, default, tiny
+
+
+def test_default_is_the_papers_protocol():
+  c = default.get_config()
+  assert (c.model.depth, c.model.ensemble_size, c.model.noise_coef) == (
+      20, 2, 0.1)
+  assert c.training.num_epochs == 200 and c.training.batch_size == 128
+  assert tuple(c.training.lr_boundaries) == (80, 120, 160)
+  assert (c.training.learning_rate, c.training.momentum,
+          c.training.weight_decay) == (0.1, 0.9, 5e-4)
+  assert c.training.nesterov and c.training.adversarial
+  assert (c.attack.num_steps, c.attack.random_start) == (10, True)
+  assert c.attack.epsilon == pytest.approx(8 / 255)
+  assert c.attack.step_size == pytest.approx(2 / 255)
+  assert c.dataset.val_size == 5000
+
+
+@pytest.mark.parametrize("presets,expected", [
+    ("resnet20", dict(depth=20, ensemble_size=1, noise_coef=0.0)),
+    ("resnet38", dict(depth=38, ensemble_size=1, noise_coef=0.0)),
+    ("en5resnet20", dict(depth=20, ensemble_size=5, noise_coef=0.1)),
+    ("en2resnet20,noskip", dict(depth=20, ensemble_size=2, skip=False)),
+])
+def test_model_presets(presets, expected):
+  model = default.get_config(presets).model
+  assert {k: model[k] for k in expected} == expected
+
+
+def test_other_presets_and_composition():
+  c = default.get_config("en5resnet20,rgsm,cifar100,natural")
+  assert c.sparsity.method == "rgsm" and c.sparsity.beta == 1.0
+  assert c.dataset.name == "cifar100" and not c.training.adversarial
+  # presets compose with the small configs too
+  c = cpu.get_config("resnet20,rvsm")
+  assert (c.model.depth, c.sparsity.method) == (20, "rvsm")
+  assert tiny.get_config().dataset.source == "synthetic"
+
+
+def test_unknown_preset_is_rejected():
+  with pytest.raises(ValueError, match="unknown config preset 'resnet21x'"):
+    default.get_config("resnet21x")
