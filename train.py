@@ -20,6 +20,9 @@ flags.DEFINE_string("coordinator_address", None,
                     "Multi-host: host:port of process 0 (jax.distributed).")
 flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
 flags.DEFINE_integer("process_id", None, "Multi-host: this process's id.")
+flags.DEFINE_bool("distributed", False,
+                  "Multi-host on a cluster JAX auto-detects (SLURM, TPU pods): "
+                  "jax.distributed.initialize() with no arguments.")
 config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/default.py[:presets].",
     lock_config=True)
@@ -32,7 +35,8 @@ def main(argv):
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
   parallel.initialize_distributed(FLAGS.coordinator_address,
-                                  FLAGS.num_processes, FLAGS.process_id)
+                                  FLAGS.num_processes, FLAGS.process_id,
+                                  auto=FLAGS.distributed)
   from fkjax import train  # after jax.distributed.initialize
   train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

@@ -19,14 +19,15 @@ DATA_AXIS = "data"
 
 def initialize_distributed(coordinator_address: str | None = None,
                            num_processes: int | None = None,
-                           process_id: int | None = None) -> None:
-  """Starts multi-host JAX (a no-op for one process with no arguments).
+                           process_id: int | None = None,
+                           auto: bool = False) -> None:
+  """Starts multi-host JAX; a no-op for a single process.
 
-  On clusters that JAX auto-detects (SLURM, TPU pods, ...) call it without
-  arguments; elsewhere give the coordinator ``host:port``, the number of
-  processes and this process's id, the same on every host.
+  On clusters that JAX auto-detects (SLURM, TPU pods, ...) pass
+  ``auto=True``; elsewhere give the coordinator ``host:port``, the number of
+  processes and this process's id (the same address and count everywhere).
   """
-  if coordinator_address is None and num_processes in (None, 1):
+  if not auto and coordinator_address is None and num_processes in (None, 1):
     return
   # Cross-process collectives of the CPU backend (used when testing on one
   # machine); GPU and TPU backends bring their own.
