@@ -27,7 +27,8 @@ def _conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
   for (path, leaf), keep in zip(
       jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(mask)):
     if keep:
-      out.append((jax.tree_util.keystr(path), np.asarray(leaf)))
+      # the layer names of the sparsity report's table
+      out.append((sparsity.masks.path_name(path), np.asarray(leaf)))
   return out
 
 
