@@ -56,10 +56,13 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
 def format_epoch(m: Mapping[str, Any]) -> str:
   """One human-readable line per epoch."""
   parts = [f"epoch {m['epoch']}", f"lr {m['learning_rate']:.4g}"]
+  special = ("train_seconds", "train_images_per_second")
   for k, v in m.items():
-    if k.startswith(("train_", "val_")) and k != "train_seconds":
+    if k.startswith(("train_", "val_")) and k not in special:
       parts.append(f"{k} {v:.4f}" if "loss" in k else f"{k} {v:.2f}")
   parts += [f"sparsity {m['weight_sparsity']:.2f}%",
             f"channel sparsity {m['channel_sparsity']:.2f}%",
             f"train {m['train_seconds']:.1f}s"]
+  if m.get("train_images_per_second"):
+    parts[-1] += f" ({m['train_images_per_second']:.0f} images/s)"
   return " | ".join(parts)

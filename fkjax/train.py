@@ -380,12 +380,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     bar = tqdm.tqdm(batches, total=exp.steps_per_epoch, initial=skip,
                     desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}",
                     unit="step", disable=not config.progress, leave=False)
-    for batch in bar:
-      step = epoch * exp.steps_per_epoch + state_step
-      key = jax.random.fold_in(base_key, step)
-      state, metrics = train_step(state, parallel.shard_batch(batch, exp.mesh),
-                                  key)
+    # Metrics are read one step late, so that the host prepares the next
+    # batch while the device still runs this step (reading them at once
+    # would wait for the device every step).
+    pending = None
+    # Throughput after the epoch's first step, which includes compilation.
+    seen = {"steps": 0, "first_done": None}
+
+    def consume(step_and_metrics):
+      step, metrics = step_and_metrics
       metrics = jax.device_get(metrics)
+      seen["steps"] += 1
+      if seen["steps"] == 1:
+        seen["first_done"] = time.perf_counter()
       if not math.isfinite(float(metrics["loss"])):
         checkpointer.close()
         raise NonFiniteLossError(
@@ -393,14 +400,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
             f"(epoch {epoch + 1}); the last good checkpoint is kept in "
             f"{workdir}/checkpoints (step {checkpointer.latest_step()}). "
             "Lower the learning rate or check the data.")
-      state_step += 1
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + float(v)
       bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items()})
+
+    for batch in bar:
+      step = epoch * exp.steps_per_epoch + state_step
+      key = jax.random.fold_in(base_key, step)
+      state, metrics = train_step(state, parallel.shard_batch(batch, exp.mesh),
+                                  key)
+      if pending is not None:
+        consume(pending)
+      pending = (step, metrics)
+      state_step += 1
       every = t.checkpoint_every_steps
       if every and (step + 1) % every == 0 and state_step < exp.steps_per_epoch:
+        consume(pending)  # never checkpoint a state with a non-finite loss
+        pending = None
         checkpointer.save(step + 1, state)
+    if pending is not None:
+      consume(pending)
     bar.close()
+    steady = (time.perf_counter() - seen["first_done"]
+              if seen["steps"] > 1 else None)
     state = end_of_epoch(state, config)
     train_seconds = time.perf_counter() - epoch_start
 
@@ -423,6 +445,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
         "weight_sparsity": report.weight_sparsity,
         "channel_sparsity": report.channel_sparsity,
         "train_seconds": train_seconds,
+        # global batch: every process's images, after the first step
+        "train_images_per_second": (
+            (seen["steps"] - 1) * t.batch_size / steady if steady else None),
         "val_seconds": sum(r["seconds"] for r in val["attacks"].values()),
     }
     select = ("natural" if config.validation.select_by == "natural"
