@@ -6,6 +6,7 @@ Usage (from the repository root; torch from benchmarks/requirements-bench.txt):
   python -m benchmarks.bench_train --batch 128 --eval-batch 500 \
       --models resnet20,en2resnet20 --benches clean,pgd,pgd_bneval,ifgsm \
       --json bench.json --md bench.md
+  python -m benchmarks.bench_train --device cuda --repeats 20 --warmup 3  # GPU
 
 Benches (each for every model):
   clean       natural training step (forward + backward + SGD)
@@ -20,10 +21,24 @@ The fkjax side is ``fkjax.train.make_train_step`` jitted exactly as
 presets; the PyTorch side is ``benchmarks/torch_reference.py``. Timings are
 medians (and minima, the robust figure on a shared machine) over
 ``--repeats`` runs after ``--warmup`` runs, fkjax and PyTorch alternating so
-that outside load hits both alike; compile time is reported apart. GFLOP/s counts ``2 * MACs`` of the convolutions and the head (see
-``forward_macs``) times the forward-equivalents of the bench (see
-``forward_equivalents``), against the float32 matmul peak measured at the
-start of the run.
+that outside load hits both alike; compile time is reported apart.
+images/s is the batch over the median time. GFLOP/s counts ``2 * MACs`` of
+the convolutions and the head (see ``forward_macs``) times the
+forward-equivalents of the bench (see ``forward_equivalents``), against the
+float32 matmul peak measured at the start of the run.
+
+Devices: fkjax runs on JAX's default backend; PyTorch on ``--device``
+(``auto``: ``cuda`` if ``torch.cuda.is_available()``, else ``cpu``). Both
+sides keep one fixed batch on the host and copy it to their device inside
+every timed step (``jax.device_put``, ``Tensor.to``), so both pay the
+host->device copy, as in training; the models stay on the device. On
+``cuda``, ``torch.backends.cudnn.benchmark`` is on (PyTorch autotunes and
+gets its best convolution algorithms; the warm-up runs absorb the tuning)
+and every timed PyTorch step ends with ``torch.cuda.synchronize()``. On a
+JAX GPU backend the peak is a jitted 8192^2 float32 ``jnp.dot`` instead of
+numpy's: measured with JAX's default precision (TF32 on Ampere/Hopper,
+the peak of the % columns) and with ``Precision.HIGHEST`` (true float32),
+both recorded in the meta line.
 """
 from __future__ import annotations
 
@@ -38,6 +53,7 @@ from typing import Any, Callable
 
 import fkjax  # noqa: F401  (sets fkjax's XLA flags before JAX starts)
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from configs import default as default_config
@@ -105,6 +121,46 @@ def matmul_peak_gflops(n: int = 4096, repeats: int = 3) -> float:
   a @ b  # warm-up
   best = min(_seconds(lambda: a @ b) for _ in range(repeats))
   return 2.0 * n**3 / best / 1e9
+
+
+def jax_matmul_tflops(n: int = 8192, repeats: int = 10,
+                      precision=None) -> float:
+  """TFLOP/s of a jitted float32 ``n x n`` ``jnp.dot`` on JAX's default device.
+
+  ``precision=None`` is JAX's default (TF32 on Ampere/Hopper GPUs),
+  ``jax.lax.Precision.HIGHEST`` true float32. Median of ``repeats`` calls
+  after two warm-up calls (the first compiles).
+  """
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, (n, n), jnp.float32)
+  b = jax.random.normal(kb, (n, n), jnp.float32)
+  dot = jax.jit(functools.partial(jnp.dot, precision=precision))
+  for _ in range(2):
+    dot(a, b).block_until_ready()
+  seconds = [_seconds(lambda: dot(a, b).block_until_ready())
+             for _ in range(repeats)]
+  return 2.0 * n**3 / statistics.median(seconds) / 1e12
+
+
+def measure_peak() -> tuple[float, str, dict[str, Any]]:
+  """(GFLOP/s, description, meta fields) of the peak of the % columns.
+
+  numpy's float32 matmul on a CPU backend. On a JAX GPU backend, ``jnp.dot``
+  at JAX's default precision (TF32), the precision fkjax's convolutions run
+  at by default; ``Precision.HIGHEST`` (true float32) is recorded beside it.
+  """
+  if jax.default_backend() != "gpu":
+    peak = matmul_peak_gflops()
+    label = "numpy 4096^2"
+    return peak, label, {"matmul_peak_gflops": peak, "peak": label}
+  default = jax_matmul_tflops()
+  highest = jax_matmul_tflops(precision=jax.lax.Precision.HIGHEST)
+  label = (f"jnp.dot 8192^2 at JAX's default precision = TF32; "
+           f"Precision.HIGHEST (true float32): {highest:.1f} TFLOP/s")
+  return 1e3 * default, label, {"matmul_peak_gflops": 1e3 * default,
+                                "gpu_matmul_tflops_default": default,
+                                "gpu_matmul_tflops_highest": highest,
+                                "peak": label}
 
 
 # --------------------------------------------------------------------------
@@ -220,12 +276,33 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
 # PyTorch side.
 
 
-def torch_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
+def resolve_device(name: str) -> str:
+  """``--device``: "auto" is "cuda" when torch sees a GPU, else "cpu"."""
+  import torch  # pylint: disable=import-outside-toplevel
+  if name == "auto":
+    return "cuda" if torch.cuda.is_available() else "cpu"
+  if name not in ("cpu", "cuda"):
+    raise ValueError(f"unknown device {name!r}")
+  if name == "cuda" and not torch.cuda.is_available():
+    raise ValueError("--device cuda, but torch.cuda.is_available() is False")
+  return name
+
+
+def jax_device_label() -> str:
+  """JAX's backend and, when it says more, its first device's kind."""
+  backend, kind = jax.default_backend(), jax.devices()[0].device_kind
+  return backend if kind == backend else f"{backend} ({kind})"
+
+
+def torch_runner(config, bench: str, batch: int,
+                 device: str = "cpu") -> tuple[Callable, dict]:
+  """(run, info) of the PyTorch side, the model on ``device``."""
   import torch  # pylint: disable=import-outside-toplevel
   from benchmarks import torch_reference as ref  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)
   m = config.model
-  model = ref.create_model(m.depth, m.ensemble_size, m.noise_coef)
+  model = ref.create_model(m.depth, m.ensemble_size, m.noise_coef,
+                           device=device)
   optimizer = ref.make_optimizer(model)
   host = _batch(batch)
   images = torch.from_numpy(host["image"].transpose(0, 3, 1, 2).copy())
@@ -233,13 +310,24 @@ def torch_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
   info = {"compile_s": 0.0, "num_params": ref.num_params(model),
           "memory_mb": None}
   if bench == "ifgsm":
-    return (lambda: ref.eval_ifgsm(model, images, labels,
-                                   config.validation.attack_steps)), info
-  return (lambda: ref.train_step(
-      model, optimizer, images, labels,
-      adversarial=config.training.adversarial,
-      num_steps=config.attack.num_steps, bn_mode=config.attack.bn_mode,
-      track_clean=config.training.track_clean_accuracy)), info
+    step = lambda x, y: ref.eval_ifgsm(model, x, y,
+                                       config.validation.attack_steps)
+  else:
+    step = lambda x, y: ref.train_step(
+        model, optimizer, x, y, adversarial=config.training.adversarial,
+        num_steps=config.attack.num_steps, bn_mode=config.attack.bn_mode,
+        track_clean=config.training.track_clean_accuracy)
+
+  def run():
+    # The host batch goes to the device every step, as on the fkjax side
+    # (a no-op on the CPU).
+    out = step(images.to(device, non_blocking=False),
+               labels.to(device, non_blocking=False))
+    if device == "cuda":
+      # float()/int() of the metrics already wait for the GPU; be explicit.
+      torch.cuda.synchronize()
+    return out
+  return run, info
 
 
 # --------------------------------------------------------------------------
@@ -252,15 +340,26 @@ def _ms(row: dict[str, Any], name: str) -> str:
   return f"{row[f'{name}_ms']:.0f} ({row[f'{name}_min_ms']:.0f})"
 
 
-def format_markdown(rows: list[dict[str, Any]], peak: float) -> str:
-  """A Markdown table of the result rows (one per model and bench)."""
-  lines = [
-      f"float32 matmul peak (numpy 4096^2, this run): {peak:.1f} GFLOP/s", "",
+def format_markdown(rows: list[dict[str, Any]], peak: float,
+                    peak_label: str = "numpy 4096^2",
+                    devices: dict[str, str] | None = None) -> str:
+  """A Markdown table of the result rows (one per model and bench).
+
+  ``peak`` (GFLOP/s, described by ``peak_label``) is the base of the % peak
+  columns; ``devices`` maps framework to the device it ran on, for the line
+  above the table.
+  """
+  lines = [f"float32 matmul peak ({peak_label}, this run): {peak:.1f} GFLOP/s",
+           ""]
+  if devices:
+    lines += [", ".join(f"{name} on {where}"
+                        for name, where in devices.items()), ""]
+  lines += [
       "| model | bench | batch | fkjax ms (min) | torch ms (min) | "
-      "fkjax/torch (of mins) | "
+      "fkjax/torch (of mins) | fkjax images/s | torch images/s | "
       "fkjax GFLOP/s (% peak) | torch GFLOP/s (% peak) | fkjax compile s | "
       "fkjax mem MB | load 1m before/after |",
-      "|---|---|---|---|---|---|---|---|---|---|---|"]
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   fmt = lambda x, f: "-" if x is None else format(x, f)
   for r in rows:
     both = r.get("fkjax_ms") and r.get("torch_ms")
@@ -270,6 +369,8 @@ def format_markdown(rows: list[dict[str, Any]], peak: float) -> str:
         r["model"], r["bench"], str(r["batch"]),
         _ms(r, "fkjax"), _ms(r, "torch"),
         f"{fmt(ratio, '.2f')} ({fmt(ratio_min, '.2f')})",
+        fmt(r.get("fkjax_images_per_s"), ".1f"),
+        fmt(r.get("torch_images_per_s"), ".1f"),
         (f"{r['fkjax_gflops']:.1f} ({100 * r['fkjax_gflops'] / peak:.0f}%)"
          if r.get("fkjax_gflops") else "-"),
         (f"{r['torch_gflops']:.1f} ({100 * r['torch_gflops'] / peak:.0f}%)"
@@ -282,7 +383,21 @@ def format_markdown(rows: list[dict[str, Any]], peak: float) -> str:
   return "\n".join(lines)
 
 
+def timing_fields(name: str, seconds: list[float], batch: int,
+                  macs_per_image: int, members: int,
+                  fwd_equiv: float) -> dict[str, Any]:
+  """Row fields of one framework's timed runs (``seconds``, not empty)."""
+  median = statistics.median(seconds)
+  return {f"{name}_ms": 1e3 * median,
+          f"{name}_min_ms": 1e3 * min(seconds),
+          f"{name}_times_ms": [round(1e3 * t, 1) for t in seconds],
+          f"{name}_images_per_s": batch / median,
+          f"{name}_gflops": gflops(macs_per_image, members, fwd_equiv, batch,
+                                   median)}
+
+
 def run_bench(model: str, bench: str, args) -> dict[str, Any]:
+  """One row: ``bench`` of ``model`` timed on the frameworks of ``args``."""
   batch = args.eval_batch if bench == "ifgsm" else args.batch
   config = fkjax_config(model, bench, batch, args.steps, args.eval_steps,
                         args.unroll)
@@ -295,7 +410,8 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   if "fkjax" in args.frameworks:
     runners["fkjax"], infos["fkjax"] = fkjax_runner(config, bench, batch)
   if "torch" in args.frameworks:
-    runners["torch"], infos["torch"] = torch_runner(config, bench, batch)
+    runners["torch"], infos["torch"] = torch_runner(config, bench, batch,
+                                                    args.torch_device)
   times = interleaved(runners, args.repeats, args.warmup)
   row["load_after"] = load_average()
   members = config.model.ensemble_size
@@ -306,11 +422,7 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   for name, ts in times.items():
     row[f"{name}_compile_s"] = infos[name]["compile_s"]
     if ts:  # --repeats 0 measures compile time and memory only
-      median = statistics.median(ts)
-      row[f"{name}_ms"] = 1e3 * median
-      row[f"{name}_min_ms"] = 1e3 * min(ts)
-      row[f"{name}_times_ms"] = [round(1e3 * t, 1) for t in ts]
-      row[f"{name}_gflops"] = gflops(macs, members, fwd, batch, median)
+      row.update(timing_fields(name, ts, batch, macs, members, fwd))
     row[f"{name}_memory_mb"] = infos[name]["memory_mb"]
     row[f"{name}_num_params"] = infos[name]["num_params"]
   if "fkjax_ms" in row and "torch_ms" in row:
@@ -336,6 +448,9 @@ def main() -> None:
   parser.add_argument("--unroll", default=None,
                       help="override config.attack.unroll: 'true' (the whole "
                       "loop written out) or an int (lax.scan unroll)")
+  parser.add_argument("--device", default="auto",
+                      choices=["auto", "cpu", "cuda"],
+                      help="PyTorch's device; auto: cuda if available")
   parser.add_argument("--conv", default="explicit_grad",
                       choices=["explicit_grad", "xla"],
                       help="config.model.conv (fkjax/models/conv.py)")
@@ -343,18 +458,41 @@ def main() -> None:
   parser.add_argument("--md", default=None, help="write the table here")
   args = parser.parse_args()
   args.frameworks = args.frameworks.split(",")
+  args.torch_device = None
+  devices = {}
+  if "fkjax" in args.frameworks:
+    devices["fkjax"] = jax_device_label()
   if "torch" in args.frameworks:
     import torch  # pylint: disable=import-outside-toplevel
     torch.set_num_threads(os.cpu_count() or 1)
+    args.torch_device = resolve_device(args.device)
+    devices["torch"] = args.torch_device
+    if args.torch_device == "cuda":
+      # Autotuning: PyTorch gets its best convolution algorithms for each
+      # shape (the warm-up runs pay for the tuning).
+      torch.backends.cudnn.benchmark = True
+      devices["torch"] = f"cuda ({torch.cuda.get_device_name()})"
 
-  peak = matmul_peak_gflops()
+  peak, peak_label, peak_meta = measure_peak()
   meta = {"machine": platform.machine(), "processor": platform.processor(),
           "cpu_count": os.cpu_count(), "jax": jax.__version__,
+          "jax_backend": jax.default_backend(),
+          "jax_device_kind": jax.devices()[0].device_kind,
+          "jax_default_matmul_precision":
+              jax.config.jax_default_matmul_precision,
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
-          "matmul_peak_gflops": peak, "args": vars(args)}
+          **peak_meta, "devices": devices, "args": vars(args)}
   if "torch" in args.frameworks:
     meta["torch"] = torch.__version__
     meta["torch_threads"] = torch.get_num_threads()
+    meta["torch_device"] = args.torch_device
+    # TF32 use of PyTorch's convolutions (cuDNN) and matmuls, on cuda.
+    meta["torch_cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
+    meta["torch_cuda_matmul_allow_tf32"] = (
+        torch.backends.cuda.matmul.allow_tf32)
+    if args.torch_device == "cuda":
+      meta["torch_cuda_device_name"] = torch.cuda.get_device_name()
+      meta["torch_cudnn_benchmark"] = torch.backends.cudnn.benchmark
   print(json.dumps(meta), flush=True)
   rows = []
   for model in args.models.split(","):
@@ -362,7 +500,7 @@ def main() -> None:
       row = run_bench(model, bench, args)
       rows.append(row)
       print(json.dumps(row), flush=True)
-  table = format_markdown(rows, peak)
+  table = format_markdown(rows, peak, peak_label, devices)
   print(table)
   if args.json:
     with open(args.json, "w") as f:

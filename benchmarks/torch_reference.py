@@ -6,6 +6,8 @@ way the paper's authors wrote theirs (eager PyTorch, ``torch.autograd.grad``
 for the attack's input gradient), so that ``benchmarks/bench_train.py`` can
 time both on the same machine. Needs ``torch`` (see
 ``benchmarks/requirements-bench.txt``); fkjax itself never imports this file.
+Works on any torch device: ``create_model(..., device=...)`` puts the model
+there, and every function follows the device of its model and tensors.
 
 Differences from fkjax that do not change the cost: the attack in BatchNorm
 "train" mode also updates the running averages here (as in the authors'
@@ -98,12 +100,19 @@ class EnResNet(nn.Module):
 
 
 def create_model(depth: int = 20, ensemble_size: int = 1,
-                 noise_coef: float = 0.0, num_classes: int = 10) -> nn.Module:
-  """ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}."""
+                 noise_coef: float = 0.0, num_classes: int = 10,
+                 device: torch.device | str = "cpu") -> nn.Module:
+  """ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth} on ``device``.
+
+  The weights are drawn on the CPU and then moved, so that a seed gives the
+  same initial model on every device.
+  """
   kwargs = dict(depth=depth, num_classes=num_classes, noise_coef=noise_coef)
   if ensemble_size == 1:
-    return PreActResNet(**kwargs)
-  return EnResNet(ensemble_size, **kwargs)
+    model = PreActResNet(**kwargs)
+  else:
+    model = EnResNet(ensemble_size, **kwargs)
+  return model.to(device)  # parameters and buffers (mean, std, BN statistics)
 
 
 def num_params(model: nn.Module) -> int:
@@ -179,8 +188,9 @@ def load_flax_variables(model: nn.Module, params, batch_stats) -> None:
   """Copies fkjax (Flax) variables into ``model`` in place.
 
   ``params``/``batch_stats`` are the trees of ``fkjax.models`` (NumPy or JAX
-  arrays); an ensemble's trees carry the member axis first. Lets a test check
-  that both implementations compute the same function.
+  arrays); an ensemble's trees carry the member axis first. Each value is
+  copied onto the device of the tensor it replaces. Lets a test check that
+  both implementations compute the same function.
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
 
@@ -191,17 +201,20 @@ def load_flax_variables(model: nn.Module, params, batch_stats) -> None:
                           take_i(batch_stats["members"], i))
     return
 
-  def t(x):
-    return torch.from_numpy(np.array(x, dtype=np.float32))
+  def copy(dst: torch.Tensor, x):
+    # Put on dst's device (a no-op on the CPU) before the in-place copy.
+    src = torch.from_numpy(np.array(x, dtype=np.float32))
+    dst.copy_(src.to(dst.device))
 
   def conv(dst: nn.Conv2d, p):
-    dst.weight.data.copy_(t(p["kernel"]).permute(3, 2, 0, 1))  # HWIO -> OIHW
+    kernel = np.asarray(p["kernel"]).transpose(3, 2, 0, 1)  # HWIO -> OIHW
+    copy(dst.weight.data, kernel)
 
   def bn(dst: nn.BatchNorm2d, p, s):
-    dst.weight.data.copy_(t(p["scale"]))
-    dst.bias.data.copy_(t(p["bias"]))
-    dst.running_mean.copy_(t(s["mean"]))
-    dst.running_var.copy_(t(s["var"]))
+    copy(dst.weight.data, p["scale"])
+    copy(dst.bias.data, p["bias"])
+    copy(dst.running_mean, s["mean"])
+    copy(dst.running_var, s["var"])
 
   conv(model.stem, params["stem"])
   n = len(model.blocks) // 3
@@ -215,8 +228,8 @@ def load_flax_variables(model: nn.Module, params, batch_stats) -> None:
     if block.shortcut is not None:
       conv(block.shortcut, p["shortcut"])
   bn(model.bn_final, params["bn_final"], batch_stats["bn_final"])
-  model.head.weight.data.copy_(t(params["head"]["kernel"]).T)
-  model.head.bias.data.copy_(t(params["head"]["bias"]))
+  copy(model.head.weight.data, np.asarray(params["head"]["kernel"]).T)
+  copy(model.head.bias.data, params["head"]["bias"])
 
 
 def take_i(tree, i: int):
