@@ -47,6 +47,9 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # "explicit_grad": convolutions whose input gradient stays fast inside
   # XLA:CPU loops (fkjax/models/conv.py); "xla": the stock convolution.
   config.model.conv = "explicit_grad"
+  # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan) or
+  # "auto" (sequential on CPU, batched elsewhere). Speed only: same variables.
+  config.model.member_execution = "auto"
 
   config.training = ml_collections.ConfigDict()
   config.training.num_epochs = 200

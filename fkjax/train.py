@@ -51,7 +51,20 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int):
   return models.create_model(
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv)
+      noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv,
+      member_execution=member_execution(config))
+
+
+def member_execution(config: ml_collections.ConfigDict) -> str:
+  """``config.model.member_execution``, with ``"auto"`` resolved.
+
+  ``"auto"``: members in sequence on CPU (XLA:CPU runs the grouped
+  convolutions of batched members slowly), batched elsewhere.
+  """
+  choice = config.model.member_execution
+  if choice == "auto":
+    return "sequential" if jax.default_backend() == "cpu" else "batched"
+  return choice
 
 
 def describe_model(config: ml_collections.ConfigDict,
@@ -279,12 +292,27 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     with open(path) as f:
       old = json.load(f)
     for section in ("model", "sparsity", "dataset"):
-      if old.get(section) != new.get(section):
+      if _without_speed_keys(old, section) != _without_speed_keys(new,
+                                                                  section):
         raise ValueError(
             f"{workdir!r} holds a run with a different config.{section} "
             f"({old.get(section)} vs {new.get(section)}); use a new workdir")
   with open(path, "w") as f:
     json.dump(new, f, indent=2, sort_keys=True)
+
+
+# Keys that change how fast a model runs, not what it computes: a run may
+# resume or be evaluated with other values (e.g. trained on a GPU, evaluated
+# on a CPU).
+_SPEED_KEYS = {"model": ("conv", "member_execution")}
+
+
+def _without_speed_keys(config: dict[str, Any], section: str) -> Any:
+  part = config.get(section)
+  if not isinstance(part, dict):
+    return part
+  return {k: v for k, v in part.items()
+          if k not in _SPEED_KEYS.get(section, ())}
 
 
 @dataclasses.dataclass

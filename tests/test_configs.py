@@ -43,3 +43,28 @@ def test_other_presets_and_composition():
 def test_unknown_preset_is_rejected():
   with pytest.raises(ValueError, match="unknown config preset 'resnet21x'"):
     default.get_config("resnet21x")
+
+
+def test_speed_keys_may_change_between_runs_of_a_workdir(tmp_path):
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
+  # How the model runs may change (e.g. trained on a GPU, resumed on a CPU)...
+  config.model.conv = "xla"
+  config.model.member_execution = "sequential"
+  train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
+  # ...what it computes may not.
+  config.model.depth += 6
+  with pytest.raises(ValueError, match="different config.model"):
+    train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
+
+
+def test_member_execution_auto_is_sequential_on_cpu():
+  import jax  # pylint: disable=import-outside-toplevel
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  assert config.model.member_execution == "auto"
+  want = "sequential" if jax.default_backend() == "cpu" else "batched"
+  assert train.member_execution(config) == want
+  config.model.member_execution = "batched"
+  assert train.member_execution(config) == "batched"

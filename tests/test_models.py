@@ -113,8 +113,10 @@ def small_batch():
 
 
 def test_noise_keys(small_batch):
-  for members, coef in ((1, 0.0), (2, 0.2)):
-    model = create_model(depth=8, ensemble_size=members, noise_coef=coef)
+  for members, coef, execution in ((1, 0.0, "batched"), (2, 0.2, "batched"),
+                                   (2, 0.2, "sequential")):
+    model = create_model(depth=8, ensemble_size=members, noise_coef=coef,
+                         member_execution=execution)
     variables = init_variables(model, small_batch)
     run = lambda k: jit_apply(model)(variables, small_batch, rngs={"noise": k})
     a, b, c = run(jax.random.key(3)), run(jax.random.key(3)), run(
@@ -163,6 +165,37 @@ def test_ensemble_equals_mean_of_members(small_batch):
     member_out.append(jit_apply(single)(member_vars, small_batch))
   np.testing.assert_allclose(jit_apply(ens)(variables, small_batch),
                              np.mean(member_out, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_member_executions_compute_the_same_function(small_batch):
+  batched, sequential = (
+      create_model(depth=8, ensemble_size=3, member_execution=m)
+      for m in ("batched", "sequential"))
+  variables = init_variables(batched, small_batch)
+  # Same variables: a checkpoint of one restores into the other.
+  assert (jax.tree.map(jnp.shape, init_shapes(sequential, small_batch.shape))
+          == jax.tree.map(jnp.shape, variables))
+  for train in (False, True):
+    (a, stats_a), (b, stats_b) = (
+        jit_apply(m)(variables, small_batch, train=train,
+                     mutable="batch_stats") for m in (batched, sequential))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5,
+                                   atol=1e-6), stats_a, stats_b)
+  labels = jnp.arange(4) % 10
+
+  def grads(model):
+    def loss(params, x):
+      logits, _ = model.apply({**variables, "params": params}, x, train=True,
+                              mutable="batch_stats")
+      return jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
+    return jax.jit(jax.grad(loss, (0, 1)))(variables["params"], small_batch)
+
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4,
+                                 atol=1e-6), grads(batched), grads(sequential))
+  with pytest.raises(ValueError, match="member_execution"):
+    init_shapes(create_model(depth=8, ensemble_size=2,
+                             member_execution="parallel"))
 
 
 def test_en1_without_noise_equals_plain_net(small_batch):

@@ -11,11 +11,13 @@ from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
 def create_model(*, depth: int = 20, num_classes: int = 10,
                  ensemble_size: int = 1, width: int = 1, skip: bool = True,
                  noise_coef: float = 0.0, noise_std_over: str = "batch",
-                 normalize: bool = True, conv: str = "explicit_grad"
-                 ) -> nn.Module:
+                 normalize: bool = True, conv: str = "explicit_grad",
+                 member_execution: str = "batched") -> nn.Module:
   """Builds ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}.
 
   ``ensemble_size=1`` gives a plain :class:`PreActResNet` (no member axis).
+  ``member_execution`` is how an ensemble's members run (see
+  :class:`EnResNet`); it changes speed, not the variables.
   """
   kwargs = dict(depth=depth, num_classes=num_classes, width=width, skip=skip,
                 noise_coef=noise_coef, noise_std_over=noise_std_over,
@@ -26,7 +28,8 @@ def create_model(*, depth: int = 20, num_classes: int = 10,
     raise ValueError(f"ensemble_size must be >= 1, got {ensemble_size}")
   if ensemble_size == 1:
     return PreActResNet(**kwargs)
-  return EnResNet(num_members=ensemble_size, member_kwargs=kwargs)
+  return EnResNet(num_members=ensemble_size, member_kwargs=kwargs,
+                  member_execution=member_execution)
 
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "EnResNet", "PreActBlock",

@@ -49,10 +49,25 @@ def _conv_bwd(strides, padding, res, g):
   flipped = jnp.swapaxes(jnp.flip(rhs, (0, 1)), 2, 3)  # HWIO of the transpose
   dlhs = _xla_conv(g, flipped, (1, 1), pads, lhs_dilation=strides,
                    dimension_numbers=_DN)
-  _, rhs_vjp = jax.vjp(
-      lambda w: _xla_conv(lhs, w, strides, padding, dimension_numbers=_DN),
-      rhs)
-  return dlhs, rhs_vjp(g)[0]
+  return dlhs, _kernel_grad(lhs, g, kernel, strides, padding)
+
+
+def _kernel_grad(lhs, g, kernel, strides, padding):
+  """d(conv)/d(kernel) as an ordinary NHWC/HWIO convolution.
+
+  dW[a, b, i, o] = sum_{n,p,q} x_pad[n, s*p + a, s*q + b, i] g[n, p, q, o]:
+  a convolution of x (images' channels as its batch, the batch as its
+  features) with g (dilated by the stride) as kernel.
+  """
+  pads = []
+  for n, o, k, s, (lo, _) in zip(lhs.shape[1:3], g.shape[1:3], kernel,
+                                 strides, padding):
+    pads.append((lo, k + (o - 1) * s - n - lo))
+  x_t = jnp.transpose(lhs, (3, 1, 2, 0))  # (I, H, W, N)
+  g_t = jnp.transpose(g, (1, 2, 0, 3))  # (Ho, Wo, N, O)
+  out = _xla_conv(x_t, g_t, (1, 1), pads, rhs_dilation=strides,
+                  dimension_numbers=_DN)  # (I, kh, kw, O)
+  return jnp.transpose(out, (1, 2, 0, 3))
 
 
 _conv.defvjp(_conv_fwd, _conv_bwd)

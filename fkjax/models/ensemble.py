@@ -9,32 +9,68 @@ import jax.numpy as jnp
 
 from fkjax.models.resnet import PreActResNet
 
+MEMBER_EXECUTIONS = ("batched", "sequential")
+
+
+class _Summed(PreActResNet):
+  """A member as a ``nn.scan`` body: adds its logits to the running total."""
+  train: bool = False
+  add_noise: bool = True
+
+  def __call__(self, total: jax.Array, x: jax.Array):
+    return total + PreActResNet.__call__(self, x, self.train,
+                                         self.add_noise), None
+
 
 class EnResNet(nn.Module):
   """``num_members`` independently initialised :class:`PreActResNet` members.
 
-  The members run as one batched computation: ``nn.vmap`` stacks every
-  parameter and BatchNorm statistic on a leading member axis (a conv kernel
-  is ``(members, H, W, I, O)``) and splits the ``'params'`` and ``'noise'``
-  PRNG streams, so members are initialised and perturbed independently.
+  Every parameter and BatchNorm statistic carries a leading member axis (a
+  conv kernel is ``(members, H, W, I, O)``), and the ``'params'`` and
+  ``'noise'`` PRNG streams are split per member, so members are initialised
+  and perturbed independently. How the members run is a speed choice only:
+
+  * ``"batched"``: ``nn.vmap``, one computation over all members (their
+    convolutions become grouped convolutions). Best where those are fast
+    (GPUs).
+  * ``"sequential"``: ``nn.scan`` over the members, one ordinary network at a
+    time. XLA:CPU runs grouped convolutions slowly, so this is faster on CPU
+    (``docs/performance.md``), and its compile time does not grow with the
+    number of members.
+
+  Both have the same variables (a checkpoint of one restores into the other)
+  and compute the same function of them; they draw different
+  initialisations and noise from the same keys.
 
   Attributes:
     num_members: ensemble size ``n`` of En_nResNet.
     member_kwargs: attributes of each member (see :class:`PreActResNet`).
+    member_execution: ``"batched"`` or ``"sequential"``, see above.
   """
   num_members: int = 2
   member_kwargs: dict[str, Any] | None = None
+  member_execution: str = "batched"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False,
                add_noise: bool = True) -> jax.Array:
     """Mean over members of their logits, shape ``(batch, num_classes)``."""
-    members = nn.vmap(
-        PreActResNet,
-        variable_axes={"params": 0, "batch_stats": 0},
-        split_rngs={"params": True, "noise": True},
-        in_axes=(None, None, None),
-        out_axes=0,
-        axis_size=self.num_members,
-    )(**(self.member_kwargs or {}), name="members")
-    return jnp.mean(members(x, train, add_noise), axis=0)
+    kwargs = self.member_kwargs or {}
+    variable_axes = {"params": 0, "batch_stats": 0}
+    split_rngs = {"params": True, "noise": True}
+    if self.member_execution == "batched":
+      members = nn.vmap(
+          PreActResNet, variable_axes=variable_axes, split_rngs=split_rngs,
+          in_axes=(None, None, None), out_axes=0, axis_size=self.num_members,
+      )(**kwargs, name="members")
+      return jnp.mean(members(x, train, add_noise), axis=0)
+    if self.member_execution == "sequential":
+      members = nn.scan(
+          _Summed, variable_axes=variable_axes, split_rngs=split_rngs,
+          in_axes=nn.broadcast, length=self.num_members,
+      )(**kwargs, train=train, add_noise=add_noise, name="members")
+      zeros = jnp.zeros((x.shape[0], members.num_classes), x.dtype)
+      total, _ = members(zeros, x)
+      return total / self.num_members
+    raise ValueError(f"member_execution must be one of {MEMBER_EXECUTIONS}, "
+                     f"got {self.member_execution!r}")
