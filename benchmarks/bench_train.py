@@ -402,10 +402,12 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   config = fkjax_config(model, bench, batch, args.steps, args.eval_steps,
                         args.unroll)
   config.model.conv = args.conv
+  config.model.member_execution = args.member_execution
   row: dict[str, Any] = {"model": model, "bench": bench, "batch": batch,
                          "load_before": load_average(),
                          "unroll": str(config.attack.unroll),
-                         "conv": args.conv}
+                         "conv": args.conv,
+                         "member_execution": train.member_execution(config)}
   runners, infos = {}, {}
   if "fkjax" in args.frameworks:
     runners["fkjax"], infos["fkjax"] = fkjax_runner(config, bench, batch)
@@ -454,6 +456,9 @@ def main() -> None:
   parser.add_argument("--conv", default="explicit_grad",
                       choices=["explicit_grad", "xla"],
                       help="config.model.conv (fkjax/models/conv.py)")
+  parser.add_argument("--member-execution", default="auto",
+                      choices=["auto", "batched", "sequential"],
+                      help="config.model.member_execution (ensembles)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
   args = parser.parse_args()
