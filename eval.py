@@ -28,6 +28,7 @@ def main(argv):
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
   from fkjax import train
+  train.enable_compilation_cache(FLAGS.config)
   train.evaluate_checkpoint(FLAGS.config, FLAGS.workdir)
 
 

@@ -38,6 +38,7 @@ def main(argv):
                                   FLAGS.num_processes, FLAGS.process_id,
                                   auto=FLAGS.distributed)
   from fkjax import train  # after jax.distributed.initialize
+  train.enable_compilation_cache(FLAGS.config)
   train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 

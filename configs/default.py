@@ -113,6 +113,10 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
 
   config.num_devices = 0   # 0: all visible devices
   config.progress = True
+  # train.py and eval.py keep compiled steps here (JAX's persistent
+  # compilation cache), so resumed runs and evaluations skip most of the
+  # compile time. "" disables it; JAX_COMPILATION_CACHE_DIR takes precedence.
+  config.compilation_cache_dir = "~/.cache/fkjax/jax_compilation_cache"
 
   return apply_presets(config, presets)
 

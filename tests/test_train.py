@@ -185,6 +185,21 @@ def test_cli_overrides_are_recorded_and_bad_keys_rejected(runs, tmp_path):
   assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
+def test_cli_keeps_compiled_steps_in_the_configured_cache(runs, tmp_path):
+  cache = tmp_path / "compiled"
+  workdir = tmp_path / "copy"
+  shutil.copytree(runs["full"], workdir)
+  env = _env(runs["cache"])
+  del env["JAX_COMPILATION_CACHE_DIR"]  # the config's value applies then
+  proc = subprocess.run(
+      _cmd("eval.py", workdir, [
+          f"--config.compilation_cache_dir={cache}",
+          "--config.eval.attacks=natural", "--config.eval.plots=False"]),
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  assert any(cache.iterdir())
+
+
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(runs, tmp_path):
   workdir = tmp_path / "nan"
   # lr jumps from 0.1 to 1e29 after epoch 1: the loss blows up in epoch 2.
