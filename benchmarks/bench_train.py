@@ -457,7 +457,7 @@ def main() -> None:
                       choices=["explicit_grad", "xla"],
                       help="config.model.conv (fkjax/models/conv.py)")
   parser.add_argument("--member-execution", default="auto",
-                      choices=["auto", "batched", "sequential"],
+                      choices=["auto", "batched", "sequential", "unrolled"],
                       help="config.model.member_execution (ensembles)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")

@@ -47,8 +47,10 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # "explicit_grad": convolutions whose input gradient stays fast inside
   # XLA:CPU loops (fkjax/models/conv.py); "xla": the stock convolution.
   config.model.conv = "explicit_grad"
-  # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan) or
-  # "auto" (sequential on CPU, batched elsewhere). Speed only: same variables.
+  # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan
+  # loop), "unrolled" (the scan written out) or "auto" (batched on GPUs;
+  # on CPUs unrolled up to 3 members, sequential beyond). Speed only: the
+  # variables are the same (fkjax.models.EnResNet).
   config.model.member_execution = "auto"
 
   config.training = ml_collections.ConfigDict()

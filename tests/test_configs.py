@@ -59,12 +59,16 @@ def test_speed_keys_may_change_between_runs_of_a_workdir(tmp_path):
     train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
 
 
-def test_member_execution_auto_is_sequential_on_cpu():
+def test_member_execution_auto_depends_on_backend_and_size():
   import jax  # pylint: disable=import-outside-toplevel
   from fkjax import train  # pylint: disable=import-outside-toplevel
+  on_cpu = jax.default_backend() == "cpu"
   config = default.get_config()
   assert config.model.member_execution == "auto"
-  want = "sequential" if jax.default_backend() == "cpu" else "batched"
-  assert train.member_execution(config) == want
+  assert train.member_execution(config) == (
+      "unrolled" if on_cpu else "batched")
+  config.model.ensemble_size = train.MAX_UNROLLED_MEMBERS + 1
+  assert train.member_execution(config) == (
+      "sequential" if on_cpu else "batched")
   config.model.member_execution = "batched"
   assert train.member_execution(config) == "batched"

@@ -114,7 +114,8 @@ def small_batch():
 
 def test_noise_keys(small_batch):
   for members, coef, execution in ((1, 0.0, "batched"), (2, 0.2, "batched"),
-                                   (2, 0.2, "sequential")):
+                                   (2, 0.2, "sequential"),
+                                   (2, 0.2, "unrolled")):
     model = create_model(depth=8, ensemble_size=members, noise_coef=coef,
                          member_execution=execution)
     variables = init_variables(model, small_batch)
@@ -167,10 +168,11 @@ def test_ensemble_equals_mean_of_members(small_batch):
                              np.mean(member_out, axis=0), rtol=1e-5, atol=1e-6)
 
 
-def test_member_executions_compute_the_same_function(small_batch):
+@pytest.mark.parametrize("other", ["sequential", "unrolled"])
+def test_member_executions_compute_the_same_function(small_batch, other):
   batched, sequential = (
       create_model(depth=8, ensemble_size=3, member_execution=m)
-      for m in ("batched", "sequential"))
+      for m in ("batched", other))
   variables = init_variables(batched, small_batch)
   # Same variables: a checkpoint of one restores into the other.
   assert (jax.tree.map(jnp.shape, init_shapes(sequential, small_batch.shape))
@@ -196,6 +198,16 @@ def test_member_executions_compute_the_same_function(small_batch):
   with pytest.raises(ValueError, match="member_execution"):
     init_shapes(create_model(depth=8, ensemble_size=2,
                              member_execution="parallel"))
+
+
+def test_sequential_and_unrolled_draw_the_same_noise(small_batch):
+  seq, unrolled = (create_model(depth=8, ensemble_size=2, noise_coef=0.2,
+                                member_execution=m)
+                   for m in ("sequential", "unrolled"))
+  variables = init_variables(seq, small_batch)
+  a, b = (jit_apply(m)(variables, small_batch, rngs={"noise": jax.random.key(5)})
+          for m in (seq, unrolled))
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_en1_without_noise_equals_plain_net(small_batch):

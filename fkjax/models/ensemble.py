@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from fkjax.models.resnet import PreActResNet
 
-MEMBER_EXECUTIONS = ("batched", "sequential")
+MEMBER_EXECUTIONS = ("batched", "sequential", "unrolled")
 
 
 class _Summed(PreActResNet):
@@ -31,21 +31,24 @@ class EnResNet(nn.Module):
   and perturbed independently. How the members run is a speed choice only:
 
   * ``"batched"``: ``nn.vmap``, one computation over all members (their
-    convolutions become grouped convolutions). Best where those are fast
-    (GPUs).
-  * ``"sequential"``: ``nn.scan`` over the members, one ordinary network at a
-    time. XLA:CPU runs grouped convolutions slowly, so this is faster on CPU
-    (``docs/performance.md``), and its compile time does not grow with the
-    number of members.
+    convolutions become grouped convolutions). Best on GPUs.
+  * ``"sequential"``: ``nn.scan`` over the members as a loop, one ordinary
+    network at a time. XLA:CPU runs grouped convolutions slowly, so this is
+    faster there, and its compile time does not grow with the number of
+    members.
+  * ``"unrolled"``: the same scan written out member after member. The
+    fastest on XLA:CPU (no loop-carried buffers), but compile time grows
+    with the number of members (``docs/performance.md``).
 
-  Both have the same variables (a checkpoint of one restores into the other)
-  and compute the same function of them; they draw different
-  initialisations and noise from the same keys.
+  All three have the same variables (a checkpoint of one restores into the
+  others) and compute the same function of them; ``"sequential"`` and
+  ``"unrolled"`` also draw the same initialisation and noise from the same
+  keys, ``"batched"`` draws others.
 
   Attributes:
     num_members: ensemble size ``n`` of En_nResNet.
     member_kwargs: attributes of each member (see :class:`PreActResNet`).
-    member_execution: ``"batched"`` or ``"sequential"``, see above.
+    member_execution: ``"batched"``, ``"sequential"`` or ``"unrolled"``.
   """
   num_members: int = 2
   member_kwargs: dict[str, Any] | None = None
@@ -64,10 +67,11 @@ class EnResNet(nn.Module):
           in_axes=(None, None, None), out_axes=0, axis_size=self.num_members,
       )(**kwargs, name="members")
       return jnp.mean(members(x, train, add_noise), axis=0)
-    if self.member_execution == "sequential":
+    if self.member_execution in ("sequential", "unrolled"):
+      unroll = self.num_members if self.member_execution == "unrolled" else 1
       members = nn.scan(
           _Summed, variable_axes=variable_axes, split_rngs=split_rngs,
-          in_axes=nn.broadcast, length=self.num_members,
+          in_axes=nn.broadcast, length=self.num_members, unroll=unroll,
       )(**kwargs, train=train, add_noise=add_noise, name="members")
       zeros = jnp.zeros((x.shape[0], members.num_classes), x.dtype)
       total, _ = members(zeros, x)
