@@ -137,3 +137,24 @@ def test_torch_reference_computes_the_same_function(ensemble_size, device):
   on_gpu = device != "cpu" or jax.default_backend() == "gpu"
   tol = 1e-2 if on_gpu else 1e-4
   np.testing.assert_allclose(got, np.asarray(want), rtol=tol, atol=tol)
+
+
+def test_experiment_winograd_conv_is_a_convolution():
+  from benchmarks.experiments import conv_layers  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((2, 8, 6, 3), dtype=np.float32))
+  w = jnp.asarray(rng.standard_normal((3, 3, 3, 4), dtype=np.float32))
+  want = jax.lax.conv_general_dilated(
+      x, w, (1, 1), [(1, 1), (1, 1)],
+      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  np.testing.assert_allclose(conv_layers.winograd_conv(x, w), want,
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_experiment_hash_once_noise_is_standard_normal():
+  from benchmarks.experiments import noise_draws  # pylint: disable=import-outside-toplevel
+  z = np.asarray(noise_draws.normal_hash_once(jax.random.key(3), 200_001))
+  assert z.shape == (200_001,)
+  assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+  # the two words of a hash are different draws, not copies
+  assert abs(np.corrcoef(z[0:-1:2], z[1::2])[0, 1]) < 0.01

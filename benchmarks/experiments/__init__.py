@@ -1,0 +1,1 @@
+"""One-off CPU experiments behind docs/performance.md ("what was tried")."""
