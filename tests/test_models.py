@@ -277,10 +277,15 @@ def test_bad_depth_raises():
     init_shapes(create_model(depth=21))
 
 
-@pytest.mark.parametrize("kernel,stride,pad", [(3, 1, 1), (3, 2, 1), (1, 2, 0)])
-def test_explicit_grad_conv_has_the_gradients_of_lax_conv(kernel, stride, pad):
+@pytest.mark.parametrize("kernel,stride,pad,size", [
+    (3, 1, 1, 8), (3, 2, 1, 8), (1, 2, 0, 8), (3, 2, 1, 7), (3, 2, 0, 8),
+    (5, 2, 2, 8), (3, 3, 1, 9)])
+def test_explicit_grad_conv_has_the_gradients_of_lax_conv(kernel, stride, pad,
+                                                          size):
+  # Even sizes of strided convs take the phase-split input gradient, odd
+  # ones the dilated form.
   rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.standard_normal((2, 8, 8, 3), dtype=np.float32))
+  x = jnp.asarray(rng.standard_normal((2, size, size, 3), dtype=np.float32))
   w = jnp.asarray(rng.standard_normal((kernel, kernel, 3, 4),
                                       dtype=np.float32))
   dn = ("NHWC", "HWIO", "NHWC")
