@@ -43,13 +43,6 @@ def _conv_fwd(lhs, rhs, strides, padding):
 def _conv_bwd(strides, padding, res, g):
   lhs, rhs = res
   kernel = rhs.shape[:2]
-  # Padding of the stride-1 convolution of the dilated cotangent that gives
-  # back the input's spatial size.
-  pads = []
-  for n, o, k, s, (lo, _) in zip(lhs.shape[1:3], g.shape[1:3], kernel,
-                                 strides, padding):
-    before = k - 1 - lo
-    pads.append((before, n + k - 1 - ((o - 1) * s + 1) - before))
   # Phase-split only where every phase has kernel taps (k >= s): a strided
   # 1x1 convolution's gradient is mostly zeros, cheaper the usual way.
   if any(st > 1 for st in strides) and all(
@@ -57,6 +50,13 @@ def _conv_bwd(strides, padding, res, g):
       for n, k, st in zip(lhs.shape[1:3], kernel, strides)):
     dlhs = _strided_input_grad(lhs.shape, rhs, g, strides, padding)
   else:
+    # Padding of the stride-1 convolution of the dilated cotangent that
+    # gives back the input's spatial size.
+    pads = []
+    for n, o, k, s, (lo, _) in zip(lhs.shape[1:3], g.shape[1:3], kernel,
+                                   strides, padding):
+      before = k - 1 - lo
+      pads.append((before, n + k - 1 - ((o - 1) * s + 1) - before))
     flipped = jnp.swapaxes(jnp.flip(rhs, (0, 1)), 2, 3)  # HWIO of transpose
     dlhs = _xla_conv(g, flipped, (1, 1), pads, lhs_dilation=strides,
                      dimension_numbers=_DN)
@@ -64,7 +64,7 @@ def _conv_bwd(strides, padding, res, g):
 
 
 def _phase_taps(n, o, k, s, lo):
-  """Per output phase of one spatial axis: (kernel taps, padding) or None.
+  """Per input phase of one spatial axis (k >= s): (kernel taps, padding).
 
   Input position i = s*m + phase receives g[m + d] * w[a] for the taps a with
   s*(m + d) + a - lo = i; the d are consecutive, so each phase is a stride-1
@@ -74,9 +74,6 @@ def _phase_taps(n, o, k, s, lo):
   for phase in range(s):
     taps = [(a, (phase + lo - a) // s) for a in range(k)
             if (phase + lo - a) % s == 0]
-    if not taps:
-      plans.append(None)
-      continue
     taps.sort(key=lambda t: t[1])
     first = taps[0][1]
     count = len(range(phase, n, s))
@@ -100,10 +97,6 @@ def _strided_input_grad(shape, rhs, g, strides, padding):
   phases = []
   for row in rows:
     for col in cols:
-      if row is None or col is None:
-        phases.append(jnp.zeros((shape[0], n_h // s_h, n_w // s_w, shape[3]),
-                                g.dtype))
-        continue
       sub = rhs[jnp.asarray(row[0])][:, jnp.asarray(col[0])]
       phases.append(_xla_conv(g, jnp.swapaxes(sub, 2, 3), (1, 1),
                               [row[1], col[1]], dimension_numbers=_DN))
