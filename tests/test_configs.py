@@ -72,3 +72,11 @@ def test_member_execution_auto_depends_on_backend_and_size():
       "sequential" if on_cpu else "batched")
   config.model.member_execution = "batched"
   assert train.member_execution(config) == "batched"
+
+
+def test_a_batch_larger_than_the_training_set_is_a_clear_error():
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.training.batch_size = 128  # the tiny training split has 64 images
+  with pytest.raises(ValueError, match="exceeds the 64 training examples"):
+    train.Experiment.build(config)

@@ -111,6 +111,12 @@ def test_augment_flips_about_half():
 # --- training batches
 
 
+def test_steps_per_epoch_refuses_an_empty_epoch():
+  assert data.steps_per_epoch(16, 16) == 1
+  with pytest.raises(ValueError, match="exceeds the 15 training examples"):
+    data.steps_per_epoch(15, 16)
+
+
 def test_train_batches_shapes_and_one_pass_over_the_data():
   split = _id_split(70)
   batches = list(data.train_batches(split, 16, seed=0, epoch=0,

@@ -16,9 +16,15 @@ _SCALE = np.float32(1.0 / 255.0)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:
-  """Full training batches in an epoch of n examples (the rest is dropped)."""
+  """Full training batches in an epoch of n examples (the rest is dropped).
+
+  Raises ValueError when there is none: the epoch would be empty.
+  """
   if batch_size <= 0:
     raise ValueError(f"batch_size must be positive, got {batch_size}")
+  if n < batch_size:
+    raise ValueError(f"batch_size {batch_size} exceeds the {n} training "
+                     "examples: the epoch would be empty")
   return n // batch_size
 
 
@@ -69,9 +75,6 @@ def train_batches(
   local = _local_size(batch_size, process_index, process_count)
   n = split.num_examples
   steps = steps_per_epoch(n, batch_size)
-  if steps == 0:
-    raise ValueError(f"batch_size {batch_size} exceeds the {n} training "
-                     "examples: the epoch would be empty")
   return _train_iter(split, batch_size, steps, local, seed, epoch, augment,
                      process_index)
 
