@@ -31,16 +31,6 @@ from fkjax import train
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
-def _median_seconds(fn, repeats: int) -> float:
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def noise_cost(model_name: str, batch: int, repeats: int) -> dict[str, float]:
   """Forward-pass milliseconds per PRNG implementation and without noise."""
   config = default_config.get_config(model_name)
@@ -59,7 +49,8 @@ def noise_cost(model_name: str, batch: int, repeats: int) -> dict[str, float]:
         v, x, train=False, rngs={"noise": k}))
     run = lambda f=forward, v=variables, k=key: f(v, images,
                                                   k).block_until_ready()
-    out[label] = 1e3 * _median_seconds(run, repeats)
+    seconds = bench_train.interleaved({label: run}, repeats, warmup=1)[label]
+    out[label] = 1e3 * statistics.median(seconds)
   return out
 
 
