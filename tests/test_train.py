@@ -26,14 +26,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _env(cache_dir):
+  """The subprocesses' environment; cache_dir None leaves the compilation
+  cache to the config (config.compilation_cache_dir)."""
   env = dict(os.environ)
   env.update({
       "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-      "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
       "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
       "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
       "PYTHONUNBUFFERED": "1",
   })
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  if cache_dir is not None:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
   return env
 
 
@@ -191,14 +195,9 @@ def test_cli_keeps_compiled_steps_in_the_configured_cache(runs, tmp_path):
   cache = tmp_path / "compiled"
   workdir = tmp_path / "copy"
   shutil.copytree(runs["full"], workdir)
-  env = _env(runs["cache"])
-  del env["JAX_COMPILATION_CACHE_DIR"]  # the config's value applies then
-  proc = subprocess.run(
-      _cmd("eval.py", workdir, [
-          f"--config.compilation_cache_dir={cache}",
-          "--config.eval.attacks=natural", "--config.eval.plots=False"]),
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr
+  _run("eval.py", workdir, [f"--config.compilation_cache_dir={cache}",
+                             "--config.eval.attacks=natural",
+                             "--config.eval.plots=False"], cache_dir=None)
   assert any(cache.iterdir())
 
 
