@@ -454,8 +454,9 @@ def main() -> None:
                       choices=["auto", "cpu", "cuda"],
                       help="PyTorch's device; auto: cuda if available")
   parser.add_argument("--conv", default="explicit_grad",
-                      choices=["explicit_grad", "xla"],
-                      help="config.model.conv (fkjax/models/conv.py)")
+                      choices=["explicit_grad", "onednn", "xla"],
+                      help="config.model.conv (fkjax/models/conv.py, "
+                      "fkjax/onednn)")
   parser.add_argument("--member-execution", default="auto",
                       choices=["auto", "batched", "sequential", "unrolled"],
                       help="config.model.member_execution (ensembles)")

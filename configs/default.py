@@ -44,9 +44,11 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.model.noise_coef = 0.1
   config.model.noise_std_over = "batch"   # authors' torch.std(out); "example"
   config.model.normalize = True
-  # "explicit_grad": convolutions whose input gradient stays fast inside
-  # XLA:CPU loops (fkjax/models/conv.py); "xla": the stock convolution.
-  config.model.conv = "explicit_grad"
+  # "auto": "onednn" on CPUs (oneDNN's kernels through XLA's FFI, ~2x
+  # XLA:CPU's, fkjax/onednn), "explicit_grad" elsewhere (XLA convolutions
+  # whose gradients stay fast inside loops, fkjax/models/conv.py); "xla": the
+  # stock convolution. Speed only: the values are the same.
+  config.model.conv = "auto"
   # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan
   # loop), "unrolled" (the scan written out) or "auto" (batched on GPUs;
   # on CPUs unrolled up to 3 members, sequential beyond). Speed only: the

@@ -11,7 +11,7 @@ from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
 def create_model(*, depth: int = 20, num_classes: int = 10,
                  ensemble_size: int = 1, width: int = 1, skip: bool = True,
                  noise_coef: float = 0.0, noise_std_over: str = "batch",
-                 normalize: bool = True, conv: str = "explicit_grad",
+                 normalize: bool = True, conv: str = "auto",
                  member_execution: str = "batched") -> nn.Module:
   """Builds ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}.
 

@@ -137,12 +137,9 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
   no feature groups (what fkjax's ResNets use); anything else goes to
   ``lax.conv_general_dilated`` unchanged.
   """
-  simple = (lhs.ndim == 4 and not isinstance(padding, str)
-            and all(d in (None, 1) for d in (lhs_dilation or (1,)))
-            and all(d in (None, 1) for d in (rhs_dilation or (1,)))
-            and feature_group_count == 1 and precision is None and not kwargs
-            and _dims(dimension_numbers) == _DN)
-  if not simple:
+  if not is_plain_nhwc_conv(lhs, padding, lhs_dilation, rhs_dilation,
+                            dimension_numbers, feature_group_count, precision,
+                            kwargs):
     return _xla_conv(lhs, rhs, window_strides, padding,
                      lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
                      dimension_numbers=dimension_numbers,
@@ -150,6 +147,17 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
                      precision=precision, **kwargs)
   return _conv(lhs, rhs, tuple(window_strides),
                tuple(tuple(p) for p in padding))
+
+
+def is_plain_nhwc_conv(lhs, padding, lhs_dilation, rhs_dilation,
+                       dimension_numbers, feature_group_count, precision,
+                       kwargs) -> bool:
+  """A 2-D NHWC/HWIO convolution with explicit padding and nothing else."""
+  return (lhs.ndim == 4 and not isinstance(padding, str)
+          and all(d in (None, 1) for d in (lhs_dilation or (1,)))
+          and all(d in (None, 1) for d in (rhs_dilation or (1,)))
+          and feature_group_count == 1 and precision is None and not kwargs
+          and _dims(dimension_numbers) == _DN)
 
 
 def _dims(dimension_numbers):

@@ -7,6 +7,7 @@ no PRNG at all.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import flax.linen as nn
@@ -26,14 +27,43 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
+def _onednn_conv(*args, **kwargs):
+  # Imported on first use: building oneDNN's library is only for CPU runs
+  # that ask for it.
+  from fkjax import onednn  # pylint: disable=import-outside-toplevel
+  return onednn.conv_general_dilated(*args, **kwargs)
+
+
 CONV_IMPLS = {"explicit_grad": conv_lib.conv_general_dilated,
+              "onednn": _onednn_conv,
               "xla": lax.conv_general_dilated}
+
+
+def resolve_conv(impl: str) -> str:
+  """A model's ``conv`` with ``"auto"`` resolved.
+
+  ``"auto"`` is ``"onednn"`` on a CPU backend where fkjax's oneDNN library
+  builds (a warning says why where it does not), else ``"explicit_grad"``.
+  """
+  if impl != "auto":
+    if impl not in CONV_IMPLS:
+      raise ValueError(f"conv must be 'auto' or one of {sorted(CONV_IMPLS)}, "
+                       f"got {impl!r}")
+    return impl
+  if jax.default_backend() != "cpu":
+    return "explicit_grad"
+  from fkjax import onednn  # pylint: disable=import-outside-toplevel
+  reason = onednn.unavailable_reason()
+  if reason is not None:
+    warnings.warn("conv='auto' falls back to XLA's convolutions (about 2x "
+                  f"slower on CPU): {reason}", RuntimeWarning, stacklevel=2)
+    return "explicit_grad"
+  return "onednn"
 
 
 def _conv(features: int, size: int, strides: int, impl: str, name: str
           ) -> nn.Conv:
-  if impl not in CONV_IMPLS:
-    raise ValueError(f"conv must be one of {sorted(CONV_IMPLS)}, got {impl!r}")
+  impl = resolve_conv(impl)
   return nn.Conv(features, (size, size), strides=(strides, strides),
                  padding=[(size // 2, size // 2)] * 2, use_bias=False,
                  kernel_init=conv_init, conv_general_dilated=CONV_IMPLS[impl],
@@ -78,7 +108,7 @@ class PreActBlock(nn.Module):
   skip: bool = True
   noise_coef: float = 0.0
   noise_std_over: str = "batch"
-  conv: str = "explicit_grad"
+  conv: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, add_noise: bool) -> jax.Array:
@@ -113,8 +143,9 @@ class PreActResNet(nn.Module):
     noise_std_over: see :func:`inject_noise`.
     mean, std: per-channel input normalisation applied inside the model, so
       that inputs (and attacks) live in ``[0, 1]``. ``None`` disables it.
-    conv: ``"explicit_grad"`` (default; see :mod:`fkjax.models.conv`) or
-      ``"xla"``: same values, different input-gradient program.
+    conv: ``"auto"`` (default: :func:`resolve_conv`), ``"explicit_grad"``
+      (:mod:`fkjax.models.conv`), ``"onednn"`` (CPU only,
+      :mod:`fkjax.onednn`) or ``"xla"``: same values, different programs.
   """
   depth: int = 20
   num_classes: int = 10
@@ -124,7 +155,7 @@ class PreActResNet(nn.Module):
   noise_std_over: str = "batch"
   mean: Sequence[float] | None = CIFAR10_MEAN
   std: Sequence[float] | None = CIFAR10_STD
-  conv: str = "explicit_grad"
+  conv: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False,

@@ -1,0 +1,125 @@
+"""Builds and loads fkjax's oneDNN convolution library on first use.
+
+The C++ source (``onednn_conv.cc``, XLA FFI handlers around oneDNN) is
+compiled once per source, jaxlib and oneDNN version into a cache folder, with
+the machine's C++ compiler, against the oneDNN that pip installed
+(``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp`` put ``include/`` and
+``lib/libdnnl.so`` under ``sys.prefix``). Nothing is built at install time, so
+installing fkjax never needs a compiler; without one, or without oneDNN,
+:func:`load` says why and fkjax keeps XLA's convolutions.
+
+Environment:
+  ``FKJAX_ONEDNN_ROOT``   a oneDNN install (``include/``, ``lib/``) to use
+                          instead of ``sys.prefix`` (e.g. ``/usr``).
+  ``FKJAX_ONEDNN_CACHE``  where the built library goes
+                          (default ``~/.cache/fkjax/onednn``).
+  ``CXX``                 the compiler (default ``c++``).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import jax
+import jaxlib
+
+SOURCE = pathlib.Path(__file__).with_name("onednn_conv.cc")
+TARGETS = {  # FFI target name -> exported symbol
+    "fkjax_onednn_conv_fwd": "FkjaxOnednnConvFwd",
+    "fkjax_onednn_conv_bwd_data": "FkjaxOnednnConvBwdData",
+    "fkjax_onednn_conv_bwd_weights": "FkjaxOnednnConvBwdWeights",
+}
+
+
+class OneDnnUnavailable(RuntimeError):
+  """fkjax's oneDNN convolutions cannot be built or loaded here."""
+
+
+def onednn_root() -> pathlib.Path:
+  return pathlib.Path(os.environ.get("FKJAX_ONEDNN_ROOT") or sys.prefix)
+
+
+def cache_dir() -> pathlib.Path:
+  default = pathlib.Path("~/.cache/fkjax/onednn").expanduser()
+  return pathlib.Path(os.environ.get("FKJAX_ONEDNN_CACHE") or default)
+
+
+def _library_path(root: pathlib.Path, compiler: str) -> pathlib.Path:
+  digest = hashlib.sha256()
+  for part in (SOURCE.read_bytes(), jaxlib.__version__.encode(),
+               str(root.resolve()).encode(), compiler.encode(),
+               (root / "include/oneapi/dnnl/dnnl_version.h").read_bytes()):
+    digest.update(part)
+  return cache_dir() / f"fkjax_onednn_{digest.hexdigest()[:16]}.so"
+
+
+def build() -> pathlib.Path:
+  """Compiles the library unless the cache has it; returns its path."""
+  root = onednn_root()
+  header = root / "include/oneapi/dnnl/dnnl.hpp"
+  lib_dir = root / "lib"
+  if not header.exists() or not any(lib_dir.glob("libdnnl.so*")):
+    raise OneDnnUnavailable(
+        f"no oneDNN under {root} (looked for {header} and {lib_dir}/libdnnl.so):"
+        " pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0,"
+        " or point FKJAX_ONEDNN_ROOT at an install")
+  compiler = os.environ.get("CXX", "c++")
+  if shutil.which(compiler) is None:
+    raise OneDnnUnavailable(f"no C++ compiler {compiler!r} on PATH (set CXX)")
+  target = _library_path(root, compiler)
+  if target.exists():
+    return target
+  target.parent.mkdir(parents=True, exist_ok=True)
+  # Build beside the target and rename: concurrent processes never load a
+  # half-written library.
+  fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+  os.close(fd)
+  command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC",
+             "-Wno-attributes", "-Wno-return-type",
+             f"-I{jax.ffi.include_dir()}", f"-I{root / 'include'}",
+             str(SOURCE), "-o", tmp, f"-L{lib_dir}", "-ldnnl",
+             f"-Wl,-rpath,{lib_dir.resolve()}"]
+  try:
+    result = subprocess.run(command, capture_output=True, text=True,
+                            check=False)
+    if result.returncode:
+      raise OneDnnUnavailable("compiling fkjax's oneDNN convolutions failed:\n"
+                              + " ".join(command) + "\n" + result.stderr[-4000:])
+    os.replace(tmp, target)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+  return target
+
+
+@functools.cache
+def load() -> ctypes.CDLL:
+  """Builds (once) and loads the library, registering its FFI targets.
+
+  Raises:
+    OneDnnUnavailable: no oneDNN, no compiler, or the build failed.
+  """
+  try:
+    library = ctypes.CDLL(str(build()))
+  except OSError as e:
+    raise OneDnnUnavailable(f"loading fkjax's oneDNN library failed: {e}") from e
+  for name, symbol in TARGETS.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)),
+                                platform="cpu")
+  return library
+
+
+def unavailable_reason() -> str | None:
+  """None when :func:`load` works here, else why it does not."""
+  try:
+    load()
+  except OneDnnUnavailable as e:
+    return str(e)
+  return None
