@@ -453,8 +453,8 @@ def main() -> None:
   parser.add_argument("--device", default="auto",
                       choices=["auto", "cpu", "cuda"],
                       help="PyTorch's device; auto: cuda if available")
-  parser.add_argument("--conv", default="explicit_grad",
-                      choices=["explicit_grad", "onednn", "xla"],
+  parser.add_argument("--conv", default="auto",
+                      choices=["auto", "explicit_grad", "onednn", "xla"],
                       help="config.model.conv (fkjax/models/conv.py, "
                       "fkjax/onednn)")
   parser.add_argument("--member-execution", default="auto",
