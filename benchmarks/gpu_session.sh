@@ -54,7 +54,7 @@ else
   MODELS_A=resnet20,en2resnet20; MODELS_B=en5resnet20
   EPOCH_ARGS=()
   BENCH_ARGS=(--batch 128 --eval-batch 500 --repeats 10 --warmup 2)
-  TESTS=(tests/test_models.py tests/test_attacks.py)
+  TESTS=(tests/test_models.py tests/test_attacks.py tests/test_noise.py)
 fi
 
 # 1. Whole epochs through train.py, as users run it. Epoch 1 includes the
