@@ -88,7 +88,7 @@ echo "rc=$? bench C"
 
 # 3. The tests that exercise the models and attacks, on the GPU.
 log tests
-timeout 80 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" \
+timeout 200 $PY -m pytest -q -p no:cacheprovider "${TESTS[@]}" \
   > "$OUT/tests.txt" 2>&1
 echo "rc=$? tests"
 tail -3 "$OUT/tests.txt"
