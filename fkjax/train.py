@@ -98,13 +98,16 @@ MAX_UNROLLED_MEMBERS = 3
 
 def describe_model(config: ml_collections.ConfigDict,
                    state: dict[str, PyTree]) -> str:
-  """E.g. ``En2ResNet20 (noise 0.1, skip), 544,564 parameters``."""
+  """E.g. ``En2ResNet20 (noise 0.1, skip), 544,564 parameters; ...``."""
   m = config.model
   name = (f"En{m.ensemble_size}" if m.ensemble_size > 1 else "") + \
       f"ResNet{m.depth}" + (f"x{m.width}" if m.width != 1 else "")
   count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
   return (f"{name} (noise {m.noise_coef}, {'skip' if m.skip else 'no skip'}),"
-          f" {count:,} parameters; sparsifier {config.sparsity.method}")
+          f" {count:,} parameters; sparsifier {config.sparsity.method}; "
+          f"conv {models.resolve_conv(m.conv)}"
+          + (f", members {member_execution(config)}"
+             if m.ensemble_size > 1 else ""))
 
 
 def sparsity_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:

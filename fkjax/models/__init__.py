@@ -5,7 +5,7 @@ import flax.linen as nn
 
 from fkjax.models.ensemble import EnResNet
 from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
-                                 PreActResNet, inject_noise)
+                                 PreActResNet, inject_noise, resolve_conv)
 
 
 def create_model(*, depth: int = 20, num_classes: int = 10,
@@ -33,4 +33,4 @@ def create_model(*, depth: int = 20, num_classes: int = 10,
 
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "EnResNet", "PreActBlock",
-           "PreActResNet", "create_model", "inject_noise"]
+           "PreActResNet", "create_model", "inject_noise", "resolve_conv"]
