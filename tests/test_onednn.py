@@ -148,3 +148,15 @@ def test_failed_compile_is_a_clear_error(tmp_path, monkeypatch):
     build.build()
   # Nothing half-written is left to be loaded later.
   assert not list(tmp_path.glob("*.so"))
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
+  if not _pip_installed():
+    pytest.skip("needs oneDNN's headers")
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  monkeypatch.setenv("FKJAX_ONEDNN_CACHE", str(blocker / "cache"))
+  monkeypatch.setattr(build, "SOURCE", tmp_path / "other.cc")
+  (tmp_path / "other.cc").write_text("// a source not built yet\n")
+  with pytest.raises(build.OneDnnUnavailable, match="cannot write"):
+    build.build()

@@ -76,10 +76,14 @@ def build() -> pathlib.Path:
   target = _library_path(root, compiler)
   if target.exists():
     return target
-  target.parent.mkdir(parents=True, exist_ok=True)
-  # Build beside the target and rename: concurrent processes never load a
-  # half-written library.
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+  try:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent processes never load a
+    # half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+  except OSError as e:
+    raise OneDnnUnavailable(f"cannot write to {target.parent} (set "
+                            f"FKJAX_ONEDNN_CACHE): {e}") from e
   os.close(fd)
   command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC",
              "-Wno-attributes", "-Wno-return-type",
@@ -116,8 +120,9 @@ def load() -> ctypes.CDLL:
   return library
 
 
+@functools.cache
 def unavailable_reason() -> str | None:
-  """None when :func:`load` works here, else why it does not."""
+  """None when :func:`load` works here, else why it does not (asked once)."""
   try:
     load()
   except OneDnnUnavailable as e:
