@@ -51,6 +51,7 @@ def default_attacks(eot_samples: int = 1,
                     cw_steps: int = 20,
                     nattack_population: int = 300,
                     nattack_chunk: int | None = None,
+                    nattack_image_chunk: int | None = None,
                     ifgsm_random_start: bool = False,
                     cw_random_start: bool = True,
                     unroll: bool | int = True) -> dict[str, Attack]:
@@ -67,6 +68,8 @@ def default_attacks(eot_samples: int = 1,
     cw_steps: C&W-l_inf steps.
     nattack_population: NAttack's population.
     nattack_chunk: population members NAttack evaluates at once (memory).
+    nattack_image_chunk: images NAttack attacks at once (memory: its
+      population arrays grow with ``population * images``).
     ifgsm_random_start: start IFGSM from a random point of the ball. False by
       default: the paper's IFGSM^M starts from ``x^(0) = x`` (its appendix);
       only its training PGD starts at random.
@@ -91,7 +94,8 @@ def default_attacks(eot_samples: int = 1,
           unroll=unroll),
       "nattack": functools.partial(
           attacks_lib.nattack, epsilon=epsilon, population=nattack_population,
-          max_iters=nattack_iters, chunk=nattack_chunk),
+          max_iters=nattack_iters, chunk=nattack_chunk,
+          image_chunk=nattack_image_chunk),
   }
 
 

@@ -286,6 +286,7 @@ def attack_suite(names: str, config: ml_collections.ConfigDict
       eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
       epsilon=config.attack.epsilon, step_size=config.attack.step_size,
       nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
+      nattack_image_chunk=e.nattack_image_chunk,
       unroll=config.attack.unroll)
   wanted = [n.strip() for n in names.split(",") if n.strip()]
   unknown = sorted(set(wanted) - set(every))

@@ -164,6 +164,8 @@ _CONSTRAINT_ATTACKS = {
                                   eot_samples=2),
     "nattack": functools.partial(attacks.nattack, population=16, max_iters=4,
                                  chunk=5),
+    "nattack_image_chunks": functools.partial(
+        attacks.nattack, population=16, max_iters=4, image_chunk=3),
 }
 
 
@@ -178,7 +180,7 @@ def test_attack_respects_bound_box_dtype_and_shape(name, random_convnet):
   assert x_adv.dtype == images.dtype
   assert float(jnp.max(jnp.abs(x_adv - images))) <= epsilon + BOUND_TOL
   assert float(jnp.min(x_adv)) >= 0.0 and float(jnp.max(x_adv)) <= 1.0
-  if name != "nattack":  # four NES iterations barely move the images
+  if not name.startswith("nattack"):  # 4 NES iterations barely move them
     # The attack moved something: it is not the identity.
     assert float(jnp.max(jnp.abs(x_adv - images))) > 0.5 * epsilon
 
@@ -339,3 +341,17 @@ def test_nattack_freezes_images_that_start_misclassified(fragile_linear):
   # Stopped before the first update: only the 0.001-scale initial mean moved
   # the images.
   assert float(jnp.max(jnp.abs(x_adv - images))) < 0.01
+
+
+def test_nattack_image_chunks_attack_each_group_on_its_own(random_convnet):
+  # Images in groups of 2 = each group attacked alone with its split key.
+  params, images, labels = random_convnet
+  attack = functools.partial(attacks.nattack, _convnet, population=8,
+                             max_iters=3)
+  key = jax.random.key(2)
+  chunked = jax.jit(functools.partial(attack, image_chunk=2))(
+      params, images, labels, key)
+  for group, group_key in enumerate(jax.random.split(key, 2)):
+    part = slice(2 * group, 2 * group + 2)
+    alone = jax.jit(attack)(params, images[part], labels[part], group_key)
+    np.testing.assert_allclose(chunked[part], alone, rtol=1e-6, atol=1e-6)

@@ -13,6 +13,7 @@ learning rate 0.02, 500 iterations, ``mu`` initialised at N(0, 0.001^2)).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -44,7 +45,8 @@ def nattack(apply_fn: common.ApplyFn,
             sigma: float = 0.1,
             learning_rate: float = 0.02,
             max_iters: int = 500,
-            chunk: int | None = None) -> jax.Array:
+            chunk: int | None = None,
+            image_chunk: int | None = None) -> jax.Array:
   """Runs NAttack on a batch; each image stops as soon as it is misclassified.
 
   Every iteration first classifies the current mean candidate of each image;
@@ -54,8 +56,11 @@ def nattack(apply_fn: common.ApplyFn,
   iterations. Done images still go through the model (static shapes) but
   their updates are discarded.
 
-  Memory: one iteration evaluates ``population * batch`` images (``chunk *
-  batch`` with ``chunk``).
+  Memory: one iteration draws ``population * batch`` perturbations and
+  evaluates as many images (``chunk * batch`` with ``chunk``); with
+  ``image_chunk`` the batch is attacked that many images at a time, so both
+  scale with ``image_chunk`` instead of ``batch``. Each image's search is its
+  own, so chunking images changes only which random numbers it draws.
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``. Never
@@ -72,12 +77,28 @@ def nattack(apply_fn: common.ApplyFn,
     chunk: if set, the population is evaluated ``chunk`` members at a time
       (``vmap`` inside a ``lax.map``) to bound memory; ``None`` evaluates all
       of it in one ``vmap``. Static.
+    image_chunk: if set, images are attacked this many at a time (a
+      ``lax.map`` over groups, the last one padded); ``None`` attacks the
+      whole batch at once. Static.
 
   Returns:
     Adversarial images, same shape and dtype as ``images``.
   """
   if population < 2:
     raise ValueError(f"population must be >= 2, got {population}.")
+  num_images = images.shape[0]
+  if image_chunk is not None and num_images > image_chunk:
+    pad = -num_images % image_chunk
+    # Padding repeats the first image; its copies' results are dropped.
+    grouped = [jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]).reshape(
+        (-1, image_chunk) + x.shape[1:]) for x in (images, labels)]
+    keys = jax.random.split(key, grouped[0].shape[0])
+    attack_group = functools.partial(
+        nattack, apply_fn, variables, epsilon=epsilon, population=population,
+        sigma=sigma, learning_rate=learning_rate, max_iters=max_iters,
+        chunk=chunk)
+    adversarial = jax.lax.map(lambda a: attack_group(*a), (*grouped, keys))
+    return adversarial.reshape((-1,) + images.shape[1:])[:num_images]
   images_f32 = images.astype(jnp.float32)
   tanh_images = jnp.arctanh((2.0 * images_f32 - 1.0) * _TANH_SHRINK)
 
