@@ -38,7 +38,7 @@ def main() -> None:
   eval_apply, _ = train.model_fns(model)
   state = train.init_state(model, train.create_optimizer(config, 391),
                            jax.random.key(0))
-  variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+  variables = train.eval_variables(state, config)
   images = jax.ShapeDtypeStruct((args.batch, 32, 32, 3), jnp.float32)
   labels = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
   for pair in args.chunks.split(","):

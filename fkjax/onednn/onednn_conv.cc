@@ -233,37 +233,23 @@ ffi::Error BackwardWeights(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dy,
 
 }  // namespace
 
-#define FKJAX_CONV_ATTRS                                              \
-  .Attr<int64_t>("stride_h")                                          \
-      .Attr<int64_t>("stride_w")                                      \
-      .Attr<int64_t>("pad_top")                                       \
-      .Attr<int64_t>("pad_bottom")                                    \
-      .Attr<int64_t>("pad_left")                                      \
-      .Attr<int64_t>("pad_right")
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxOnednnConvFwd, Forward,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                      FKJAX_CONV_ATTRS);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxOnednnConvBwdData, BackwardData,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                      FKJAX_CONV_ATTRS);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxOnednnConvBwdWeights, BackwardWeights,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                      FKJAX_CONV_ATTRS);
-
-// For the Python side's version check.
-extern "C" int fkjax_onednn_version() {
-  const dnnl_version_t* v = dnnl_version();
-  return v->major * 10000 + v->minor * 100 + v->patch;
+// All three take two float32 operands, return one, and share the geometry
+// attributes.
+static auto ConvBinding() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Ret<ffi::Buffer<ffi::F32>>()
+      .Attr<int64_t>("stride_h")
+      .Attr<int64_t>("stride_w")
+      .Attr<int64_t>("pad_top")
+      .Attr<int64_t>("pad_bottom")
+      .Attr<int64_t>("pad_left")
+      .Attr<int64_t>("pad_right");
 }
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxOnednnConvFwd, Forward, ConvBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxOnednnConvBwdData, BackwardData,
+                              ConvBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxOnednnConvBwdWeights, BackwardWeights,
+                              ConvBinding());
