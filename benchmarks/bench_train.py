@@ -402,11 +402,13 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   config = fkjax_config(model, bench, batch, args.steps, args.eval_steps,
                         args.unroll)
   config.model.conv = args.conv
+  config.model.noise_impl = args.noise_impl
   config.model.member_execution = args.member_execution
   row: dict[str, Any] = {"model": model, "bench": bench, "batch": batch,
                          "load_before": load_average(),
                          "unroll": str(config.attack.unroll),
                          "conv": args.conv,
+                         "noise_impl": args.noise_impl,
                          "member_execution": train.member_execution(config)}
   runners, infos = {}, {}
   if "fkjax" in args.frameworks:
@@ -457,6 +459,9 @@ def main() -> None:
                       choices=["auto", "explicit_grad", "onednn", "xla"],
                       help="config.model.conv (fkjax/models/conv.py, "
                       "fkjax/onednn)")
+  parser.add_argument("--noise-impl", default="auto",
+                      choices=["auto", "jnp", "fused"],
+                      help="config.model.noise_impl (fkjax/models/resnet.py)")
   parser.add_argument("--member-execution", default="auto",
                       choices=["auto", "batched", "sequential", "unrolled"],
                       help="config.model.member_execution (ensembles)")

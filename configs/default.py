@@ -49,6 +49,10 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # whose gradients stay fast inside loops, fkjax/models/conv.py); "xla": the
   # stock convolution. Speed only: the values are the same.
   config.model.conv = "auto"
+  # How the noise is injected: "auto" ("fused" on CPUs: one kernel forward
+  # and one backward, fkjax/onednn/noise_inject.cc; "jnp" elsewhere). Speed
+  # only: the same values to float32 rounding.
+  config.model.noise_impl = "auto"
   # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan
   # loop), "unrolled" (the scan written out) or "auto" (batched on GPUs;
   # on CPUs unrolled up to 3 members, sequential beyond). Speed only: the

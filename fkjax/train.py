@@ -69,7 +69,7 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int):
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
       noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv,
-      member_execution=member_execution(config))
+      noise_impl=m.noise_impl, member_execution=member_execution(config))
 
 
 def member_execution(config: ml_collections.ConfigDict) -> str:
@@ -106,6 +106,8 @@ def describe_model(config: ml_collections.ConfigDict,
   return (f"{name} (noise {m.noise_coef}, {'skip' if m.skip else 'no skip'}),"
           f" {count:,} parameters; sparsifier {config.sparsity.method}; "
           f"conv {models.resolve_conv(m.conv)}"
+          + (f", noise {models.resolve_noise_impl(m.noise_impl)}"
+             if m.noise_coef else "")
           + (f", members {member_execution(config)}"
              if m.ensemble_size > 1 else ""))
 
@@ -337,7 +339,7 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 # Keys that change how fast a model runs, not what it computes: a run may
 # resume or be evaluated with other values (e.g. trained on a GPU, evaluated
 # on a CPU).
-_SPEED_KEYS = {"model": ("conv", "member_execution")}
+_SPEED_KEYS = {"model": ("conv", "noise_impl", "member_execution")}
 
 
 def _without_speed_keys(config: dict[str, Any], section: str) -> Any:

@@ -142,7 +142,7 @@ def test_failed_compile_is_a_clear_error(tmp_path, monkeypatch):
   if not _pip_installed():
     pytest.skip("needs oneDNN's headers")
   monkeypatch.setenv("FKJAX_ONEDNN_CACHE", str(tmp_path))
-  monkeypatch.setattr(build, "SOURCE", tmp_path / "broken.cc")
+  monkeypatch.setattr(build, "SOURCES", (tmp_path / "broken.cc",))
   (tmp_path / "broken.cc").write_text("this is not C++\n")
   with pytest.raises(build.OneDnnUnavailable, match="compiling .* failed"):
     build.build()
@@ -156,7 +156,7 @@ def test_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
   blocker = tmp_path / "file"
   blocker.write_text("")
   monkeypatch.setenv("FKJAX_ONEDNN_CACHE", str(blocker / "cache"))
-  monkeypatch.setattr(build, "SOURCE", tmp_path / "other.cc")
+  monkeypatch.setattr(build, "SOURCES", (tmp_path / "other.cc",))
   (tmp_path / "other.cc").write_text("// a source not built yet\n")
   with pytest.raises(build.OneDnnUnavailable, match="cannot write"):
     build.build()

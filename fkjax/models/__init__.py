@@ -5,23 +5,26 @@ import flax.linen as nn
 
 from fkjax.models.ensemble import EnResNet
 from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
-                                 PreActResNet, inject_noise, resolve_conv)
+                                 PreActResNet, inject_noise, resolve_conv,
+                                 resolve_noise_impl)
 
 
 def create_model(*, depth: int = 20, num_classes: int = 10,
                  ensemble_size: int = 1, width: int = 1, skip: bool = True,
                  noise_coef: float = 0.0, noise_std_over: str = "batch",
                  normalize: bool = True, conv: str = "auto",
-                 member_execution: str = "batched") -> nn.Module:
+                 noise_impl: str = "auto", member_execution: str = "batched"
+                 ) -> nn.Module:
   """Builds ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}.
 
   ``ensemble_size=1`` gives a plain :class:`PreActResNet` (no member axis).
-  ``member_execution`` is how an ensemble's members run (see
-  :class:`EnResNet`); it changes speed, not the variables.
+  ``conv``, ``noise_impl`` (see :class:`PreActResNet`) and
+  ``member_execution`` (how an ensemble's members run, see
+  :class:`EnResNet`) change speed, not the variables.
   """
   kwargs = dict(depth=depth, num_classes=num_classes, width=width, skip=skip,
                 noise_coef=noise_coef, noise_std_over=noise_std_over,
-                conv=conv)
+                conv=conv, noise_impl=noise_impl)
   if not normalize:
     kwargs.update(mean=None, std=None)
   if ensemble_size < 1:
@@ -33,4 +36,5 @@ def create_model(*, depth: int = 20, num_classes: int = 10,
 
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "EnResNet", "PreActBlock",
-           "PreActResNet", "create_model", "inject_noise", "resolve_conv"]
+           "PreActResNet", "create_model", "inject_noise", "resolve_conv",
+           "resolve_noise_impl"]

@@ -30,11 +30,15 @@ import tempfile
 import jax
 import jaxlib
 
-SOURCE = pathlib.Path(__file__).with_name("onednn_conv.cc")
+SOURCES = tuple(pathlib.Path(__file__).with_name(name)
+                for name in ("onednn_conv.cc", "noise_inject.cc"))
 TARGETS = {  # FFI target name -> exported symbol
     "fkjax_onednn_conv_fwd": "FkjaxOnednnConvFwd",
     "fkjax_onednn_conv_bwd_data": "FkjaxOnednnConvBwdData",
     "fkjax_onednn_conv_bwd_weights": "FkjaxOnednnConvBwdWeights",
+    "fkjax_noise_inject": "FkjaxNoiseInject",
+    "fkjax_noise_inject_fwd": "FkjaxNoiseInjectFwd",
+    "fkjax_noise_inject_bwd": "FkjaxNoiseInjectBwd",
 }
 
 
@@ -53,7 +57,7 @@ def cache_dir() -> pathlib.Path:
 
 def _library_path(root: pathlib.Path, compiler: str) -> pathlib.Path:
   digest = hashlib.sha256()
-  for part in (SOURCE.read_bytes(), jaxlib.__version__.encode(),
+  for part in (*(source.read_bytes() for source in SOURCES), jaxlib.__version__.encode(),
                str(root.resolve()).encode(), compiler.encode(),
                (root / "include/oneapi/dnnl/dnnl_version.h").read_bytes()):
     digest.update(part)
@@ -85,10 +89,14 @@ def build() -> pathlib.Path:
     raise OneDnnUnavailable(f"cannot write to {target.parent} (set "
                             f"FKJAX_ONEDNN_CACHE): {e}") from e
   os.close(fd)
-  command = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC",
-             "-Wno-attributes", "-Wno-return-type",
+  # -fopenmp: the noise kernel's loops (libgomp is oneDNN's runtime too);
+  # -fno-math-errno and -fno-trapping-math let its square roots and selects
+  # vectorise.
+  command = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
+             "-fno-math-errno", "-fno-trapping-math", "-Wno-attributes",
+             "-Wno-return-type",
              f"-I{jax.ffi.include_dir()}", f"-I{root / 'include'}",
-             str(SOURCE), "-o", tmp, f"-L{lib_dir}", "-ldnnl",
+             *map(str, SOURCES), "-o", tmp, f"-L{lib_dir}", "-ldnnl",
              f"-Wl,-rpath,{lib_dir.resolve()}"]
   try:
     result = subprocess.run(command, capture_output=True, text=True,

@@ -1,0 +1,123 @@
+"""fkjax.onednn.noise_inject: the fused CPU noise injection."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import special
+
+from fkjax import onednn
+from fkjax.models import create_model, noise, resnet
+from fkjax.onednn import noise_inject
+
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() != "cpu" or onednn.unavailable_reason() is not None,
+    reason="fkjax's CPU library unavailable here")
+
+
+def _both(x, coef, key, std_over):
+  """(y, dx) of the fused and the jnp injection, for one cotangent."""
+  cotangent = jax.random.normal(jax.random.key(9), x.shape)
+  out = []
+  for impl in ("fused", "jnp"):
+    y, vjp = jax.vjp(lambda a, impl=impl: resnet.inject_noise(
+        a, coef, key, std_over, impl), x)
+    out.append((y, vjp(cotangent)[0]))
+  return out
+
+
+# Odd per-example sizes: the last pair's second word is dropped.
+@pytest.mark.parametrize("shape", [(3, 5), (4, 6, 6, 3), (2, 7, 7, 5),
+                                   (128, 8, 8, 16)])
+@pytest.mark.parametrize("std_over", ["batch", "example"])
+def test_values_and_gradient_equal_jnp(shape, std_over):
+  x = 3.0 * jax.random.normal(jax.random.key(1), shape) + 1.0
+  (y, dx), (want_y, want_dx) = _both(x, 0.3, jax.random.key(2), std_over)
+  # The jnp draw is off by up to ~2e-5 in the tails (XLA's log1p of -x*x as
+  # |x| -> 1); noise here is 0.9 z.
+  np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=5e-5)
+  np.testing.assert_allclose(dx, want_dx, rtol=1e-5, atol=1e-6)
+
+
+def test_draws_are_standard_normals_draws():
+  x = jax.random.normal(jax.random.key(3), (64, 9, 9, 7))
+  key = jax.random.key(4)
+  _, z, _ = noise_inject._call(  # pylint: disable=protected-access
+      "fkjax_noise_inject_fwd", x, jax.random.key_data(key), 1.0, False,
+      keep_z=True)
+  # standard_normal's bits, mapped in float64: sqrt(2) erfinv(2u - 1).
+  bits = np.asarray(noise._words(key, 64, 9 * 9 * 7))  # pylint: disable=protected-access
+  u = ((bits >> 9) | 0x3F800000).view(np.float32).astype(np.float64) - 1
+  lo = np.nextafter(np.float32(-1), np.float32(1))
+  want = np.sqrt(2) * special.erfinv(np.maximum(lo, 2 * u - 1))
+  assert np.abs(want).max() > 4  # tails included
+  np.testing.assert_allclose(np.asarray(z).reshape(64, -1), want, rtol=1e-6,
+                             atol=2e-6)
+  np.testing.assert_allclose(noise.standard_normal(key, x.shape), z,
+                             atol=5e-5)
+
+
+def test_primal_equals_the_differentiated_forward():
+  x = jax.random.normal(jax.random.key(5), (8, 4, 4, 3))
+  key = jax.random.key(6)
+  primal = jax.jit(noise_inject.inject_noise, static_argnums=1)(x, 0.2, key)
+  y, _ = jax.vjp(lambda a: noise_inject.inject_noise(a, 0.2, key), x)
+  np.testing.assert_array_equal(primal, y)
+
+
+def test_vmap_over_members_equals_each_member():
+  x = jax.random.normal(jax.random.key(7), (2, 4, 5, 5, 3))
+  keys = jax.random.split(jax.random.key(8), 2)
+  f = lambda a, k: noise_inject.inject_noise(a, 0.1, k)
+  batched = jax.vmap(f)(x, keys)
+  for m in range(2):
+    np.testing.assert_array_equal(batched[m], f(x[m], keys[m]))
+
+
+def test_constant_input_has_no_noise_and_a_finite_gradient():
+  x = jnp.full((4, 3, 3, 2), 2.5)
+  y, vjp = jax.vjp(lambda a: noise_inject.inject_noise(a, 0.5,
+                                                       jax.random.key(0)), x)
+  np.testing.assert_array_equal(y, x)
+  np.testing.assert_array_equal(vjp(jnp.ones_like(x))[0], jnp.ones_like(x))
+
+
+def test_unsupported_inputs():
+  key = jax.random.key(0)
+  x16 = jnp.ones((2, 3), jnp.bfloat16)
+  with pytest.raises(ValueError, match="float32"):
+    noise_inject.inject_noise(x16, 0.1, key)
+  # Through the model's function they fall back to the jnp form.
+  y = resnet.inject_noise(x16, 0.1, key, impl="fused")
+  assert y.dtype == jnp.bfloat16
+  rbg = jax.random.key(0, impl="rbg")
+  x = jnp.arange(6.0).reshape(2, 3)
+  np.testing.assert_array_equal(resnet.inject_noise(x, 0.1, rbg, impl="fused"),
+                                resnet.inject_noise(x, 0.1, rbg, impl="jnp"))
+
+
+def test_resolution():
+  assert resnet.resolve_noise_impl("auto") == "fused"
+  assert resnet.resolve_noise_impl("jnp") == "jnp"
+  with pytest.raises(ValueError, match="noise_impl must be"):
+    resnet.resolve_noise_impl("fast")
+
+
+@pytest.mark.parametrize("execution", ["batched", "unrolled"])
+def test_en2_model_gradients_equal_jnp_model(execution):
+  images = jax.random.uniform(jax.random.key(7), (4, 8, 8, 3))
+  labels = jnp.arange(4) % 10
+  fused, ref = (create_model(depth=8, ensemble_size=2, noise_coef=0.1,
+                             noise_impl=impl, member_execution=execution)
+                for impl in ("fused", "jnp"))
+  variables = fused.init(jax.random.key(0), images)
+
+  def loss(model, params, x):
+    logits, _ = model.apply({**variables, "params": params}, x, train=True,
+                            mutable=["batch_stats"],
+                            rngs={"noise": jax.random.key(3)})
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(4), labels])
+
+  got, want = (jax.jit(jax.grad(lambda p, x, m=m: loss(m, p, x), (0, 1)))(
+      variables["params"], images) for m in (fused, ref))
+  for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, h, rtol=1e-3, atol=1e-5)
