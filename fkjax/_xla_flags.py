@@ -10,6 +10,12 @@ Defaults (each measured on XLA:CPU, see ``docs/performance.md``):
   ~11x slower on CPU; its reductions are ~3x faster than XLA's loop fusions,
   which split the BatchNorm statistics into strided ``reduce-window``s
   (ResNet20 PGD-10 step 2379 -> 1903 ms with oneDNN convolutions).
+* ``--xla_cpu_enable_concurrency_optimized_scheduler=false`` orders the
+  thunks for memory rather than for running independent ones side by side.
+  On a few cores that overlap mostly makes the two members of an En2ResNet
+  fight over them (each oneDNN call already uses every core): En2ResNet20
+  PGD-10 step 4.21-4.36 s against 4.61-5.08 s, XLA's memory estimate
+  585 MB against 733 MB; ResNet20 unchanged within this VM's noise.
 
 A flag the user already put in ``XLA_FLAGS`` always wins; ``FKJAX_NO_XLA_FLAGS=1``
 disables all of this.
@@ -20,6 +26,7 @@ import os
 
 DEFAULT_CPU_FLAGS: dict[str, str] = {
     "--xla_cpu_experimental_ynn_fusion_type": "reduce",
+    "--xla_cpu_enable_concurrency_optimized_scheduler": "false",
 }
 
 

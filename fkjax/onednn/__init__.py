@@ -10,7 +10,9 @@ same values as ``lax.conv_general_dilated`` to float32 rounding
 (other layouts, dtypes, dilation, groups). CPU only: on other backends use
 ``"explicit_grad"``, which is what ``conv="auto"`` picks there.
 
-The library is built on first use (:mod:`fkjax.onednn.build`).
+The same library holds EnResNet's fused noise injection
+(:mod:`fkjax.onednn.noise_inject`, ``config.model.noise_impl="fused"``). It
+is built on first use (:mod:`fkjax.onednn.build`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,100 @@
+"""Measured peak memory (resident set) of training and of each evaluation.
+
+  python -m benchmarks.experiments.peak_memory en5resnet20
+  python -m benchmarks.experiments.peak_memory en5resnet20 \
+      --workloads train,natural,ifgsm20 --nattack-iters 1
+
+Each workload runs in a fresh process (``ru_maxrss`` only grows), on random
+CIFAR-shaped data at the batch sizes of ``configs/default.py``: ``train``
+is two PGD-10 training steps at ``training.batch_size``; an attack name runs
+:class:`fkjax.evaluate.Evaluator` with that attack of the default suite on
+one batch of ``eval.batch_size``. NAttack's iterations run in a loop whose
+buffers do not grow with their number, so ``--nattack-iters`` only shortens
+the run. The figure is the whole process's peak (Python, JAX and XLA's
+runtime included), next to XLA's estimate for the compiled program.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+WORKLOADS = ("train", "natural", "fgsm", "ifgsm20", "cw", "nattack")
+
+
+def _measure(model: str, workload: str, nattack_iters: int) -> dict:
+  # Imported here: the parent process stays free of JAX's allocations.
+  import fkjax  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import bench_train  # pylint: disable=import-outside-toplevel
+  from configs import default  # pylint: disable=import-outside-toplevel
+  from fkjax import evaluate, train  # pylint: disable=import-outside-toplevel
+
+  config = default.get_config(model)
+  config.eval.nattack_iters = nattack_iters
+  start = time.perf_counter()
+  if workload == "train":
+    batch = config.training.batch_size
+    run, info = bench_train.fkjax_runner(
+        bench_train.fkjax_config(model, "pgd", batch, 10, 20, None), "pgd",
+        batch)
+    run()
+    run()
+    estimate = info.get("memory_mb")
+  else:
+    batch = config.eval.batch_size
+    model_ = train.create_model(config, 10)
+    eval_apply, _ = train.model_fns(model_)
+    state = train.init_state(model_, train.create_optimizer(config, 391),
+                             jax.random.key(0))
+    variables = train.eval_variables(state, config)
+    rng = np.random.default_rng(0)
+    data = [{"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
+             "label": rng.integers(0, 10, batch).astype(np.int32)}]
+    evaluator = evaluate.Evaluator(eval_apply,
+                                   train.attack_suite(workload, config))
+    evaluator(variables, data, jax.random.key(1))
+    compiled = evaluator._compiled[workload]  # pylint: disable=protected-access
+    estimate = bench_train._memory_mb(  # pylint: disable=protected-access
+        next(iter(compiled.values())))
+  peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return {"model": model, "workload": workload, "batch": batch,
+          "peak_rss_gb": round(peak_kb / 2**20, 2),
+          "xla_estimate_mb": estimate,
+          "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("model", help="a configs/default.py preset")
+  parser.add_argument("--workloads", default=",".join(WORKLOADS))
+  parser.add_argument("--nattack-iters", type=int, default=1)
+  parser.add_argument("--json", default=None, help="write the rows here")
+  parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    print(json.dumps(_measure(args.model, args.child, args.nattack_iters)))
+    return
+  rows = []
+  for workload in args.workloads.split(","):
+    if workload not in WORKLOADS:
+      parser.error(f"unknown workload {workload!r}; choose from {WORKLOADS}")
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.experiments.peak_memory",
+         args.model, "--child", workload,
+         "--nattack-iters", str(args.nattack_iters)],
+        capture_output=True, text=True, check=True)
+    rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(json.dumps(rows[-1]), flush=True)
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
