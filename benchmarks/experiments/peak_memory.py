@@ -2,7 +2,7 @@
 
   python -m benchmarks.experiments.peak_memory en5resnet20
   python -m benchmarks.experiments.peak_memory en5resnet20 \
-      --workloads train,natural,ifgsm20 --nattack-iters 1
+      --workloads nattack --eval-batch 100 --nattack-iters 1
 
 Each workload runs in a fresh process (``ru_maxrss`` only grows), on random
 CIFAR-shaped data at the batch sizes of ``configs/default.py``: ``train``
@@ -10,7 +10,9 @@ is two PGD-10 training steps at ``training.batch_size``; an attack name runs
 :class:`fkjax.evaluate.Evaluator` with that attack of the default suite on
 one batch of ``eval.batch_size``. NAttack's iterations run in a loop whose
 buffers do not grow with their number, so ``--nattack-iters`` only shortens
-the run. The figure is the whole process's peak (Python, JAX and XLA's
+the run, and with ``--eval-batch 100`` (``eval.nattack_image_chunk``) it
+attacks one group of the images a batch of 500 attacks in five groups in
+a loop. The figure is the whole process's peak (Python, JAX and XLA's
 runtime included), next to XLA's estimate for the compiled program.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ import time
 WORKLOADS = ("train", "natural", "fgsm", "ifgsm20", "cw", "nattack")
 
 
-def _measure(model: str, workload: str, nattack_iters: int) -> dict:
+def _measure(model: str, workload: str, nattack_iters: int,
+             eval_batch: int | None) -> dict:
   # Imported here: the parent process stays free of JAX's allocations.
   import fkjax  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   import jax  # pylint: disable=import-outside-toplevel
@@ -37,6 +40,8 @@ def _measure(model: str, workload: str, nattack_iters: int) -> dict:
 
   config = default.get_config(model)
   config.eval.nattack_iters = nattack_iters
+  if eval_batch:
+    config.eval.batch_size = eval_batch
   start = time.perf_counter()
   if workload == "train":
     batch = config.training.batch_size
@@ -74,11 +79,14 @@ def main() -> None:
   parser.add_argument("model", help="a configs/default.py preset")
   parser.add_argument("--workloads", default=",".join(WORKLOADS))
   parser.add_argument("--nattack-iters", type=int, default=1)
+  parser.add_argument("--eval-batch", type=int, default=None,
+                      help="eval.batch_size (default: the config's)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
-    print(json.dumps(_measure(args.model, args.child, args.nattack_iters)))
+    print(json.dumps(_measure(args.model, args.child, args.nattack_iters,
+                              args.eval_batch)))
     return
   rows = []
   for workload in args.workloads.split(","):
@@ -87,7 +95,8 @@ def main() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.experiments.peak_memory",
          args.model, "--child", workload,
-         "--nattack-iters", str(args.nattack_iters)],
+         "--nattack-iters", str(args.nattack_iters),
+         *(["--eval-batch", str(args.eval_batch)] if args.eval_batch else [])],
         capture_output=True, text=True, check=True)
     rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(json.dumps(rows[-1]), flush=True)

@@ -4,7 +4,8 @@
       batched,sequential,unrolled --repeats 3
 
 Variants: a member_execution ("batched", "sequential", "unrolled"),
-optionally with ":nonoise" (noise_coef 0). The steps are
+optionally with ":nonoise" (noise_coef 0) or ":jnpnoise" / ":fusednoise"
+(``config.model.noise_impl``). The steps are
 ``benchmarks/bench_train.py``'s (configs/default.py presets, batch 128).
 """
 from __future__ import annotations
@@ -32,6 +33,10 @@ def main() -> None:
     config.model.member_execution = execution
     if extra == "nonoise":
       config.model.noise_coef = 0.0
+    elif extra in ("jnpnoise", "fusednoise"):
+      config.model.noise_impl = extra[:-len("noise")]
+    elif extra:
+      parser.error(f"unknown variant suffix {extra!r}")
     runs[variant], info = bench_train.fkjax_runner(config, args.bench,
                                                    args.batch)
     print(f"{variant}: compile {info['compile_s']:.1f} s, XLA memory "

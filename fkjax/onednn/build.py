@@ -1,8 +1,9 @@
-"""Builds and loads fkjax's oneDNN convolution library on first use.
+"""Builds and loads fkjax's CPU library (oneDNN convolutions, fused noise).
 
-The C++ source (``onednn_conv.cc``, XLA FFI handlers around oneDNN) is
-compiled once per source, jaxlib and oneDNN version into a cache folder, with
-the machine's C++ compiler, against the oneDNN that pip installed
+The C++ sources (``onednn_conv.cc``, XLA FFI handlers around oneDNN, and
+``noise_inject.cc``, the fused noise injection) are compiled once per
+source, jaxlib and oneDNN version into a cache folder, with the machine's
+C++ compiler, against the oneDNN that pip installed
 (``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp`` put ``include/`` and
 ``lib/libdnnl.so`` under ``sys.prefix``). Nothing is built at install time, so
 installing fkjax never needs a compiler; without one, or without oneDNN,
@@ -57,8 +58,9 @@ def cache_dir() -> pathlib.Path:
 
 def _library_path(root: pathlib.Path, compiler: str) -> pathlib.Path:
   digest = hashlib.sha256()
-  for part in (*(source.read_bytes() for source in SOURCES), jaxlib.__version__.encode(),
-               str(root.resolve()).encode(), compiler.encode(),
+  for part in (*(source.read_bytes() for source in SOURCES),
+               jaxlib.__version__.encode(), str(root.resolve()).encode(),
+               compiler.encode(),
                (root / "include/oneapi/dnnl/dnnl_version.h").read_bytes()):
     digest.update(part)
   return cache_dir() / f"fkjax_onednn_{digest.hexdigest()[:16]}.so"

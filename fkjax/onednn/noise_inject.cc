@@ -3,20 +3,23 @@
 //
 // The injection runs after every residual block of every member in every
 // forward pass (about 250 M normals per PGD-10 step of En2ResNet20 at batch
-// 128). As XLA fusions it costs a quarter of that step: the draw, the
-// standard deviation, the add and their gradients each stream the
-// activations through memory, and z is kept for the backward pass. Here the
-// forward pass reads x twice (statistics, then y) and the backward pass
-// reads the cotangent twice; z is never stored, it is drawn again.
+// 128). As XLA fusions it cost a quarter of that step: the draw, the
+// standard deviation, the add and their gradients each streamed the
+// activations through memory. Here the forward pass reads x twice
+// (statistics, then y, drawing z on the way) and the backward pass reads
+// the cotangent twice (<dy, z>, then dx).
 //
 // z is fkjax.models.noise.standard_normal's draw: Threefry-2x32 of the
 // counters (example, j) under the key, the pair's first word for position j
 // of the example and its second for position j + ceil(cols / 2), each mapped
 // to a normal by sqrt(2) erfinv(2u - 1) with XLA's erfinv polynomial. The
-// values equal the jnp ones to float32 rounding (tests/test_onednn.py).
+// values equal the jnp ones to float32 rounding
+// (tests/test_noise_inject.py).
 //
-//   fkjax_noise_inject_fwd  (x, key) -> (y, stats)
-//   fkjax_noise_inject_bwd  (dy, x, key, stats) -> dx
+//   fkjax_noise_inject      (x, key) -> (y, stats)     no gradient needed
+//   fkjax_noise_inject_fwd  (x, key) -> (y, z, stats)  z kept for backward:
+//                           one write is cheaper than drawing it again
+//   fkjax_noise_inject_bwd  (dy, x, z, stats) -> dx
 // x is [rows, cols] (batch first, the rest flattened); stats holds
 // (mean, std) per group: one group, or one per example when per_example.
 #include <cmath>
