@@ -55,7 +55,7 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.model.noise_impl = "auto"
   # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan
   # loop), "unrolled" (the scan written out) or "auto" (batched on GPUs;
-  # on CPUs unrolled up to 3 members, sequential beyond). Speed only: the
+  # on CPUs unrolled up to 5 members, sequential beyond). Speed only: the
   # variables are the same (fkjax.models.EnResNet).
   config.model.member_execution = "auto"
 
