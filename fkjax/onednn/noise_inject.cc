@@ -240,6 +240,9 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
   Shape shape;
   ffi::Error error = RowsCols(x.dimensions(), &shape);
   if (error.failure()) return error;
+  if (key.element_count() != 2) {
+    return ffi::Error::InvalidArgument("the key must be threefry's 2 words");
+  }
   const int64_t rows = shape.rows, cols = shape.cols;
   const uint32_t* k = key.typed_data();
   const float* xs = x.typed_data();
