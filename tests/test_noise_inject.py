@@ -41,9 +41,8 @@ def test_values_and_gradient_equal_jnp(shape, std_over):
 def test_draws_are_standard_normals_draws():
   x = jax.random.normal(jax.random.key(3), (64, 9, 9, 7))
   key = jax.random.key(4)
-  _, z, _ = noise_inject._call(  # pylint: disable=protected-access
-      "fkjax_noise_inject_fwd", x, jax.random.key_data(key), 1.0, False,
-      keep_z=True)
+  _, z, _ = noise_inject._forward(  # pylint: disable=protected-access
+      x, jax.random.key_data(key), 1.0, False, keep_z=True)
   # standard_normal's bits, mapped in float64: sqrt(2) erfinv(2u - 1).
   bits = np.asarray(noise._words(key, 64, 9 * 9 * 7))  # pylint: disable=protected-access
   u = ((bits >> 9) | 0x3F800000).view(np.float32).astype(np.float64) - 1

@@ -59,6 +59,11 @@ def _words(key: jax.Array, rows: int, cols: int) -> jax.Array:
   return jnp.concatenate([a, b], axis=1)[:, :cols]
 
 
+def is_threefry(key: jax.Array) -> bool:
+  """Whether ``key`` uses JAX's default ``threefry2x32`` implementation."""
+  return jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0))
+
+
 def standard_normal(key: jax.Array, shape: Sequence[int],
                     dtype=jnp.float32) -> jax.Array:
   """N(0, 1) draws of ``shape``, one Threefry hash per two of them.
@@ -69,7 +74,7 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
       first word, so an example's draws do not depend on the batch size.
     dtype: a float dtype of at most 32 bits.
   """
-  if jax.random.key_impl(key) != jax.random.key_impl(jax.random.key(0)):
+  if not is_threefry(key):
     # Another PRNG implementation: keep its own normal draw.
     return jax.random.normal(key, shape, dtype)
   shape = tuple(shape)

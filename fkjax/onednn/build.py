@@ -37,7 +37,6 @@ TARGETS = {  # FFI target name -> exported symbol
     "fkjax_onednn_conv_fwd": "FkjaxOnednnConvFwd",
     "fkjax_onednn_conv_bwd_data": "FkjaxOnednnConvBwdData",
     "fkjax_onednn_conv_bwd_weights": "FkjaxOnednnConvBwdWeights",
-    "fkjax_noise_inject": "FkjaxNoiseInject",
     "fkjax_noise_inject_fwd": "FkjaxNoiseInjectFwd",
     "fkjax_noise_inject_bwd": "FkjaxNoiseInjectBwd",
 }

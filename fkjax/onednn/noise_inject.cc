@@ -16,9 +16,9 @@
 // values equal the jnp ones to float32 rounding
 // (tests/test_noise_inject.py).
 //
-//   fkjax_noise_inject      (x, key) -> (y, stats)     no gradient needed
-//   fkjax_noise_inject_fwd  (x, key) -> (y, z, stats)  z kept for backward:
-//                           one write is cheaper than drawing it again
+//   fkjax_noise_inject_fwd  (x, key) -> (y, z, stats)  z is kept for the
+//                           backward pass (one write is cheaper than drawing
+//                           it again) unless its result is given size 0
 //   fkjax_noise_inject_bwd  (dy, x, z, stats) -> dx
 // x is [rows, cols] (batch first, the rest flattened); stats holds
 // (mean, std) per group: one group, or one per example when per_example.
@@ -233,9 +233,11 @@ ffi::Error RowsCols(ffi::Span<const int64_t> dims, Shape* s) {
   return ffi::Error::Success();
 }
 
-// zs, when not null, receives z for the backward pass.
+// z, when not empty, receives z for the backward pass.
 ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
-                   float* ys, float* zs, float* st, float coef,
+                   ffi::ResultBuffer<ffi::F32> y,
+                   ffi::ResultBuffer<ffi::F32> z,
+                   ffi::ResultBuffer<ffi::F32> stats, float coef,
                    bool per_example) {
   Shape shape;
   ffi::Error error = RowsCols(x.dimensions(), &shape);
@@ -244,8 +246,14 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
     return ffi::Error::InvalidArgument("the key must be threefry's 2 words");
   }
   const int64_t rows = shape.rows, cols = shape.cols;
+  if (z->element_count() != 0 && z->element_count() != x.element_count()) {
+    return ffi::Error::InvalidArgument("z must be empty or x's size");
+  }
   const uint32_t* k = key.typed_data();
   const float* xs = x.typed_data();
+  float* ys = y->typed_data();
+  float* zs = z->element_count() == 0 ? nullptr : z->typed_data();
+  float* st = stats->typed_data();
   std::vector<double> sums(rows), sq_devs(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -283,23 +291,6 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
                        });
   }
   return ffi::Error::Success();
-}
-
-ffi::Error Primal(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
-                  ffi::ResultBuffer<ffi::F32> y,
-                  ffi::ResultBuffer<ffi::F32> stats, float coef,
-                  bool per_example) {
-  return Forward(x, key, y->typed_data(), nullptr, stats->typed_data(), coef,
-                 per_example);
-}
-
-ffi::Error ForwardKeepingZ(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U32> key,
-                           ffi::ResultBuffer<ffi::F32> y,
-                           ffi::ResultBuffer<ffi::F32> z,
-                           ffi::ResultBuffer<ffi::F32> stats, float coef,
-                           bool per_example) {
-  return Forward(x, key, y->typed_data(), z->typed_data(),
-                 stats->typed_data(), coef, per_example);
 }
 
 // dx = dy + c * <dy, z>_group / (n_group * std_group) * (x - mean_group):
@@ -343,15 +334,7 @@ ffi::Error Backward(ffi::Buffer<ffi::F32> dy, ffi::Buffer<ffi::F32> x,
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxNoiseInject, Primal,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("coef")
-                                  .Attr<bool>("per_example"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxNoiseInjectFwd, ForwardKeepingZ,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FkjaxNoiseInjectFwd, Forward,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::U32>>()

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fkjax.models import noise
 from fkjax.onednn.build import load
 
 
@@ -22,11 +23,13 @@ def _stats_shape(x: jax.Array, per_example: bool) -> tuple[int, int]:
   return (x.shape[0] if per_example else 1, 2)
 
 
-def _call(target, x, key_bits, coef, per_example, keep_z):
+def _forward(x, key_bits, coef, per_example, keep_z):
+  """(y, z, stats); z is empty unless ``keep_z``."""
   y = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+  z = y if keep_z else jax.ShapeDtypeStruct((0,), jnp.float32)
   stats = jax.ShapeDtypeStruct(_stats_shape(x, per_example), jnp.float32)
   return jax.ffi.ffi_call(
-      target, (y, y, stats) if keep_z else (y, stats),
+      "fkjax_noise_inject_fwd", (y, z, stats),
       # An ensemble's members under nn.vmap: one call per member.
       vmap_method="sequential")(
           x, key_bits, coef=np.float32(coef), per_example=per_example)
@@ -34,14 +37,12 @@ def _call(target, x, key_bits, coef, per_example, keep_z):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _inject(x, key_bits, coef, per_example):
-  return _call("fkjax_noise_inject", x, key_bits, coef, per_example,
-               keep_z=False)[0]
+  return _forward(x, key_bits, coef, per_example, keep_z=False)[0]
 
 
 def _inject_fwd(x, key_bits, coef, per_example):
   # Keeping z (one write) is cheaper than drawing it again.
-  y, z, stats = _call("fkjax_noise_inject_fwd", x, key_bits, coef,
-                      per_example, keep_z=True)
+  y, z, stats = _forward(x, key_bits, coef, per_example, keep_z=True)
   return y, (x, z, stats)
 
 
@@ -61,8 +62,7 @@ _inject.defvjp(_inject_fwd, _inject_bwd)
 def supports(x: jax.Array, key: jax.Array) -> bool:
   """Whether :func:`inject_noise` takes these: float32 with a batch axis and
   a default (``threefry2x32``) key."""
-  return (x.dtype == jnp.float32 and x.ndim >= 1
-          and jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0)))
+  return x.dtype == jnp.float32 and x.ndim >= 1 and noise.is_threefry(key)
 
 
 def inject_noise(x: jax.Array, coef: float, key: jax.Array,
