@@ -72,6 +72,16 @@ dnnl::convolution_forward::primitive_desc ForwardDesc(const Geometry& g) {
       g.PadHigh(), UserScratchpad());
 }
 
+// Backward-data and backward-weights take the same arguments, hinted by the
+// forward primitive.
+template <typename Backward>
+typename Backward::primitive_desc BackwardDesc(const Geometry& g) {
+  return typename Backward::primitive_desc(
+      Engine(), dnnl::algorithm::convolution_direct, g.Src(Tag::nhwc),
+      g.Weights(Tag::any), g.Dst(Tag::nhwc), g.Strides(), g.PadLow(),
+      g.PadHigh(), ForwardDesc(g), UserScratchpad());
+}
+
 // One compiled primitive and the reorder between the user's HWIO kernel
 // and the layout the primitive wants (absent when they are the same).
 struct Plan {
@@ -93,18 +103,12 @@ Plan MakePlan(Kind kind, const Geometry& g) {
     plan.scratchpad = pd.scratchpad_desc();
     plan.weights = pd.weights_desc();
   } else if (kind == Kind::kBackwardData) {
-    auto pd = dnnl::convolution_backward_data::primitive_desc(
-        Engine(), dnnl::algorithm::convolution_direct, g.Src(Tag::nhwc),
-        g.Weights(Tag::any), g.Dst(Tag::nhwc), g.Strides(), g.PadLow(),
-        g.PadHigh(), ForwardDesc(g), UserScratchpad());
+    auto pd = BackwardDesc<dnnl::convolution_backward_data>(g);
     plan.conv = dnnl::convolution_backward_data(pd);
     plan.scratchpad = pd.scratchpad_desc();
     plan.weights = pd.weights_desc();
   } else {
-    auto pd = dnnl::convolution_backward_weights::primitive_desc(
-        Engine(), dnnl::algorithm::convolution_direct, g.Src(Tag::nhwc),
-        g.Weights(Tag::any), g.Dst(Tag::nhwc), g.Strides(), g.PadLow(),
-        g.PadHigh(), ForwardDesc(g), UserScratchpad());
+    auto pd = BackwardDesc<dnnl::convolution_backward_weights>(g);
     plan.conv = dnnl::convolution_backward_weights(pd);
     plan.scratchpad = pd.scratchpad_desc();
     plan.weights = pd.diff_weights_desc();
