@@ -1,36 +1,51 @@
-"""Evaluates a trained fkjax checkpoint: A1..A5, sparsity, plots.
+"""Evaluates a trained fkjax run: A1..A5 of its best checkpoint, sparsity.
 
-  python eval.py --config=configs/default.py --workdir=workdirs/en2resnet20
-  python eval.py --config=configs/default.py --workdir=... \
+  python eval.py --workdir=workdirs/en2resnet20
+  python eval.py --workdir=workdirs/en2resnet20 \
       --config.eval.attacks=natural,ifgsm20 --config.eval.eot_samples=10
 
-Use the config the model was trained with (the same presets and model
-overrides); writes <workdir>/eval.json and <workdir>/plots/*.png.
+The run's own ``<workdir>/config.json`` says what is evaluated: no
+``--config`` is needed, and ``--config.KEY=VALUE`` may only change how it is
+evaluated (``config.eval.*``, ``config.kernels.*``, data location, devices,
+progress). Results go to ``<workdir>/eval_<protocol>.json`` and
+``<workdir>/plots/*.png``.
 """
-from absl import app
-from absl import logging
+import os
+
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
-import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
+from fkjax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
 config_flags.DEFINE_config_file(
-    "config", None, "Config file the model was trained with.",
-    lock_config=True)
-flags.mark_flags_as_required(["config", "workdir"])
+    "config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "configs", "default.py"),
+    "Optional: the config file the run was trained with (checked against "
+    "the run's config.json). --config.eval.* overrides work without it.",
+    lock_config=False)
+flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.fail(f"unexpected arguments: {argv[1:]} (flags take the form "
+             "--name=value)", code=2)
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  config = run_config.config_for_eval(
+      FLAGS.workdir, cli.loaded_config(FLAGS.config),
+      config_flags.get_override_values(FLAGS["config"]),
+      config_given=FLAGS["config"].present)
+  run_config.validate(config)
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
-  from fkjax import train
-  train.enable_compilation_cache(FLAGS.config)
-  train.evaluate_checkpoint(FLAGS.config, FLAGS.workdir)
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  experiment.enable_compilation_cache(config)
+  eval_run.evaluate_checkpoint(config, FLAGS.workdir)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

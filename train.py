@@ -4,15 +4,15 @@
   python train.py --config=configs/default.py:en5resnet20,rgsm \
       --config.sparsity.lamb1=0.1 --workdir=workdirs/en5_rgsm
 
-Running the same command again resumes from the last checkpoint.
+Running the same command again resumes from the last checkpoint. A mistake
+(bad config value, missing data, a workdir of another run) ends in one line
+``error: ...``; ``--traceback`` shows the traceback.
 """
-from absl import app
-from absl import logging
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
-import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
-from fkjax import parallel
+from fkjax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -31,16 +31,24 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.fail(f"unexpected arguments: {argv[1:]} (flags take the form "
+             "--name=value)", code=2)
+  # Before anything is loaded or compiled: a bad value fails in a second.
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  config = cli.loaded_config(FLAGS.config)
+  run_config.validate(config)
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
+  from fkjax import parallel  # pylint: disable=import-outside-toplevel
   parallel.initialize_distributed(FLAGS.coordinator_address,
                                   FLAGS.num_processes, FLAGS.process_id,
                                   auto=FLAGS.distributed)
-  from fkjax import train  # after jax.distributed.initialize
-  train.enable_compilation_cache(FLAGS.config)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  # after jax.distributed.initialize
+  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  experiment.enable_compilation_cache(config)
+  train.train_and_evaluate(config, FLAGS.workdir)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

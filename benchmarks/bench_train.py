@@ -58,6 +58,8 @@ import numpy as np
 
 from configs import default as default_config
 from fkjax import evaluate
+from fkjax import eval_run
+from fkjax import experiment
 from fkjax import train
 
 BENCHES = ("clean", "pgd", "pgd_bneval", "ifgsm")
@@ -233,15 +235,15 @@ def _memory_mb(compiled) -> float | None:
 
 def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
   """(run, info): ``run()`` does one blocking step; info has compile time."""
-  model = train.create_model(config, 10)
-  optimizer = train.create_optimizer(config, steps_per_epoch=391)
-  state = train.init_state(model, optimizer, jax.random.key(0))
+  model = experiment.create_model(config, 10)
+  optimizer = experiment.create_optimizer(config, steps_per_epoch=391)
+  state = experiment.init_state(model, optimizer, jax.random.key(0))
   num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
   host = _batch(batch)
   key = jax.random.key(1)
   if bench == "ifgsm":
-    eval_apply, _ = train.model_fns(model)
-    attack = train.validation_attacks(config)
+    eval_apply, _ = experiment.model_fns(model)
+    attack = eval_run.validation_attacks(config)
     attack = {name: fn for name, fn in attack.items() if name != "natural"}
     evaluator = evaluate.Evaluator(eval_apply, attack)
     variables = {"params": state["params"],
@@ -409,7 +411,7 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
                          "unroll": str(config.attack.unroll),
                          "conv": args.conv,
                          "noise_impl": args.noise_impl,
-                         "member_execution": train.member_execution(config)}
+                         "member_execution": experiment.member_execution(config)}
   runners, infos = {}, {}
   if "fkjax" in args.frameworks:
     runners["fkjax"], infos["fkjax"] = fkjax_runner(config, bench, batch)

@@ -26,6 +26,8 @@ import numpy as np
 
 from benchmarks import bench_train
 from configs import default as default_config
+from fkjax import eval_run
+from fkjax import experiment
 from fkjax import train
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -41,7 +43,7 @@ def noise_cost(model_name: str, batch: int, repeats: int) -> dict[str, float]:
                             + [(i, config.model.noise_coef, i)
                                for i in PRNG_IMPLS]):
     config.model.noise_coef = coef
-    model = train.create_model(config, 10)
+    model = experiment.create_model(config, 10)
     key = jax.random.key(0, impl=impl)
     variables = jax.jit(functools.partial(model.init, train=False))(
         {"params": key, "noise": key}, images[:1])
@@ -58,9 +60,9 @@ def cache_compile(model_name: str, batch: int, unroll: str | None
                   ) -> dict[str, float]:
   """Cold compile seconds vs a persistent-cache hit, same process."""
   config = bench_train.fkjax_config(model_name, "pgd", batch, 10, 20, unroll)
-  model = train.create_model(config, 10)
-  optimizer = train.create_optimizer(config, steps_per_epoch=391)
-  state = train.init_state(model, optimizer, jax.random.key(0))
+  model = experiment.create_model(config, 10)
+  optimizer = experiment.create_optimizer(config, steps_per_epoch=391)
+  state = experiment.init_state(model, optimizer, jax.random.key(0))
   batch_arrays = jax.device_put(bench_train._batch(batch))  # pylint: disable=protected-access
   key = jax.random.key(1)
   with tempfile.TemporaryDirectory() as cache_dir:

@@ -72,6 +72,9 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.training.augment = True
   config.training.track_clean_accuracy = True
   config.training.checkpoint_every_steps = 0   # 0: at the end of each epoch
+  # A loss above this (or non-finite) stops the run as diverged, before the
+  # weights are saved (cross-entropy at chance is ln(classes) ~ 2.3 / 4.6).
+  config.training.max_loss = 1e3
 
   # PGD used to make the training batches adversarial.
   config.attack = ml_collections.ConfigDict()
@@ -107,6 +110,8 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
 
   # eval.py (and the final test evaluation of train.py).
   config.eval = ml_collections.ConfigDict()
+  # "paper": the paper's A1..A5 (eval_paper.json).
+  config.eval.protocol = "paper"
   config.eval.checkpoint = "best"   # or "latest"
   config.eval.attacks = "natural,fgsm,ifgsm20,cw,nattack"
   config.eval.batch_size = 500

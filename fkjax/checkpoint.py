@@ -107,3 +107,15 @@ def _check_same_structure(template: Any, state: Any, where: str) -> None:
     raise CheckpointError(
         f"checkpoint {where} does not match the config's model/optimizer: "
         "different parameter structure or shapes")
+
+
+def has_checkpoints(workdir: str) -> bool:
+  """Whether ``workdir`` holds a run's checkpoints (any complete step)."""
+  root = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(root):
+    return False
+  for sub in ("latest", "best"):
+    d = os.path.join(root, sub)
+    if os.path.isdir(d) and any(name.isdigit() for name in os.listdir(d)):
+      return True
+  return False

@@ -7,168 +7,39 @@ of every epoch RVSM/RGSM replace ``w`` by its sparse projection ``u`` (ADMM
 resets its auxiliary variables instead), the model is validated, and a
 checkpoint is written. Running the same command again resumes from the last
 complete checkpoint and reaches the same parameters as an uninterrupted run.
+
+What is built from the config lives in :mod:`fkjax.experiment`; the test
+evaluation of a checkpoint in :mod:`fkjax.eval_run`.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
-import json
 import math
 import os
+import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 import tqdm
 
 from fkjax import attacks
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import eval_run
 from fkjax import evaluate
+from fkjax import experiment as experiment_lib
 from fkjax import metric_logging
-from fkjax import models
 from fkjax import parallel
+from fkjax import run_config
 from fkjax import sparsity
+from fkjax.errors import NonFiniteLossError
 
 PyTree = Any
-
-
-class NonFiniteLossError(FloatingPointError):
-  """The training loss became NaN or infinite."""
-
-
-# --------------------------------------------------------------------------
-# Building blocks chosen by the config.
-
-
-def enable_compilation_cache(config: ml_collections.ConfigDict) -> str | None:
-  """Turns on JAX's persistent compilation cache at
-  ``config.compilation_cache_dir`` (used by train.py and eval.py).
-
-  Leaves JAX alone when the user configured a cache (the
-  ``JAX_COMPILATION_CACHE_DIR`` variable or ``jax.config``) or the config
-  value is empty. Returns the cache directory in use, if any.
-  """
-  current = jax.config.jax_compilation_cache_dir
-  if current or not config.get("compilation_cache_dir"):
-    return current
-  path = os.path.expanduser(config.compilation_cache_dir)
-  os.makedirs(path, exist_ok=True)
-  jax.config.update("jax_compilation_cache_dir", path)
-  return path
-
-
-def create_model(config: ml_collections.ConfigDict, num_classes: int):
-  m = config.model
-  return models.create_model(
-      depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
-      width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv,
-      noise_impl=m.noise_impl, member_execution=member_execution(config))
-
-
-def member_execution(config: ml_collections.ConfigDict) -> str:
-  """``config.model.member_execution``, with ``"auto"`` resolved.
-
-  ``"auto"``: ``"batched"`` on accelerators. On CPU (where XLA runs the
-  grouped convolutions of batched members slowly) ``"unrolled"`` up to
-  :data:`MAX_UNROLLED_MEMBERS` members, the fastest form, and
-  ``"sequential"`` beyond, whose compile time does not grow with the
-  ensemble (measurements in docs/performance.md).
-  """
-  choice = config.model.member_execution
-  if choice != "auto":
-    return choice
-  if jax.default_backend() != "cpu":
-    return "batched"
-  if config.model.ensemble_size <= MAX_UNROLLED_MEMBERS:
-    return "unrolled"
-  return "sequential"
-
-
-# On 2 CPU cores En5ResNet20's PGD-10 step written out compiles in 17-18 s
-# (9.5 s as a loop) and runs 22% faster (10.9 vs 13.9 s per step, 1.4 vs
-# 2.1 GB); compile time grows about linearly with the members.
-MAX_UNROLLED_MEMBERS = 5
-
-
-def describe_model(config: ml_collections.ConfigDict,
-                   state: dict[str, PyTree]) -> str:
-  """E.g. ``En2ResNet20 (noise 0.1, skip), 544,564 parameters; ...``."""
-  m = config.model
-  name = (f"En{m.ensemble_size}" if m.ensemble_size > 1 else "") + \
-      f"ResNet{m.depth}" + (f"x{m.width}" if m.width != 1 else "")
-  count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
-  return (f"{name} (noise {m.noise_coef}, {'skip' if m.skip else 'no skip'}),"
-          f" {count:,} parameters; sparsifier {config.sparsity.method}; "
-          f"conv {models.resolve_conv(m.conv)}"
-          + (f", noise {models.resolve_noise_impl(m.noise_impl)}"
-             if m.noise_coef else "")
-          + (f", members {member_execution(config)}"
-             if m.ensemble_size > 1 else ""))
-
-
-def sparsity_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The hyperparameters of ``config.sparsity.method``, by name."""
-  s = config.sparsity
-  names = {"none": (), "rvsm": ("beta", "lamb"),
-           "rgsm": ("beta", "lamb1", "lamb2", "group"),
-           "admm": ("rho", "percent", "structure", "group")}
-  if s.method not in names:
-    raise ValueError(f"config.sparsity.method must be one of {sorted(names)}, "
-                     f"got {s.method!r}")
-  return {name: s[name] for name in names[s.method]}
-
-
-def learning_rate_schedule(config: ml_collections.ConfigDict,
-                           steps_per_epoch: int) -> optax.Schedule:
-  """Step decay: ``lr * decay^k`` after the k-th boundary epoch."""
-  t = config.training
-  return optax.piecewise_constant_schedule(
-      t.learning_rate,
-      {int(epoch) * steps_per_epoch: t.lr_decay for epoch in t.lr_boundaries})
-
-
-def create_optimizer(config: ml_collections.ConfigDict,
-                     steps_per_epoch: int) -> optax.GradientTransformation:
-  t = config.training
-  return sparsity.sparse_sgd(
-      config.sparsity.method, learning_rate_schedule(config, steps_per_epoch),
-      momentum=t.momentum, nesterov=t.nesterov, weight_decay=t.weight_decay,
-      **sparsity_hparams(config))
-
-
-def init_state(model, optimizer: optax.GradientTransformation,
-               key: jax.Array, image_shape=(32, 32, 3)) -> dict[str, PyTree]:
-  """The training state: a plain dict, which orbax saves as is."""
-  variables = jax.jit(functools.partial(model.init, train=False))(
-      {"params": key, "noise": key}, jnp.zeros((1, *image_shape), jnp.float32))
-  params = variables["params"]
-  return {"step": jnp.zeros((), jnp.int32), "params": params,
-          "batch_stats": variables.get("batch_stats", {}),
-          "opt_state": optimizer.init(params)}
-
-
-def model_fns(model) -> tuple[Callable, Callable]:
-  """``(eval_apply, train_apply)`` in the ``apply_fn(variables, x, key)`` form.
-
-  ``train_apply`` uses batch statistics and discards their update (used by
-  the attack when ``config.attack.bn_mode == "train"``).
-  """
-  def eval_apply(variables, images, key):
-    return model.apply(variables, images, train=False, rngs={"noise": key})
-
-  def train_apply(variables, images, key):
-    logits, _ = model.apply(variables, images, train=True,
-                            rngs={"noise": key}, mutable=["batch_stats"])
-    return logits
-  return eval_apply, train_apply
-
 
 # --------------------------------------------------------------------------
 # The jitted step.
@@ -177,7 +48,7 @@ def model_fns(model) -> tuple[Callable, Callable]:
 def make_train_step(model, optimizer: optax.GradientTransformation,
                     config: ml_collections.ConfigDict) -> Callable:
   """``train_step(state, batch, key) -> (state, metrics)``, pure."""
-  eval_apply, train_apply = model_fns(model)
+  eval_apply, train_apply = experiment_lib.model_fns(model)
   attack_apply = {"train": train_apply, "eval": eval_apply}[
       config.attack.bn_mode]
   a = config.attack
@@ -233,164 +104,41 @@ def end_of_epoch(state: dict[str, PyTree], config: ml_collections.ConfigDict
     return state
   params = state["params"]
   if method in ("rvsm", "rgsm"):
-    params = sparsity.project(params, method, **sparsity_hparams(config))
+    params = sparsity.project(params, method,
+                              **experiment_lib.sparsity_hparams(config))
     return {**state, "params": params}
   # ADMM: w stays dense during training; z, u restart from Proj(w), 0.
   return {**state, "opt_state": sparsity.admm_reset(state["opt_state"],
                                                      params)}
 
 
-def eval_variables(state: dict[str, PyTree], config: ml_collections.ConfigDict
-                   ) -> dict[str, PyTree]:
-  """The variables evaluated: the sparse ``u`` for every method."""
-  params = state["params"]
-  if config.sparsity.method != "none":
-    params = sparsity.project(params, config.sparsity.method,
-                              **sparsity_hparams(config))
-  return {"params": params, "batch_stats": state["batch_stats"]}
 
 
-# --------------------------------------------------------------------------
-# The loop.
+def _check_loss(value: float, bound: float, where: str, checkpointer,
+                workdir: str) -> None:
+  """Stops a diverged run before anything of it is saved."""
+  if math.isfinite(value) and value <= bound:
+    return
+  last = checkpointer.latest_step()
+  kept = (f"the last good checkpoint (step {last}) is kept in "
+          f"{workdir}/checkpoints" if last is not None else
+          "no checkpoint was written")
+  raise NonFiniteLossError(
+      f"training diverged: loss {value:.4g} {where} "
+      f"(config.training.max_loss={bound:g}); {kept}. Lower "
+      "config.training.learning_rate or check the data")
 
 
-def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:
-  d = config.dataset
-  return data_lib.load_dataset(
-      d.name, d.source, d.data_dir, val_size=d.val_size,
-      split_seed=d.split_seed, subset_per_class=d.subset_per_class,
-      test_subset_per_class=d.test_subset_per_class,
-      synthetic_sizes=tuple(d.synthetic_sizes),
-      tfds_data_dir=d.tfds_data_dir)
+def make_loss_check(model) -> Callable:
+  """``loss(variables, images, labels, key)``: mean clean cross-entropy in
+  eval mode, to check the weights about to be saved."""
+  eval_apply, _ = experiment_lib.model_fns(model)
 
-
-def _limit(split: data_lib.Split, num_examples: int) -> data_lib.Split:
-  if num_examples and num_examples < len(split.labels):
-    return data_lib.Split(split.images[:num_examples],
-                          split.labels[:num_examples])
-  return split
-
-
-def sharded_eval_batches(split: data_lib.Split, batch_size: int,
-                         mesh) -> Iterator[dict[str, jax.Array]]:
-  """Padded, masked evaluation batches placed on the mesh."""
-  parallel.check_batch_size(batch_size, mesh)
-  for batch in data_lib.eval_batches(
-      split, batch_size, process_index=jax.process_index(),
-      process_count=jax.process_count()):
-    yield parallel.shard_batch(batch, mesh)
-
-
-def attack_suite(names: str, config: ml_collections.ConfigDict
-                 ) -> dict[str, evaluate.Attack]:
-  """The attacks named in a comma-separated string, from the eval config."""
-  e = config.eval
-  every = evaluate.default_attacks(
-      eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
-      epsilon=config.attack.epsilon, step_size=config.attack.step_size,
-      nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
-      nattack_image_chunk=e.nattack_image_chunk,
-      unroll=config.attack.unroll)
-  wanted = [n.strip() for n in names.split(",") if n.strip()]
-  unknown = sorted(set(wanted) - set(every))
-  if unknown:
-    raise ValueError(f"unknown attacks {unknown}; choose from {list(every)}")
-  return {name: every[name] for name in wanted}
-
-
-def validation_attacks(config: ml_collections.ConfigDict
-                       ) -> dict[str, evaluate.Attack]:
-  suite = {"natural": evaluate.natural}
-  steps = config.validation.attack_steps
-  if steps:
-    suite[f"pgd{steps}"] = functools.partial(
-        attacks.pgd, epsilon=config.attack.epsilon,
-        step_size=config.attack.step_size, num_steps=steps,
-        random_start=False, unroll=config.attack.unroll)
-  return suite
-
-
-def _check_config(config: ml_collections.ConfigDict) -> None:
-  if config.validation.select_by not in ("natural", "pgd"):
-    raise ValueError("config.validation.select_by must be 'natural' or 'pgd'")
-  if config.validation.select_by == "pgd" and not config.validation.attack_steps:
-    raise ValueError("select_by='pgd' needs config.validation.attack_steps > 0")
-  if config.attack.bn_mode not in ("train", "eval"):
-    raise ValueError("config.attack.bn_mode must be 'train' or 'eval'")
-  sparsity_hparams(config)
-
-
-def _save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes ``config.json``; refuses a workdir trained with another model."""
-  path = os.path.join(workdir, "config.json")
-  new = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
-    for section in ("model", "sparsity", "dataset"):
-      if _without_speed_keys(old, section) != _without_speed_keys(new,
-                                                                  section):
-        raise ValueError(
-            f"{workdir!r} holds a run with a different config.{section} "
-            f"({old.get(section)} vs {new.get(section)}); use a new workdir")
-  with open(path, "w") as f:
-    json.dump(new, f, indent=2, sort_keys=True)
-
-
-# Keys that change how fast a model runs, not what it computes: a run may
-# resume or be evaluated with other values (e.g. trained on a GPU, evaluated
-# on a CPU).
-_SPEED_KEYS = {"model": ("conv", "noise_impl", "member_execution")}
-
-
-def _without_speed_keys(config: dict[str, Any], section: str) -> Any:
-  part = config.get(section)
-  if not isinstance(part, dict):
-    return part
-  return {k: v for k, v in part.items()
-          if k not in _SPEED_KEYS.get(section, ())}
-
-
-@dataclasses.dataclass
-class Experiment:
-  """Everything built from a config: data, model, optimizer, mesh."""
-  config: ml_collections.ConfigDict
-  dataset: data_lib.Dataset
-  model: Any
-  optimizer: optax.GradientTransformation
-  steps_per_epoch: int
-  mesh: Any
-
-  @classmethod
-  def build(cls, config: ml_collections.ConfigDict) -> "Experiment":
-    _check_config(config)
-    dataset = load_dataset(config)
-    mesh = parallel.make_mesh(config.num_devices or None)
-    parallel.check_batch_size(config.training.batch_size, mesh)
-    steps = data_lib.steps_per_epoch(len(dataset.train.labels),
-                                     config.training.batch_size)
-    model = create_model(config, dataset.num_classes)
-    return cls(config, dataset, model, create_optimizer(config, steps),
-               steps, mesh)
-
-  def _init(self) -> dict[str, PyTree]:
-    key = jax.random.key(self.config.seed)
-    return init_state(self.model, self.optimizer, key,
-                      self.dataset.train.images.shape[1:])
-
-  def initial_state(self) -> dict[str, PyTree]:
-    return parallel.replicate(self._init(), self.mesh)
-
-  def abstract_state(self) -> dict[str, PyTree]:
-    """Shapes, dtypes and shardings of the state, computed without running."""
-    sharding = parallel.replicated(self.mesh)
-    return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-        jax.eval_shape(self._init))
-
-  def restore(self, checkpointer: ckpt_lib.Checkpointer, which: str
-              ) -> tuple[int, dict[str, PyTree]]:
-    return checkpointer.restore(self.abstract_state(), which)
+  def loss(variables, images, labels, key):
+    logits = eval_apply(variables, images, key)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), labels).mean()
+  return jax.jit(loss)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -400,36 +148,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   Returns:
     A summary: the last validation metrics and the test evaluation.
   """
+  run_config.validate(config)
+  has_run = ckpt_lib.has_checkpoints(workdir)
+  if has_run:
+    run_config.check_same_run(config, workdir)
+  exp = experiment_lib.Experiment.build(config)
   os.makedirs(workdir, exist_ok=True)
-  exp = Experiment.build(config)
-  _save_config(config, workdir)
   logger = metric_logging.MetricLogger(workdir,
                                        enabled=jax.process_index() == 0)
   logger.log_text(f"data: {exp.dataset.description}")
   logger.log_text(f"devices: {exp.mesh.size} x {jax.devices()[0].platform}")
-  logger.log_text(f"model: {describe_model(config, exp.abstract_state())}")
+  logger.log_text(
+      f"model: {experiment_lib.describe_model(config, exp.abstract_state())}")
   checkpointer = ckpt_lib.Checkpointer(workdir)
   if checkpointer.latest_step() is None:
     state = exp.initial_state()
   else:
     _, state = exp.restore(checkpointer, "latest")
     logger.log_text(f"resumed from step {int(state['step'])}")
-  start_step = int(state["step"])
+  if jax.process_index() == 0:
+    # Written once the run is known to start: a command that failed at
+    # start-up leaves no record that would refuse its corrected version.
+    run_config.save(config, workdir)
 
   train_step = jax.jit(make_train_step(exp.model, exp.optimizer, config),
                        donate_argnums=(0,))
-  eval_apply, _ = model_fns(exp.model)
-  val_split = _limit(exp.dataset.val, config.validation.num_examples)
-  val_attacks = validation_attacks(config)
-  validator = evaluate.Evaluator(eval_apply, val_attacks)
-  base_key = jax.random.key(config.seed + 1)
-  val_key = jax.random.key(config.seed + 3)
+  loss_check = make_loss_check(exp.model)
+  eval_apply, _ = experiment_lib.model_fns(exp.model)
+  val_split = eval_run.limit(exp.dataset.val, config.validation.num_examples)
+  validator = evaluate.Evaluator(eval_apply,
+                                 eval_run.validation_attacks(config))
+  base_key = experiment_lib.prng_key(config.seed, "train")
+  val_key = experiment_lib.prng_key(config.seed, "validation")
   t = config.training
+  max_loss = float(t.get("max_loss") or math.inf)
   total_steps = t.num_epochs * exp.steps_per_epoch
   val_summary: dict[str, Any] = {}
   synthetic = " [SYNTHETIC DATA]" if exp.dataset.is_synthetic else ""
+  schedule = experiment_lib.learning_rate_schedule(config, exp.steps_per_epoch)
+  # tqdm bars only on a terminal; a log file gets the plain epoch lines.
+  show_bar = config.progress and sys.stdout.isatty()
 
-  first_epoch = start_step // exp.steps_per_epoch
+  first_epoch = int(state["step"]) // exp.steps_per_epoch
   for epoch in range(first_epoch, t.num_epochs):
     epoch_start = time.perf_counter()
     batches = data_lib.train_batches(
@@ -443,7 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     sums: dict[str, float] = {}
     bar = tqdm.tqdm(batches, total=exp.steps_per_epoch, initial=skip,
                     desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}",
-                    unit="step", disable=not config.progress, leave=False)
+                    unit="step", disable=not show_bar, leave=False)
     # Metrics are read one step late, so that the host prepares the next
     # batch while the device still runs this step (reading them at once
     # would wait for the device every step).
@@ -457,13 +217,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       seen["steps"] += 1
       if seen["steps"] == 1:
         seen["first_done"] = time.perf_counter()
-      if not math.isfinite(float(metrics["loss"])):
-        checkpointer.close()
-        raise NonFiniteLossError(
-            f"non-finite training loss {metrics['loss']} at step {step} "
-            f"(epoch {epoch + 1}); the last good checkpoint is kept in "
-            f"{workdir}/checkpoints (step {checkpointer.latest_step()}). "
-            "Lower the learning rate or check the data.")
+      _check_loss(float(metrics["loss"]), max_loss,
+                  f"at step {step} (epoch {epoch + 1})", checkpointer, workdir)
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + float(v)
       bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items()})
@@ -490,19 +245,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     state = end_of_epoch(state, config)
     train_seconds = time.perf_counter() - epoch_start
 
-    evaluated = eval_variables(state, config)
+    evaluated = experiment_lib.eval_variables(state, config)
+    check_batch = next(eval_run.sharded_eval_batches(
+        val_split, config.validation.batch_size, exp.mesh))
+    # The loss of a step is taken before its update: a step that blows the
+    # weights up shows only in the next one. Check the weights about to be
+    # saved, so that a checkpoint is never a diverged model.
+    _check_loss(float(loss_check(evaluated, check_batch["image"],
+                                 check_batch["label"], val_key)),
+                max_loss, f"of the weights after epoch {epoch + 1}",
+                checkpointer, workdir)
     val = validator(evaluated,
-                    sharded_eval_batches(val_split,
-                                         config.validation.batch_size,
-                                         exp.mesh),
+                    eval_run.sharded_eval_batches(
+                        val_split, config.validation.batch_size, exp.mesh),
                     jax.random.fold_in(val_key, epoch))
     report = sparsity.sparsity_report(evaluated["params"],
                                       group=config.sparsity.group)
     n_steps = max(1, state_step - skip)
     val_summary = {
         "epoch": epoch + 1,
-        "learning_rate": float(learning_rate_schedule(
-            config, exp.steps_per_epoch)(int(state["step"]) - 1)),
+        "learning_rate": float(schedule(int(state["step"]) - 1)),
         **{f"train_{k}": v / n_steps for k, v in sums.items()},
         **{f"val_{name}_accuracy": r["accuracy"]
            for name, r in val["attacks"].items()},
@@ -516,69 +278,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     }
     select = ("natural" if config.validation.select_by == "natural"
               else f"pgd{config.validation.attack_steps}")
-    checkpointer.save(int(state["step"]), state,
-                      val_accuracy=val["attacks"][select]["accuracy"])
+    # The epoch's line first: a kill during the save then loses no metrics
+    # (a resumed run logs the epoch again; readers keep the last record).
     logger.write(int(state["step"]), val_summary)
     logger.log_text(metric_logging.format_epoch(val_summary) + synthetic)
+    checkpointer.save(int(state["step"]), state,
+                      val_accuracy=val["attacks"][select]["accuracy"])
     if int(state["step"]) >= total_steps:
       break
 
   checkpointer.close()
   summary = {"validation": val_summary}
   if config.eval.final_attacks:
-    summary["test"] = evaluate_checkpoint(config, workdir, exp=exp,
-                                          attacks_csv=config.eval.final_attacks,
-                                          plots=False, logger=logger)
+    summary["test"] = eval_run.evaluate_checkpoint(
+        config, workdir, exp=exp, attacks_csv=config.eval.final_attacks,
+        plots=False, final=True, logger=logger)
   logger.close()
   return summary
-
-
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
-                        exp: Experiment | None = None,
-                        attacks_csv: str | None = None,
-                        plots: bool | None = None,
-                        logger: metric_logging.MetricLogger | None = None
-                        ) -> dict[str, Any]:
-  """Restores a checkpoint and measures A1..A5 and sparsity on the test set.
-
-  Writes ``<workdir>/eval.json`` (and PNG plots if asked).
-  """
-  from fkjax import plots as plots_lib  # matplotlib only when needed
-
-  exp = exp or Experiment.build(config)
-  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
-  step, state = exp.restore(checkpointer, config.eval.checkpoint)
-  checkpointer.close()
-  variables = eval_variables(state, config)
-  eval_apply, _ = model_fns(exp.model)
-  suite = attack_suite(attacks_csv or config.eval.attacks, config)
-  test = _limit(exp.dataset.test, config.eval.num_examples)
-  results = evaluate.robust_accuracy(
-      eval_apply, variables,
-      sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
-      jax.random.key(config.seed + 2),
-      num_noise_draws=config.eval.num_noise_draws, progress=config.progress)
-  report = sparsity.sparsity_report(variables["params"],
-                                    group=config.sparsity.group)
-  results.update(
-      checkpoint=config.eval.checkpoint, step=step,
-      data=exp.dataset.description, eot_samples=config.eval.eot_samples,
-      weight_sparsity=report.weight_sparsity,
-      total_weight_sparsity=report.total_weight_sparsity,
-      channel_sparsity=report.channel_sparsity)
-  table = evaluate.format_table(results, sparsity=report.weight_sparsity,
-                                channel_sparsity=report.channel_sparsity)
-  eot = config.eval.eot_samples
-  evaluate.save_json(results, os.path.join(
-      workdir, "eval.json" if eot == 1 else f"eval_eot{eot}.json"))
-  if plots if plots is not None else config.eval.plots:
-    results["plots"] = plots_lib.save_all(variables["params"], report,
-                                          os.path.join(workdir, "plots"))
-  text = (f"test evaluation of the {config.eval.checkpoint} checkpoint "
-          f"(step {step}, {results['num_examples']} images, "
-          f"{exp.dataset.description}):\n{table}\n{report.format_table()}")
-  if logger is not None:
-    logger.log_text(text)
-  else:
-    print(text)
-  return results

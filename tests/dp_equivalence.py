@@ -11,14 +11,14 @@ import jax
 import numpy as np
 
 from configs import tiny
-from fkjax import data, parallel, train
+from fkjax import data, experiment, parallel, train
 
 
 def run(num_devices: int, num_steps: int, adversarial: bool = True):
   config = tiny.get_config()
   config.num_devices = num_devices
   config.training.adversarial = adversarial
-  exp = train.Experiment.build(config)
+  exp = experiment.Experiment.build(config)
   state = exp.initial_state()
   step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
   batches = data.train_batches(exp.dataset.train, config.training.batch_size,

@@ -45,38 +45,24 @@ def test_unknown_preset_is_rejected():
     default.get_config("resnet21x")
 
 
-def test_speed_keys_may_change_between_runs_of_a_workdir(tmp_path):
-  from fkjax import train  # pylint: disable=import-outside-toplevel
-  config = tiny.get_config()
-  train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
-  # How the model runs may change (e.g. trained on a GPU, resumed on a CPU)...
-  config.model.conv = "xla"
-  config.model.member_execution = "sequential"
-  train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
-  # ...what it computes may not.
-  config.model.depth += 6
-  with pytest.raises(ValueError, match="different config.model"):
-    train._save_config(config, str(tmp_path))  # pylint: disable=protected-access
-
-
 def test_member_execution_auto_depends_on_backend_and_size():
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax import experiment  # pylint: disable=import-outside-toplevel
   on_cpu = jax.default_backend() == "cpu"
   config = default.get_config()
   assert config.model.member_execution == "auto"
-  assert train.member_execution(config) == (
+  assert experiment.member_execution(config) == (
       "unrolled" if on_cpu else "batched")
-  config.model.ensemble_size = train.MAX_UNROLLED_MEMBERS + 1
-  assert train.member_execution(config) == (
+  config.model.ensemble_size = experiment.MAX_UNROLLED_MEMBERS + 1
+  assert experiment.member_execution(config) == (
       "sequential" if on_cpu else "batched")
   config.model.member_execution = "batched"
-  assert train.member_execution(config) == "batched"
+  assert experiment.member_execution(config) == "batched"
 
 
 def test_a_batch_larger_than_the_training_set_is_a_clear_error():
-  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax import experiment  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.batch_size = 128  # the tiny training split has 64 images
   with pytest.raises(ValueError, match="exceeds the 64 training examples"):
-    train.Experiment.build(config)
+    experiment.Experiment.build(config)

@@ -20,6 +20,8 @@ import pytest
 from configs import tiny
 from fkjax import checkpoint as ckpt_lib
 from fkjax import sparsity
+from fkjax import eval_run
+from fkjax import experiment
 from fkjax import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +97,7 @@ def runs(tmp_path_factory):
 
 def _restore(workdir, which="latest", config=None):
   config = config or tiny.get_config()
-  exp = train.Experiment.build(config)
+  exp = experiment.Experiment.build(config)
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:
     return exp.restore(checkpointer, which)
@@ -164,11 +166,20 @@ def test_epoch_end_projection_makes_params_sparse(runs):
 
 def test_eval_restores_and_reproduces_train_numbers(runs):
   workdir = runs["full"]
-  from_train = json.loads((workdir / "eval.json").read_text())
-  shutil.move(workdir / "eval.json", workdir / "eval_from_train.json")
-  proc = _run("eval.py", workdir, ["--config.num_devices=1",
-                                   "--config.eval.plots=true"], runs["cache"])
-  from_eval = json.loads((workdir / "eval.json").read_text())
+  from_train = json.loads((workdir / "eval_final.json").read_text())
+  # No --config: the run's own config.json says what is evaluated.
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={workdir}",
+       "--config.num_devices=1", "--config.eval.plots=true",
+       "--config.eval.attacks=natural,fgsm"], cwd=REPO,
+      env=_env(runs["cache"]), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  from_eval = json.loads((workdir / "eval_paper.json").read_text())
+  # train.py's own final evaluation is a separate file, left untouched.
+  assert json.loads((workdir / "eval_final.json").read_text()) == from_train
+  assert from_eval["config"]["sparsity"]["lamb"] == tiny.get_config(
+      ).sparsity.lamb
+  assert from_eval["checkpoint_step"] == from_eval["step"]
   assert from_eval["step"] == from_train["step"]
   for name in ("natural", "fgsm"):
     assert (from_eval["attacks"][name]["accuracy"] ==
@@ -209,18 +220,34 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(runs, tmp_path):
                "--config.training.lr_boundaries=(1,)"], runs["cache"],
               check=False)
   assert proc.returncode != 0
-  assert "non-finite training loss" in proc.stderr
+  assert "training diverged" in proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
   step, state = _restore(workdir)
   assert step == 4
   assert all(np.all(np.isfinite(x)) for x in
              jax.tree.leaves(jax.device_get(state["params"])))
 
 
+def test_a_run_diverging_in_its_first_step_saves_nothing(runs, tmp_path):
+  # One step an epoch, lr 1e6: the step's own loss (taken before its
+  # update) is fine; the weights it leaves are not, and are never saved.
+  workdir = tmp_path / "diverged"
+  proc = _run("train.py", workdir,
+              ["--config.num_devices=1", "--config.training.batch_size=64",
+               "--config.validation.batch_size=32",
+               "--config.training.learning_rate=1e6"], runs["cache"],
+              check=False)
+  assert proc.returncode == 1
+  assert "training diverged" in proc.stderr, proc.stderr
+  assert "no checkpoint was written" in proc.stderr
+  assert not ckpt_lib.has_checkpoints(str(workdir))
+
+
 def test_eval_errors_are_clear(runs, tmp_path):
   config = tiny.get_config()
   config.num_devices = 1
   with pytest.raises(ckpt_lib.CheckpointError, match="no checkpoints"):
-    train.evaluate_checkpoint(config, str(tmp_path / "nowhere"))
+    eval_run.evaluate_checkpoint(config, str(tmp_path / "nowhere"))
 
   wrong = tiny.get_config()
   wrong.model.width = 2

@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from configs import default
+from fkjax import eval_run
+from fkjax import experiment
 from fkjax import train
 
 nattack_lib = importlib.import_module("fkjax.attacks.nattack")
@@ -34,11 +36,11 @@ def main() -> None:
   parser.add_argument("--chunks", default="none:none,10:none,10:100")
   args = parser.parse_args()
   config = default.get_config(args.model)
-  model = train.create_model(config, 10)
-  eval_apply, _ = train.model_fns(model)
-  state = train.init_state(model, train.create_optimizer(config, 391),
+  model = experiment.create_model(config, 10)
+  eval_apply, _ = experiment.model_fns(model)
+  state = experiment.init_state(model, experiment.create_optimizer(config, 391),
                            jax.random.key(0))
-  variables = train.eval_variables(state, config)
+  variables = experiment.eval_variables(state, config)
   images = jax.ShapeDtypeStruct((args.batch, 32, 32, 3), jnp.float32)
   labels = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
   for pair in args.chunks.split(","):

@@ -36,7 +36,7 @@ def _measure(model: str, workload: str, nattack_iters: int,
 
   from benchmarks import bench_train  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
-  from fkjax import evaluate, train  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run, evaluate, experiment  # pylint: disable=import-outside-toplevel
 
   config = default.get_config(model)
   config.eval.nattack_iters = nattack_iters
@@ -53,16 +53,16 @@ def _measure(model: str, workload: str, nattack_iters: int,
     estimate = info.get("memory_mb")
   else:
     batch = config.eval.batch_size
-    model_ = train.create_model(config, 10)
-    eval_apply, _ = train.model_fns(model_)
-    state = train.init_state(model_, train.create_optimizer(config, 391),
+    model_ = experiment.create_model(config, 10)
+    eval_apply, _ = experiment.model_fns(model_)
+    state = experiment.init_state(model_, experiment.create_optimizer(config, 391),
                              jax.random.key(0))
-    variables = train.eval_variables(state, config)
+    variables = experiment.eval_variables(state, config)
     rng = np.random.default_rng(0)
     data = [{"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
              "label": rng.integers(0, 10, batch).astype(np.int32)}]
     evaluator = evaluate.Evaluator(eval_apply,
-                                   train.attack_suite(workload, config))
+                                   eval_run.attack_suite(workload, config))
     evaluator(variables, data, jax.random.key(1))
     compiled = evaluator._compiled[workload]  # pylint: disable=protected-access
     estimate = bench_train._memory_mb(  # pylint: disable=protected-access

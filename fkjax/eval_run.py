@@ -1,0 +1,181 @@
+"""Evaluation of a training run's checkpoint on the test set.
+
+``evaluate_checkpoint(config, workdir)`` restores the run's best (or latest)
+checkpoint, measures accuracy under the configured attacks (the paper's
+A1..A5 by default) and the sparsity of the evaluated weights, and writes a
+self-describing result file whose name says which protocol produced it, so
+results of different protocols never overwrite each other:
+
+* ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws):
+  ``eval.py`` with the paper's protocol;
+* ``eval_final.json``: the short evaluation ``train.py`` runs at the end.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import subprocess
+from typing import Any, Iterator
+
+import jax
+import ml_collections
+
+from fkjax import attacks
+from fkjax import checkpoint as ckpt_lib
+from fkjax import data as data_lib
+from fkjax import evaluate
+from fkjax import experiment as experiment_lib
+from fkjax import metric_logging
+from fkjax import parallel
+from fkjax import run_config
+from fkjax import sparsity
+
+
+def limit(split: data_lib.Split, num_examples: int) -> data_lib.Split:
+  """The first ``num_examples`` of ``split`` (all of it for 0)."""
+  if num_examples and num_examples < len(split.labels):
+    return data_lib.Split(split.images[:num_examples],
+                          split.labels[:num_examples])
+  return split
+
+
+def sharded_eval_batches(split: data_lib.Split, batch_size: int,
+                         mesh) -> Iterator[dict[str, jax.Array]]:
+  """Padded, masked evaluation batches placed on the mesh."""
+  parallel.check_batch_size(batch_size, mesh)
+  for batch in data_lib.eval_batches(
+      split, batch_size, process_index=jax.process_index(),
+      process_count=jax.process_count()):
+    yield parallel.shard_batch(batch, mesh)
+
+
+def attack_suite(names: str, config: ml_collections.ConfigDict
+                 ) -> dict[str, evaluate.Attack]:
+  """The attacks named in a comma-separated string, from the eval config."""
+  e = config.eval
+  every = evaluate.default_attacks(
+      eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
+      epsilon=config.attack.epsilon, step_size=config.attack.step_size,
+      nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
+      nattack_image_chunk=e.nattack_image_chunk,
+      unroll=config.attack.unroll)
+  wanted = [n.strip() for n in names.split(",") if n.strip()]
+  unknown = sorted(set(wanted) - set(every))
+  if unknown:
+    raise run_config.ConfigError(
+        f"unknown attacks {unknown}; choose from {list(every)}")
+  return {name: every[name] for name in wanted}
+
+
+def validation_attacks(config: ml_collections.ConfigDict
+                       ) -> dict[str, evaluate.Attack]:
+  """Natural accuracy and, if configured, PGD-k accuracy on validation."""
+  suite = {"natural": evaluate.natural}
+  steps = config.validation.attack_steps
+  if steps:
+    suite[f"pgd{steps}"] = functools.partial(
+        attacks.pgd, epsilon=config.attack.epsilon,
+        step_size=config.attack.step_size, num_steps=steps,
+        random_start=False, unroll=config.attack.unroll)
+  return suite
+
+
+def result_file(config: ml_collections.ConfigDict, final: bool = False
+                ) -> str:
+  """The result file's name for the protocol ``config.eval`` describes."""
+  if final:
+    return "eval_final.json"
+  eot = config.eval.eot_samples
+  return f"eval_{config.eval.get('protocol', 'paper')}" + (
+      f"_eot{eot}" if eot > 1 else "") + ".json"
+
+
+def _git_commit() -> str | None:
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"],
+                         capture_output=True, text=True, timeout=10,
+                         check=True)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() or None
+
+
+def provenance(config: ml_collections.ConfigDict, step: int,
+               data_description: str) -> dict[str, Any]:
+  """What produced a result: config, code version, checkpoint, data, date."""
+  import fkjax  # pylint: disable=import-outside-toplevel
+  return {
+      "config": run_config.as_dict(config),
+      "fkjax_version": fkjax.__version__,
+      "git_commit": _git_commit(),
+      "checkpoint": config.eval.checkpoint,
+      "checkpoint_step": step,
+      "data": data_description,
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+  }
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
+                        exp: experiment_lib.Experiment | None = None,
+                        attacks_csv: str | None = None,
+                        plots: bool | None = None,
+                        final: bool = False,
+                        logger: metric_logging.MetricLogger | None = None
+                        ) -> dict[str, Any]:
+  """Restores a checkpoint and measures A1..A5 and sparsity on the test set.
+
+  Writes ``<workdir>/<result_file(config, final)>`` (and PNG plots if
+  asked). ``final`` marks train.py's own short evaluation.
+  """
+  from fkjax import plots as plots_lib  # matplotlib only when needed
+
+  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
+  try:
+    exp = exp or experiment_lib.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  finally:
+    checkpointer.close()
+  variables = experiment_lib.eval_variables(state, config)
+  eval_apply, _ = experiment_lib.model_fns(exp.model)
+  suite = attack_suite(attacks_csv or config.eval.attacks, config)
+  test = limit(exp.dataset.test, config.eval.num_examples)
+  results = evaluate.robust_accuracy(
+      eval_apply, variables,
+      sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
+      experiment_lib.prng_key(config.seed, "test"),
+      num_noise_draws=config.eval.num_noise_draws, progress=config.progress)
+  report = sparsity.sparsity_report(variables["params"],
+                                    group=config.sparsity.group)
+  results.update(
+      protocol="final" if final else config.eval.get("protocol", "paper"),
+      step=step, eot_samples=config.eval.eot_samples,
+      attack_settings={
+          "epsilon": config.attack.epsilon,
+          "step_size": config.attack.step_size,
+          "eot_samples": config.eval.eot_samples,
+          "num_noise_draws": config.eval.num_noise_draws,
+          "nattack_iters": config.eval.nattack_iters,
+          "nattack_population": config.eval.nattack_population},
+      weight_sparsity=report.weight_sparsity,
+      total_weight_sparsity=report.total_weight_sparsity,
+      channel_sparsity=report.channel_sparsity,
+      **provenance(config, step, exp.dataset.description))
+  table = evaluate.format_table(results, sparsity=report.weight_sparsity,
+                                channel_sparsity=report.channel_sparsity)
+  path = os.path.join(workdir, result_file(config, final))
+  evaluate.save_json(results, path)
+  if plots if plots is not None else config.eval.plots:
+    results["plots"] = plots_lib.save_all(variables["params"], report,
+                                          os.path.join(workdir, "plots"))
+  text = (f"test evaluation of the {config.eval.checkpoint} checkpoint "
+          f"(step {step}, {results['num_examples']} images, "
+          f"{exp.dataset.description}):\n{table}\n{report.format_table()}\n"
+          f"written to {path}")
+  if logger is not None:
+    logger.log_text(text)
+  else:
+    print(text, flush=True)
+  return results

@@ -1,0 +1,251 @@
+"""Everything a run builds from its config: data, model, optimizer, state.
+
+``Experiment.build(config)`` validates the config, loads the data and makes
+the mesh, the model and the optimizer; ``train.py`` and ``eval.py`` both
+start from it. Every random stream of a run comes from its one ``seed``
+through :func:`prng_key`, each under its own name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import warnings
+import zlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from fkjax import checkpoint as ckpt_lib
+from fkjax import data as data_lib
+from fkjax import models
+from fkjax import parallel
+from fkjax import run_config
+from fkjax import sparsity
+
+PyTree = Any
+
+# The named random streams of a run (see prng_key).
+STREAMS = ("init_params", "init_noise", "train", "validation", "test")
+
+
+def prng_key(seed: int, stream: str) -> jax.Array:
+  """The PRNG key of one named stream of the run with ``seed``.
+
+  Each stream is ``fold_in(key(seed), crc32(name))``: streams of one run are
+  independent, and no stream of seed ``s`` is a stream of seed ``s + 1``.
+  """
+  if stream not in STREAMS:
+    raise ValueError(f"unknown PRNG stream {stream!r}; one of {STREAMS}")
+  return jax.random.fold_in(jax.random.key(seed),
+                            zlib.crc32(stream.encode()) & 0x7FFFFFFF)
+
+
+def enable_compilation_cache(config: ml_collections.ConfigDict) -> str | None:
+  """Turns on JAX's persistent compilation cache at
+  ``config.compilation_cache_dir`` (used by train.py and eval.py).
+
+  Leaves JAX alone when the user configured a cache (the
+  ``JAX_COMPILATION_CACHE_DIR`` variable or ``jax.config``) or the config
+  value is empty. The cache only saves time: a directory that cannot be
+  written (a read-only home, say) gives a warning and no cache. Returns the
+  cache directory in use, if any.
+  """
+  current = jax.config.jax_compilation_cache_dir
+  if current or not config.get("compilation_cache_dir"):
+    return current
+  path = os.path.expanduser(config.compilation_cache_dir)
+  try:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, f".fkjax_write_probe_{os.getpid()}")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    warnings.warn(f"compilation cache disabled: cannot write to {path} "
+                  f"({e.strerror}); set config.compilation_cache_dir to a "
+                  "writable folder (or '') to silence this", RuntimeWarning,
+                  stacklevel=2)
+    return None
+  jax.config.update("jax_compilation_cache_dir", path)
+  return path
+
+
+def create_model(config: ml_collections.ConfigDict, num_classes: int):
+  m = config.model
+  return models.create_model(
+      depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
+      width=m.width, skip=m.skip, noise_coef=m.noise_coef,
+      noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv,
+      noise_impl=m.noise_impl, member_execution=member_execution(config))
+
+
+def member_execution(config: ml_collections.ConfigDict) -> str:
+  """``config.model.member_execution``, with ``"auto"`` resolved.
+
+  ``"auto"``: ``"batched"`` on accelerators. On CPU (where XLA runs the
+  grouped convolutions of batched members slowly) ``"unrolled"`` up to
+  :data:`MAX_UNROLLED_MEMBERS` members, the fastest form, and
+  ``"sequential"`` beyond, whose compile time does not grow with the
+  ensemble (measurements in docs/performance.md).
+  """
+  choice = config.model.member_execution
+  if choice != "auto":
+    return choice
+  if jax.default_backend() != "cpu":
+    return "batched"
+  if config.model.ensemble_size <= MAX_UNROLLED_MEMBERS:
+    return "unrolled"
+  return "sequential"
+
+
+# On 2 CPU cores En5ResNet20's PGD-10 step written out compiles in 17-18 s
+# (9.5 s as a loop) and runs 22% faster (10.9 vs 13.9 s per step, 1.4 vs
+# 2.1 GB); compile time grows about linearly with the members.
+MAX_UNROLLED_MEMBERS = 5
+
+
+def describe_model(config: ml_collections.ConfigDict,
+                   state: dict[str, PyTree]) -> str:
+  """E.g. ``En2ResNet20 (noise 0.1, skip), 544,564 parameters; ...``."""
+  m = config.model
+  name = (f"En{m.ensemble_size}" if m.ensemble_size > 1 else "") + \
+      f"ResNet{m.depth}" + (f"x{m.width}" if m.width != 1 else "")
+  count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
+  return (f"{name} (noise {m.noise_coef}, {'skip' if m.skip else 'no skip'}),"
+          f" {count:,} parameters; sparsifier {config.sparsity.method}; "
+          f"conv {models.resolve_conv(m.conv)}"
+          + (f", noise {models.resolve_noise_impl(m.noise_impl)}"
+             if m.noise_coef else "")
+          + (f", members {member_execution(config)}"
+             if m.ensemble_size > 1 else ""))
+
+
+def sparsity_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The hyperparameters of ``config.sparsity.method``, by name."""
+  s = config.sparsity
+  names = {"none": (), "rvsm": ("beta", "lamb"),
+           "rgsm": ("beta", "lamb1", "lamb2", "group"),
+           "admm": ("rho", "percent", "structure", "group")}
+  if s.method not in names:
+    raise run_config.ConfigError(
+        f"config.sparsity.method must be one of {sorted(names)}, got "
+        f"{s.method!r}")
+  return {name: s[name] for name in names[s.method]}
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict,
+                           steps_per_epoch: int) -> optax.Schedule:
+  """Step decay: ``lr * decay^k`` after the k-th boundary epoch."""
+  t = config.training
+  return optax.piecewise_constant_schedule(
+      t.learning_rate,
+      {int(epoch) * steps_per_epoch: t.lr_decay for epoch in t.lr_boundaries})
+
+
+def create_optimizer(config: ml_collections.ConfigDict,
+                     steps_per_epoch: int) -> optax.GradientTransformation:
+  t = config.training
+  return sparsity.sparse_sgd(
+      config.sparsity.method, learning_rate_schedule(config, steps_per_epoch),
+      momentum=t.momentum, nesterov=t.nesterov, weight_decay=t.weight_decay,
+      **sparsity_hparams(config))
+
+
+def init_state(model, optimizer: optax.GradientTransformation,
+               params_key: jax.Array, noise_key: jax.Array | None = None,
+               image_shape=(32, 32, 3)) -> dict[str, PyTree]:
+  """The training state: a plain dict, which orbax saves as is."""
+  if noise_key is None:
+    params_key, noise_key = jax.random.split(params_key)
+  variables = jax.jit(functools.partial(model.init, train=False))(
+      {"params": params_key, "noise": noise_key},
+      jnp.zeros((1, *image_shape), jnp.float32))
+  params = variables["params"]
+  return {"step": jnp.zeros((), jnp.int32), "params": params,
+          "batch_stats": variables.get("batch_stats", {}),
+          "opt_state": optimizer.init(params)}
+
+
+def model_fns(model) -> tuple[Callable, Callable]:
+  """``(eval_apply, train_apply)`` in the ``apply_fn(variables, x, key)`` form.
+
+  ``train_apply`` uses batch statistics and discards their update (used by
+  the attack when ``config.attack.bn_mode == "train"``).
+  """
+  def eval_apply(variables, images, key):
+    return model.apply(variables, images, train=False, rngs={"noise": key})
+
+  def train_apply(variables, images, key):
+    logits, _ = model.apply(variables, images, train=True,
+                            rngs={"noise": key}, mutable=["batch_stats"])
+    return logits
+  return eval_apply, train_apply
+
+
+def eval_variables(state: dict[str, PyTree], config: ml_collections.ConfigDict
+                   ) -> dict[str, PyTree]:
+  """The variables evaluated: the sparse ``u`` for every method."""
+  params = state["params"]
+  if config.sparsity.method != "none":
+    params = sparsity.project(params, config.sparsity.method,
+                              **sparsity_hparams(config))
+  return {"params": params, "batch_stats": state["batch_stats"]}
+
+
+def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:
+  d = config.dataset
+  return data_lib.load_dataset(
+      d.name, d.source, d.data_dir, val_size=d.val_size,
+      split_seed=d.split_seed, subset_per_class=d.subset_per_class,
+      test_subset_per_class=d.test_subset_per_class,
+      synthetic_sizes=tuple(d.synthetic_sizes),
+      tfds_data_dir=d.tfds_data_dir)
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config: data, model, optimizer, mesh."""
+  config: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  model: Any
+  optimizer: optax.GradientTransformation
+  steps_per_epoch: int
+  mesh: Any
+
+  @classmethod
+  def build(cls, config: ml_collections.ConfigDict) -> "Experiment":
+    run_config.validate(config)
+    mesh = parallel.make_mesh(config.num_devices or None)
+    parallel.check_batch_size(config.training.batch_size, mesh)
+    dataset = load_dataset(config)
+    steps = data_lib.steps_per_epoch(len(dataset.train.labels),
+                                     config.training.batch_size)
+    model = create_model(config, dataset.num_classes)
+    return cls(config, dataset, model, create_optimizer(config, steps),
+               steps, mesh)
+
+  def _init(self) -> dict[str, PyTree]:
+    seed = self.config.seed
+    return init_state(self.model, self.optimizer,
+                      prng_key(seed, "init_params"),
+                      prng_key(seed, "init_noise"),
+                      self.dataset.train.images.shape[1:])
+
+  def initial_state(self) -> dict[str, PyTree]:
+    return parallel.replicate(self._init(), self.mesh)
+
+  def abstract_state(self) -> dict[str, PyTree]:
+    """Shapes, dtypes and shardings of the state, computed without running."""
+    sharding = parallel.replicated(self.mesh)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        jax.eval_shape(self._init))
+
+  def restore(self, checkpointer: ckpt_lib.Checkpointer, which: str
+              ) -> tuple[int, dict[str, PyTree]]:
+    return checkpointer.restore(self.abstract_state(), which)

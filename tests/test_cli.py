@@ -1,0 +1,108 @@
+"""train.py and eval.py end a user's mistake in one line, before any work.
+
+Each case is a real process: what a user sees is its stderr and exit code.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(args, env=None, timeout=300):
+  full_env = dict(os.environ)
+  full_env.pop("FKJAX_TRACEBACK", None)
+  full_env.update(env or {})
+  return subprocess.run([sys.executable, *args], cwd=REPO, env=full_env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _assert_one_line_error(proc, *fragments, code=None):
+  assert proc.returncode != 0, proc.stdout
+  if code is not None:
+    assert proc.returncode == code, proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  errors = [l for l in lines if l.startswith("error: ")]
+  assert len(errors) == 1, proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr
+  for fragment in fragments:
+    assert fragment in errors[0], errors[0]
+
+
+@pytest.mark.parametrize("args,fragments,code", [
+    (["--config=configs/tiny.py:resnet21x"],
+     ["unknown config preset 'resnet21x'"], 2),
+    (["--config=configs/tiny.py", "--config.sparsity.lambda=1"],
+     ["sparsity.lambda"], 2),
+    (["--config=configs/tiny.py", "--config.sparsity.lamb_one=1"],
+     ["lamb_one"], 2),
+    (["--config=configs/nope.py"], ["nope.py"], 2),
+    (["--config=configs/tiny.py", "--config.model.depth=21"],
+     ["config.model.depth=21", "6n+2"], 1),
+    (["--config=configs/tiny.py", "--config.attack.epsilon=8.0"],
+     ["config.attack.epsilon=8.0", "8/255"], 1),
+    (["--config=configs/tiny.py", "--config.training.num_epochs=0"],
+     ["config.training.num_epochs=0"], 1),
+    (["--config=configs/tiny.py", "--config.sparsity.beta=0.0"],
+     ["config.sparsity.beta=0.0", "> 0"], 1),
+    (["--config=configs/tiny.py", "--config.eval.final_attacks=natural,pgd"],
+     ["unknown attack"], 1),
+    (["--config=configs/tiny.py", "stray"], ["unexpected arguments"], 2),
+])
+def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
+  workdir = tmp_path / "run"
+  proc = _run(["train.py", f"--workdir={workdir}", *args])
+  _assert_one_line_error(proc, *fragments, code=code)
+  # Nothing was recorded: the corrected command starts cleanly.
+  assert not (workdir / "config.json").exists()
+  assert not (workdir / "checkpoints").exists()
+
+
+def test_missing_workdir_flag_is_one_line():
+  proc = _run(["train.py", "--config=configs/tiny.py"])
+  _assert_one_line_error(proc, "--workdir", code=2)
+
+
+def test_traceback_flag_shows_the_traceback(tmp_path):
+  args = ["train.py", f"--workdir={tmp_path}", "--config=configs/tiny.py",
+          "--config.model.depth=21"]
+  assert "Traceback" in _run([*args, "--traceback"]).stderr
+  assert "Traceback" in _run(args, env={"FKJAX_TRACEBACK": "1"}).stderr
+
+
+def test_eval_of_a_missing_workdir_fails_at_once(tmp_path):
+  proc = _run(["eval.py", f"--workdir={tmp_path / 'nowhere'}"])
+  _assert_one_line_error(proc, "no config.json", "nowhere")
+
+
+def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
+  sys.path.insert(0, str(REPO))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  run_config.save(tiny.get_config(), str(tmp_path))
+  proc = _run(["eval.py", f"--workdir={tmp_path}",
+               "--config.sparsity.lamb=0.1"])
+  _assert_one_line_error(proc, "--config.sparsity.lamb=0.1",
+                         "would change what the run")
+  proc = _run(["eval.py", f"--workdir={tmp_path}",
+               "--config=configs/tiny.py:rgsm"])
+  _assert_one_line_error(proc, "sparsity.method")
+  # An allowed override gets as far as the (missing) checkpoints.
+  proc = _run(["eval.py", f"--workdir={tmp_path}",
+               "--config.eval.attacks=natural"])
+  _assert_one_line_error(proc, "no checkpoints")
+  assert json.loads((tmp_path / "config.json").read_text())["model"][
+      "depth"] == 8
+
+
+def test_missing_data_is_one_line(tmp_path):
+  proc = _run(["train.py", f"--workdir={tmp_path / 'run'}",
+               "--config=configs/cpu.py",
+               f"--config.dataset.data_dir={tmp_path / 'empty'}"],
+              env={"FKJAX_NO_DOWNLOAD": "1"})
+  _assert_one_line_error(proc, str(tmp_path / "empty"))
+  assert not (tmp_path / "run" / "config.json").exists()

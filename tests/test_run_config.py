@@ -1,0 +1,129 @@
+"""A run's config: validation, the resume check and eval.py's config."""
+import json
+
+import pytest
+
+from configs import cpu, default, tiny
+from fkjax import experiment
+from fkjax import run_config
+from fkjax.run_config import ConfigError
+
+
+@pytest.mark.parametrize("module", [default, cpu, tiny])
+def test_shipped_configs_are_valid(module):
+  run_config.validate(module.get_config())
+  for preset in ("resnet20,rvsm", "en5resnet20,rgsm", "resnet38,admm,noskip",
+                 "cifar100,natural"):
+    run_config.validate(module.get_config(preset))
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("training.num_epochs", 0, "integer >= 1"),
+    ("training.num_epochs", -3, "integer >= 1"),
+    ("training.batch_size", 0, "integer >= 1"),
+    ("model.depth", 21, "6n.2"),
+    ("model.depth", 2, "6n.2"),
+    ("attack.epsilon", 8.0, r"8/255"),
+    ("attack.epsilon", 2.0, r"\(0, 1\]"),
+    ("attack.epsilon", 0.0, r"\(0, 1\]"),
+    ("attack.step_size", -0.1, "number"),
+    ("training.learning_rate", 0.0, "number"),
+    ("training.lr_boundaries", (120, 80), "increasing"),
+    ("training.momentum", 1.0, "number"),
+    ("training.weight_decay", -1e-4, "number"),
+    ("model.noise_coef", -0.1, "number"),
+    ("validation.select_by", "best", "one of"),
+    ("eval.checkpoint", "last", "one of"),
+    ("eval.eot_samples", 0, "integer >= 1"),
+    ("eval.attacks", "natural,pgd7", "unknown attack"),
+    ("dataset.name", "cifar11", "one of"),
+])
+def test_invalid_values_are_named(key, value, match):
+  config = tiny.get_config()
+  section, name = key.split(".")
+  with config[section].ignore_type():
+    config[section][name] = value
+  with pytest.raises(ConfigError, match=f"config.{key}=") as e:
+    run_config.validate(config)
+  assert e.match(match)
+
+
+@pytest.mark.parametrize("method,key,value", [
+    ("rvsm", "beta", 0.0), ("rvsm", "lamb", -1e-6),
+    ("rgsm", "beta", -1.0), ("rgsm", "lamb1", -5e-2), ("rgsm", "lamb2", -1.0),
+    ("admm", "rho", 0.0), ("admm", "percent", 120.0),
+    ("admm", "structure", "filter"), ("rgsm", "group", "both"),
+])
+def test_invalid_sparsifier_hyperparameters(method, key, value):
+  config = default.get_config(method)
+  with config.sparsity.ignore_type():
+    config.sparsity[key] = value
+  with pytest.raises(ConfigError, match=f"config.sparsity.{key}="):
+    run_config.validate(config)
+
+
+def test_build_validates_before_loading_data():
+  config = default.get_config()   # real data: would need FKJAX_DATA_DIR
+  config.dataset.data_dir = "/nonexistent/data"
+  config.model.depth = 21
+  with pytest.raises(ConfigError, match="model.depth"):
+    experiment.Experiment.build(config)
+
+
+def test_resume_refuses_a_changed_training_section(tmp_path):
+  config = tiny.get_config()
+  run_config.save(config, str(tmp_path))
+  same = tiny.get_config()
+  same.eval.attacks = "natural"          # how it is evaluated may change
+  same.num_devices = 4                   # and where it runs
+  run_config.check_same_run(same, str(tmp_path))
+  changed = tiny.get_config()
+  changed.training.batch_size = 8
+  with pytest.raises(ConfigError, match=r"training.batch_size: saved 16, "
+                     r"now 8"):
+    run_config.check_same_run(changed, str(tmp_path))
+
+
+def test_eval_config_comes_from_the_workdir(tmp_path):
+  trained = tiny.get_config()
+  trained.sparsity.lamb = 5e-3
+  run_config.save(trained, str(tmp_path))
+  cli = default.get_config()   # eval.py's default file, not the run's
+  config = run_config.config_for_eval(
+      str(tmp_path), cli, {"eval.attacks": "natural"}, config_given=False)
+  assert config.sparsity.lamb == 5e-3
+  assert config.model.depth == 8 and config.dataset.source == "synthetic"
+  assert config.eval.attacks == "natural"
+  # the run's own eval settings, unless overridden
+  assert config.eval.batch_size == trained.eval.batch_size
+
+
+def test_eval_refuses_overrides_that_change_the_run(tmp_path):
+  run_config.save(tiny.get_config(), str(tmp_path))
+  with pytest.raises(ConfigError, match=r"--config.sparsity.lamb1=0.1 would "
+                     "change what the run"):
+    run_config.config_for_eval(str(tmp_path), default.get_config(),
+                               {"sparsity.lamb1": 0.1}, config_given=False)
+  other = tiny.get_config("rgsm")
+  with pytest.raises(ConfigError, match="sparsity.method: run 'rvsm', "
+                     "--config 'rgsm'"):
+    run_config.config_for_eval(str(tmp_path), other, {}, config_given=True)
+  with pytest.raises(ConfigError, match="no config.json"):
+    run_config.config_for_eval(str(tmp_path / "nowhere"), None, {}, False)
+
+
+def test_saved_config_is_plain_json(tmp_path):
+  run_config.save(tiny.get_config(), str(tmp_path))
+  data = json.loads((tmp_path / "config.json").read_text())
+  assert data["model"]["depth"] == 8
+  assert not list(tmp_path.glob(".config.*"))   # no temporary file left
+
+
+def test_prng_streams_are_distinct_and_seed_specific():
+  import jax  # pylint: disable=import-outside-toplevel
+  keys = {(seed, s): tuple(jax.random.key_data(
+      experiment.prng_key(seed, s)).tolist())
+          for seed in (0, 1) for s in experiment.STREAMS}
+  assert len(set(keys.values())) == len(keys)
+  with pytest.raises(ValueError, match="unknown PRNG stream"):
+    experiment.prng_key(0, "dropout")
