@@ -126,10 +126,11 @@ def test_data_dir_may_be_the_folder_itself_or_come_from_env(tmp_path,
   np.testing.assert_array_equal(ds.test.images, direct.test.images)
 
 
-def test_no_data_dir_is_a_clear_error(monkeypatch):
+def test_no_data_is_a_clear_error(monkeypatch, tmp_path):
   monkeypatch.delenv(data.DATA_DIR_ENV, raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   with pytest.raises(data.DataError, match="FKJAX_DATA_DIR"):
-    data.load_dataset("cifar10")
+    data.load_dataset("cifar10", download=False)
 
 
 # --- bad input: each case names the file, what was expected, what was found.

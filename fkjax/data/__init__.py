@@ -2,7 +2,9 @@
 
 Sources (chosen by `load_dataset(source=...)`):
   * "cifar_binary": reader of the official binary release, from the folder or
-    straight from the `.tar.gz` archive; no pickle.
+    straight from the `.tar.gz` archive; no pickle. A missing archive is
+    downloaded (md5-checked) into the data directory: `fetch`, or
+    `python -m fkjax.data.download cifar10`.
   * "tfds": tensorflow-datasets, read without TensorFlow where TFDS allows.
   * "synthetic": deterministic generated images, flagged `is_synthetic`.
 
@@ -21,6 +23,9 @@ from fkjax.data.batching import to_float
 from fkjax.data.batching import train_batches
 from fkjax.data.cifar_binary import read_cifar_binary
 from fkjax.data.cifar_binary import record_size
+from fkjax.data.fetch import default_data_dir
+from fkjax.data.fetch import download_cifar
+from fkjax.data.fetch import ensure_cifar
 from fkjax.data.loader import DATA_DIR_ENV
 from fkjax.data.loader import SOURCES
 from fkjax.data.loader import load_dataset
@@ -42,6 +47,9 @@ __all__ = [
     "OfficialSplits",
     "Split",
     "augment",
+    "default_data_dir",
+    "download_cifar",
+    "ensure_cifar",
     "eval_batches",
     "load_dataset",
     "num_eval_batches",

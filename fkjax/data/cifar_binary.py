@@ -117,7 +117,7 @@ def read_cifar_binary(
     raise ValueError(
         f"label={label!r} is not available for {name}; choose from "
         f"{layout.label_fields}")
-  kind, location = _locate(os.fspath(data_dir), layout)
+  kind, location = _locate(os.fspath(data_dir), name)
   wanted = layout.train_files + layout.test_files
   if kind == "archive":
     raw, meta = _read_archive(location, layout, wanted)
@@ -148,17 +148,41 @@ def _layout(name: str) -> _Layout:
         f"{sorted(_LAYOUTS)}") from None
 
 
-def _locate(root: str, layout: _Layout) -> tuple[str, str]:
-  """Returns ("folder" | "archive", path) for the release found at `root`."""
-  expected = (f"a directory containing {layout.folder}/ or {layout.archive}, "
-              "that folder itself, or the archive")
+def archive_name(name: str) -> str:
+  """File name of the official archive: "cifar-10-binary.tar.gz", ..."""
+  return _layout(name).archive
+
+
+def folder_name(name: str) -> str:
+  """Name of the extracted folder: "cifar-10-batches-bin", ..."""
+  return _layout(name).folder
+
+
+def locate(data_dir: str | os.PathLike[str], name: str = "cifar10"
+          ) -> tuple[str, str] | None:
+  """Finds the release of `name` at `data_dir` without reading it.
+
+  Args:
+    data_dir: as for `read_cifar_binary`.
+    name: "cifar10" or "cifar100".
+
+  Returns:
+    ("folder" | "archive", path) where the release is, or None when it is
+    absent: `data_dir` does not exist, or is a directory holding neither the
+    folder nor the archive (the case a download can fix).
+
+  Raises:
+    DataError: when `data_dir` is a regular file that is not a `.tar.gz`.
+  """
+  root = os.fspath(data_dir)
+  layout = _layout(name)
   if os.path.isfile(root):
     if root.endswith((".tar.gz", ".tgz")):
       return "archive", root
-    raise DataError(f"{root}: expected {expected}; found a regular file")
+    raise DataError(f"{root}: expected {_expected(layout)}; found a regular "
+                    "file")
   if not os.path.isdir(root):
-    raise DataError(f"{root}: data directory does not exist; expected "
-                    f"{expected}")
+    return None
   if os.path.isdir(os.path.join(root, layout.folder)):
     return "folder", os.path.join(root, layout.folder)
   if os.path.isfile(os.path.join(root, layout.archive)):
@@ -167,9 +191,26 @@ def _locate(root: str, layout: _Layout) -> tuple[str, str]:
   if (os.path.basename(os.path.normpath(root)) == layout.folder or
       any(os.path.exists(os.path.join(root, f)) for f in own_files)):
     return "folder", root
+  return None
+
+
+def _expected(layout: _Layout) -> str:
+  return (f"a directory containing {layout.folder}/ or {layout.archive}, "
+          "that folder itself, or the archive")
+
+
+def _locate(root: str, name: str) -> tuple[str, str]:
+  """Returns ("folder" | "archive", path) for the release found at `root`."""
+  layout = _layout(name)
+  found = locate(root, name)
+  if found is not None:
+    return found
+  if not os.path.isdir(root):
+    raise DataError(f"{root}: data directory does not exist; expected "
+                    f"{_expected(layout)}")
   entries = sorted(os.listdir(root))
   shown = ", ".join(entries[:10]) + (", ..." if len(entries) > 10 else "")
-  raise DataError(f"{root}: expected {expected}; found "
+  raise DataError(f"{root}: expected {_expected(layout)}; found "
                   f"{len(entries)} entries: [{shown}]")
 
 

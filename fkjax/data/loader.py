@@ -6,6 +6,7 @@ import os
 from typing import Sequence
 
 from fkjax.data import cifar_binary
+from fkjax.data import fetch
 from fkjax.data import splits
 from fkjax.data import synthetic
 from fkjax.data import tfds_source
@@ -13,26 +14,13 @@ from fkjax.data.types import DISPLAY_NAMES
 from fkjax.data.types import NUM_CLASSES
 from fkjax.data.types import OFFICIAL_TEST_SIZE
 from fkjax.data.types import OFFICIAL_TRAIN_SIZE
-from fkjax.data.types import DataError
 from fkjax.data.types import Dataset
 from fkjax.data.types import OfficialSplits
 from fkjax.data.types import check_split
 
-DATA_DIR_ENV = "FKJAX_DATA_DIR"
+DATA_DIR_ENV = fetch.DATA_DIR_ENV
 SOURCES = ("cifar_binary", "tfds", "synthetic")
-
-
-def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> str:
-  """`data_dir` if given, else $FKJAX_DATA_DIR, else a DataError."""
-  if data_dir is not None and os.fspath(data_dir):
-    return os.fspath(data_dir)
-  from_env = os.environ.get(DATA_DIR_ENV)
-  if from_env:
-    return from_env
-  raise DataError(
-      f"no data directory: pass data_dir (config.data_dir) or set "
-      f"{DATA_DIR_ENV} to the folder holding cifar-10-batches-bin/ or "
-      "cifar-10-binary.tar.gz (cifar-100-binary/ or cifar-100-binary.tar.gz)")
+resolve_data_dir = fetch.resolve_data_dir
 
 
 def load_dataset(
@@ -51,6 +39,7 @@ def load_dataset(
     tfds_download: bool = True,
     tfds_manual_dir: str | os.PathLike[str] | None = None,
     synthetic_seed: int = 0,
+    download: bool = True,
 ) -> Dataset:
   """Loads CIFAR-10/100 from the chosen source and splits it.
 
@@ -65,7 +54,8 @@ def load_dataset(
     data_dir: for cifar_binary: the folder holding `cifar-10-batches-bin/`
       or `cifar-10-binary.tar.gz` (CIFAR-100: `cifar-100-binary/` or
       `cifar-100-binary.tar.gz`), or that extracted folder itself. None means
-      $FKJAX_DATA_DIR. Unused by the other sources.
+      $FKJAX_DATA_DIR, else `~/.cache/fkjax/data` ($XDG_CACHE_HOME/fkjax/data
+      when set). Unused by the other sources.
     val_size: validation examples taken out of the official train set.
     split_seed: seed of the train / val permutation.
     subset_per_class: keep only the first N training examples of each class
@@ -79,13 +69,17 @@ def load_dataset(
     tfds_download: let TFDS download / prepare missing data.
     tfds_manual_dir: folder holding the official archive for TFDS.
     synthetic_seed: seed of the synthetic images.
+    download: cifar_binary only: when the release is missing at the data
+      directory, download the official archive there (md5-checked, with a
+      one-line message and a progress bar on stderr). When False, a missing
+      release is a DataError naming the download command.
 
   Returns:
     A Dataset; `description` names the source and sizes for logs.
 
   Raises:
     DataError: for missing, truncated or malformed data (message names the
-      file, what was expected and what was found).
+      file, what was expected and what was found), or a failed download.
     ValueError: for invalid arguments.
   """
   if (name, label) not in NUM_CLASSES:
@@ -94,9 +88,10 @@ def load_dataset(
   num_classes = NUM_CLASSES[(name, label)]
   display = DISPLAY_NAMES[name]
   if source == "cifar_binary":
+    root = resolve_data_dir(data_dir)
+    fetch.ensure_cifar(name, root, download=download)
     official = cifar_binary.read_cifar_binary(
-        resolve_data_dir(data_dir), name, label=label,
-        strict_sizes=strict_sizes)
+        root, name, label=label, strict_sizes=strict_sizes)
     origin = f"{display} from {official.location} (cifar_binary)"
   elif source == "tfds":
     official = tfds_source.read_tfds(
