@@ -204,7 +204,7 @@ def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:
       split_seed=d.split_seed, subset_per_class=d.subset_per_class,
       test_subset_per_class=d.test_subset_per_class,
       synthetic_sizes=tuple(d.synthetic_sizes),
-      tfds_data_dir=d.tfds_data_dir)
+      tfds_data_dir=d.tfds_data_dir, download=d.get("download", True))
 
 
 @dataclasses.dataclass
@@ -223,8 +223,19 @@ class Experiment:
     mesh = parallel.make_mesh(config.num_devices or None)
     parallel.check_batch_size(config.training.batch_size, mesh)
     dataset = load_dataset(config)
-    steps = data_lib.steps_per_epoch(len(dataset.train.labels),
-                                     config.training.batch_size)
+    t = config.training
+    n = len(dataset.train.labels)
+    steps = data_lib.steps_per_epoch(n, t.batch_size, t.drop_last)
+    rest = n % t.batch_size
+    if not t.drop_last and rest % mesh.size:
+      raise run_config.ConfigError(
+          f"the last training batch ({rest} of {n} images) does not divide "
+          f"over {mesh.size} devices: set config.training.drop_last=True")
+    if config.validation.split == "val" and not len(dataset.val.labels):
+      raise run_config.ConfigError(
+          "config.validation.split='val' but config.dataset.val_size=0 "
+          "leaves no validation split: set validation.split='test' (the "
+          "authors' protocol) or a val_size")
     model = create_model(config, dataset.num_classes)
     return cls(config, dataset, model, create_optimizer(config, steps),
                steps, mesh)

@@ -127,7 +127,7 @@ def validate(config: ml_collections.ConfigDict,
               "8/255 (0.0314), not 8")
   number("attack.step_size", 0.0, 1.0, low_open=True)
   positive_int("attack.num_steps", 0)
-  choice("attack.bn_mode", ("train", "eval"))
+  choice("attack.bn_mode", ("update", "train", "eval"))
 
   _validate_sparsity(config)
 
@@ -135,6 +135,7 @@ def validate(config: ml_collections.ConfigDict,
   positive_int("validation.num_examples", 0)
   positive_int("validation.attack_steps", 0)
   choice("validation.select_by", ("natural", "pgd"))
+  choice("validation.split", ("val", "test"))
   if _get(config, "validation.select_by") == "pgd":
     _require(_get(config, "validation.attack_steps", 0) > 0,
              "validation.select_by", "pgd",

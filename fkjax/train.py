@@ -45,13 +45,51 @@ PyTree = Any
 # The jitted step.
 
 
+def pgd_updating_batch_stats(model, variables, images, labels, key, *,
+                             epsilon: float, step_size: float,
+                             num_steps: int, random_start: bool = True
+                             ) -> tuple[jax.Array, PyTree]:
+  """PGD on the cross-entropy whose forward passes update BatchNorm's
+  running averages, as a PyTorch model in ``train()`` mode does.
+
+  The same iterates as ``attacks.pgd(train_apply, ...)`` with the same key;
+  returns them with the ``batch_stats`` after ``num_steps`` updates.
+  """
+  start_key, steps_key = jax.random.split(key)
+  x = images
+  if random_start:
+    noise = attacks.common.uniform(start_key, images.shape, -epsilon, epsilon)
+    x = attacks.project(images + noise, images, epsilon)
+  params = variables["params"]
+
+  def step(carry, step_key):
+    x, stats = carry
+
+    def loss(x):
+      logits, new = model.apply({"params": params, "batch_stats": stats}, x,
+                                train=True, rngs={"noise": step_key},
+                                mutable=["batch_stats"])
+      return jnp.sum(attacks.cross_entropy(logits, labels)), new[
+          "batch_stats"]
+
+    grad, stats = jax.grad(loss, has_aux=True)(x)
+    x = attacks.project(x + step_size * jnp.sign(grad), images, epsilon)
+    return (x, stats), None
+
+  if num_steps <= 0:
+    return x, variables["batch_stats"]
+  (x, stats), _ = jax.lax.scan(step, (x, variables["batch_stats"]),
+                               jax.random.split(steps_key, num_steps))
+  return x, stats
+
+
 def make_train_step(model, optimizer: optax.GradientTransformation,
                     config: ml_collections.ConfigDict) -> Callable:
   """``train_step(state, batch, key) -> (state, metrics)``, pure."""
   eval_apply, train_apply = experiment_lib.model_fns(model)
-  attack_apply = {"train": train_apply, "eval": eval_apply}[
-      config.attack.bn_mode]
   a = config.attack
+  bn_mode = a.bn_mode
+  attack_apply = eval_apply if bn_mode == "eval" else train_apply
   pgd = functools.partial(
       attacks.pgd, epsilon=a.epsilon, step_size=a.step_size,
       num_steps=a.num_steps, random_start=a.random_start, loss="ce",
@@ -64,14 +102,20 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
     attack_key, noise_key, clean_key = jax.random.split(key, 3)
     variables = {"params": state["params"],
                  "batch_stats": state["batch_stats"]}
-    if adversarial:
+    batch_stats = state["batch_stats"]
+    if adversarial and bn_mode == "update":
+      x_train, batch_stats = pgd_updating_batch_stats(
+          model, variables, images, labels, attack_key, epsilon=a.epsilon,
+          step_size=a.step_size, num_steps=a.num_steps,
+          random_start=a.random_start)
+    elif adversarial:
       x_train = pgd(attack_apply, variables, images, labels, attack_key)
     else:
       x_train = images
 
     def loss_fn(params):
       logits, new_vars = model.apply(
-          {"params": params, "batch_stats": state["batch_stats"]}, x_train,
+          {"params": params, "batch_stats": batch_stats}, x_train,
           train=True, rngs={"noise": noise_key}, mutable=["batch_stats"])
       loss = optax.softmax_cross_entropy_with_integer_labels(
           logits, labels).mean()
@@ -96,9 +140,22 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
   return train_step
 
 
+def reset_momentum(opt_state: PyTree) -> PyTree:
+  """``opt_state`` with every momentum buffer (``optax.TraceState``) zeroed:
+  what re-creating a PyTorch SGD optimizer does, step counts kept."""
+  is_trace = lambda node: isinstance(node, optax.TraceState)
+  return jax.tree.map(
+      lambda node: node._replace(trace=jax.tree.map(jnp.zeros_like,
+                                                     node.trace))
+      if is_trace(node) else node, opt_state, is_leaf=is_trace)
+
+
 def end_of_epoch(state: dict[str, PyTree], config: ml_collections.ConfigDict
                  ) -> dict[str, PyTree]:
-  """The paper's per-epoch step: ``w <- u`` (RVSM/RGSM), ADMM reset."""
+  """The paper's per-epoch step: ``w <- u`` (RVSM/RGSM), ADMM reset; and
+  the momentum reset of ``config.training.reset_momentum``."""
+  if config.training.reset_momentum:
+    state = {**state, "opt_state": reset_momentum(state["opt_state"])}
   method = config.sparsity.method
   if method == "none":
     return state
@@ -175,7 +232,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                        donate_argnums=(0,))
   loss_check = make_loss_check(exp.model)
   eval_apply, _ = experiment_lib.model_fns(exp.model)
-  val_split = eval_run.limit(exp.dataset.val, config.validation.num_examples)
+  val_split = eval_run.limit(
+      exp.dataset.test if config.validation.split == "test"
+      else exp.dataset.val, config.validation.num_examples)
   validator = evaluate.Evaluator(eval_apply,
                                  eval_run.validation_attacks(config))
   base_key = experiment_lib.prng_key(config.seed, "train")
@@ -195,7 +254,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     batches = data_lib.train_batches(
         exp.dataset.train, t.batch_size, seed=config.seed, epoch=epoch,
         augment=t.augment, process_index=jax.process_index(),
-        process_count=jax.process_count())
+        process_count=jax.process_count(), drop_last=t.drop_last)
     # steps of this epoch already done (resuming from a mid-epoch checkpoint)
     skip = int(state["step"]) - epoch * exp.steps_per_epoch
     state_step = skip

@@ -102,7 +102,7 @@ def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
 def test_missing_data_is_one_line(tmp_path):
   proc = _run(["train.py", f"--workdir={tmp_path / 'run'}",
                "--config=configs/cpu.py",
-               f"--config.dataset.data_dir={tmp_path / 'empty'}"],
-              env={"FKJAX_NO_DOWNLOAD": "1"})
+               f"--config.dataset.data_dir={tmp_path / 'empty'}",
+               "--config.dataset.download=false"])
   _assert_one_line_error(proc, str(tmp_path / "empty"))
   assert not (tmp_path / "run" / "config.json").exists()

@@ -15,17 +15,19 @@ from fkjax.data.types import Split
 _SCALE = np.float32(1.0 / 255.0)
 
 
-def steps_per_epoch(n: int, batch_size: int) -> int:
-  """Full training batches in an epoch of n examples (the rest is dropped).
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool = True) -> int:
+  """Training batches in an epoch of n examples.
 
-  Raises ValueError when there is none: the epoch would be empty.
+  With ``drop_last`` only full batches count (the rest of the examples is
+  dropped); without it the last, smaller batch counts too. Raises ValueError
+  when there is no full batch.
   """
   if batch_size <= 0:
     raise ValueError(f"batch_size must be positive, got {batch_size}")
   if n < batch_size:
     raise ValueError(f"batch_size {batch_size} exceeds the {n} training "
                      "examples: the epoch would be empty")
-  return n // batch_size
+  return n // batch_size if drop_last else -(-n // batch_size)
 
 
 def num_eval_batches(n: int, batch_size: int) -> int:
@@ -49,6 +51,7 @@ def train_batches(
     augment: bool = True,
     process_index: int = 0,
     process_count: int = 1,
+    drop_last: bool = True,
 ) -> Iterator[dict[str, np.ndarray]]:
   """Yields one epoch of shuffled (and augmented) training batches.
 
@@ -64,30 +67,40 @@ def train_batches(
     augment: apply random crop + flip.
     process_index: this process's index in [0, process_count).
     process_count: number of processes sharing each global batch.
+    drop_last: drop the examples that do not fill a last batch (True), or
+      yield them as a last, smaller batch (its size must then also divide
+      by process_count).
 
   Yields:
     {"image": float32 (batch_size // process_count, 32, 32, 3) in [0, 1],
      "label": int32 (batch_size // process_count,)}; steps_per_epoch(N,
-    batch_size) batches, the last partial batch being dropped.
+    batch_size, drop_last) batches.
   """
   # Checked here, not inside the generator, so that bad arguments fail at
   # the call rather than at the first next().
   local = _local_size(batch_size, process_index, process_count)
   n = split.num_examples
-  steps = steps_per_epoch(n, batch_size)
+  steps = steps_per_epoch(n, batch_size, drop_last)
+  rest = n % batch_size
+  if not drop_last and rest % process_count:
+    raise ValueError(f"the last batch of {rest} examples does not divide "
+                     f"over {process_count} processes: use drop_last")
   return _train_iter(split, batch_size, steps, local, seed, epoch, augment,
-                     process_index)
+                     process_index, process_count)
 
 
 def _train_iter(split: Split, batch_size: int, steps: int, local: int,
-                seed: int, epoch: int, augment: bool,
-                process_index: int) -> Iterator[dict[str, np.ndarray]]:
+                seed: int, epoch: int, augment: bool, process_index: int,
+                process_count: int) -> Iterator[dict[str, np.ndarray]]:
   rng = np.random.default_rng([seed, epoch])
   order_rng, augment_rng = rng.spawn(2)
-  order = order_rng.permutation(split.num_examples)[:steps * batch_size]
-  params = augmentation.draw_params(augment_rng, steps * batch_size)
-  lo = process_index * local
+  n = min(split.num_examples, steps * batch_size)
+  order = order_rng.permutation(split.num_examples)[:n]
+  params = augmentation.draw_params(augment_rng, n)
   for step in range(steps):
+    size = min(batch_size, n - step * batch_size)
+    local = size // process_count
+    lo = process_index * local
     mine = slice(step * batch_size + lo, step * batch_size + lo + local)
     idx = order[mine]
     images = split.images[idx]
