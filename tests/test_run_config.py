@@ -127,3 +127,15 @@ def test_prng_streams_are_distinct_and_seed_specific():
   assert len(set(keys.values())) == len(keys)
   with pytest.raises(ValueError, match="unknown PRNG stream"):
     experiment.prng_key(0, "dropout")
+
+
+def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path, monkeypatch):
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.config.jax_compilation_cache_dir:
+    pytest.skip("a compilation cache is configured for this process")
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a folder")
+  config = tiny.get_config()
+  config.compilation_cache_dir = str(blocker / "cache")
+  with pytest.warns(RuntimeWarning, match="compilation cache disabled"):
+    assert experiment.enable_compilation_cache(config) is None

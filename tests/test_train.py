@@ -105,6 +105,14 @@ def _restore(workdir, which="latest", config=None):
     checkpointer.close()
 
 
+def test_progress_in_a_log_file_is_plain_epoch_lines(runs):
+  log = runs["full_log"]
+  assert "\r" not in log   # no tqdm bar redrawn into the file
+  epochs = [l for l in log.splitlines() if l.startswith("epoch ")]
+  assert [l.split(" |")[0] for l in epochs] == ["epoch 1", "epoch 2",
+                                               "epoch 3"]
+
+
 def test_resume_after_kill_matches_uninterrupted_run(runs):
   assert runs["kill_returncode"] == -signal.SIGKILL
   assert "resumed from step" in runs["resumed_log"]
