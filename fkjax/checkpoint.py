@@ -74,7 +74,7 @@ class _HeldLogRecords(logging.Filter):
 
   A failed write makes every orbax worker thread log its own traceback (a
   full disk gave ~1,000 lines); ``save`` raises one clear error for I/O
-  failures and replays the held records for anything else.
+  failures instead, and replays the held records otherwise.
   """
 
   def __init__(self):
@@ -88,8 +88,11 @@ class _HeldLogRecords(logging.Filter):
     return True
 
   def replay(self, logger: logging.Logger) -> None:
+    """Stops holding and emits what was held."""
+    logger.removeFilter(self)
     for record in self.records:
       logger.handle(record)
+    self.records = []
 
 
 def _preservation_policy() -> Any:
@@ -163,9 +166,9 @@ class Checkpointer:
     if val_accuracy is not None and math.isfinite(float(val_accuracy)):
       metrics = {"val_accuracy": float(val_accuracy)}
     digests = _digests(state)
-    quiet = _HeldLogRecords()
+    held = _HeldLogRecords()
     absl_logger = logging.getLogger("absl")
-    absl_logger.addFilter(quiet)
+    absl_logger.addFilter(held)
     try:
       self._manager.save(
           step, args=ocp.args.StandardSave(state), metrics=metrics,
@@ -175,8 +178,7 @@ class Checkpointer:
     except Exception as e:  # orbax wraps I/O errors in many types
       cause = _os_error(e)
       if cause is None:  # not an I/O failure: show orbax's own logs
-        absl_logger.removeFilter(quiet)
-        quiet.replay(absl_logger)
+        held.replay(absl_logger)
         raise
       target = os.path.join(self.directory, str(step))
       if cause.errno in _NO_SPACE:
@@ -189,7 +191,8 @@ class Checkpointer:
           f"{_describe_os_error(cause)}; fix this and rerun the same command "
           "to resume (the previous checkpoints are intact)") from e
     finally:
-      absl_logger.removeFilter(quiet)
+      absl_logger.removeFilter(held)  # I/O errors: the held records go
+    held.replay(absl_logger)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

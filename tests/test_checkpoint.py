@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import subprocess
 import sys
@@ -287,3 +288,31 @@ def test_interrupted_move_of_old_layout_finishes(tmp_path):
   ck = ckpt_lib.Checkpointer(str(tmp_path), must_exist=True)
   assert _steps_on_disk(tmp_path) == [4, 6, 8]
   assert (ck.latest_step(), ck.best_step()) == (8, 4)
+
+
+def test_save_leaves_logging_as_it_was(tmp_path, monkeypatch):
+  absl_logger = logging.getLogger("absl")
+  before = list(absl_logger.filters)
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(1, _state(1))
+
+  def fail(*args, **kwargs):
+    absl_logger.error("worker thread failed")  # orbax logs, then raises
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(ck._manager, "save", fail)
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  absl_logger.addHandler(handler)
+  try:
+    with pytest.raises(ckpt_lib.CheckpointError):
+      ck.save(2, _state(2))
+    assert records == []  # the clear error replaces orbax's logs
+    monkeypatch.setattr(ck._manager, "save", lambda *a, **k: (
+        absl_logger.error("unrelated"), 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+      ck.save(3, _state(3))
+    assert [r.getMessage() for r in records] == ["unrelated"]
+  finally:
+    absl_logger.removeHandler(handler)
+  assert absl_logger.filters == before
