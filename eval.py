@@ -7,7 +7,7 @@
 The run's own ``<workdir>/config.json`` says what is evaluated: no
 ``--config`` is needed, and ``--config.KEY=VALUE`` may only change how it is
 evaluated (``config.eval.*``, ``config.kernels.*``, data location, devices,
-progress). Results go to ``<workdir>/eval_<protocol>.json`` and
+progress). Results go to ``<workdir>/eval_<protocol>[_eot<K>].json`` and
 ``<workdir>/plots/*.png``.
 """
 import os
@@ -43,8 +43,11 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax import workdir  # pylint: disable=import-outside-toplevel
   experiment.enable_compilation_cache(config)
-  eval_run.evaluate_checkpoint(config, FLAGS.workdir)
+  # Evaluations may run side by side, but not while train.py writes.
+  with workdir.WorkdirLock(FLAGS.workdir, shared=True):
+    eval_run.evaluate_checkpoint(config, FLAGS.workdir)
 
 
 if __name__ == "__main__":

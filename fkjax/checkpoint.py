@@ -1,65 +1,211 @@
-"""Orbax checkpoints: the latest state (to resume) and the best one.
+"""Orbax checkpoints: the latest states (to resume) and the best one.
 
-``<workdir>/checkpoints/latest`` keeps the last two training states;
-``<workdir>/checkpoints/best`` keeps the one with the highest validation
-accuracy. Orbax writes each checkpoint to a temporary directory and renames it
-when complete, so a process killed during a save (even ``kill -9``) leaves the
-previous checkpoint intact and the partial one is ignored.
+All checkpoints live in ``<workdir>/checkpoints/<step>/``, managed by one
+orbax ``CheckpointManager`` whose preservation policy keeps
+
+* the latest ``KEEP_LATEST`` (2) checkpoints, whatever they are, and
+* the one with the highest validation accuracy among the end-of-epoch
+  checkpoints (``save(..., val_accuracy=...)``). Mid-epoch checkpoints carry
+  no metric: they never count as, nor displace, the best one.
+
+One save per epoch writes both roles, so no crash can leave "latest" and
+"best" out of step. Orbax writes each checkpoint into a temporary directory
+and renames it when complete: a process killed during a save (even
+``kill -9``) leaves the previous checkpoints intact; the partial directory
+(``*.orbax-checkpoint-tmp*``) is removed the next time training opens the
+workdir.
+
+Every checkpoint records a SHA-256 digest of each array in its orbax step
+metadata (``_CHECKPOINT_METADATA``, written inside the temporary directory,
+so it is committed with the arrays). ``restore`` recomputes the digests and
+checks that floating-point values are finite, so bytes damaged on disk raise
+``CheckpointError`` instead of restoring garbage.
+
+Workdirs written by earlier fkjax versions keep ``checkpoints/latest/<step>``
+and ``checkpoints/best/<step>``. Opening one moves those step directories
+into ``checkpoints/<step>`` (renames only; idempotent if interrupted), after
+which training resumes and evaluation reads them as usual. Such checkpoints
+have no digests: they are checked for finiteness only.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
+import logging
+import math
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as ocp_policies
+
+# Checkpoints kept besides the best one.
+KEEP_LATEST = 2
+# Key of fkjax's entry in orbax's per-step custom metadata.
+_METADATA_KEY = "fkjax"
+_DIGEST_FORMAT = "sha256-v1"
+_LEGACY_DIRS = ("best", "latest")  # best first: its copy carries the metric
+# errnos that mean "the disk cannot take more": the user must free space.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# Tensorstore's way of naming the errno in its error text.
+_TS_ERRNO = re.compile(r"os_error_code='?(\d+)")
 
 
 class CheckpointError(RuntimeError):
-  """A checkpoint is missing, corrupt, or does not match the config."""
+  """A checkpoint is missing, corrupt, unwritable, or does not match."""
 
 
-def _manager(directory: str, best: bool, must_exist: bool = False
-             ) -> ocp.CheckpointManager:
+class _DropMetriclessWarning(logging.Filter):
+  """Mid-epoch saves deliberately carry no metric; orbax warns on each."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "did not provide metrics" not in str(record.msg)
+
+
+logging.getLogger("absl").addFilter(_DropMetriclessWarning())
+
+
+class _HeldLogRecords(logging.Filter):
+  """Holds back orbax's errors during a save.
+
+  A failed write makes every orbax worker thread log its own traceback (a
+  full disk gave ~1,000 lines); ``save`` raises one clear error for I/O
+  failures instead, and replays the held records otherwise.
+  """
+
+  def __init__(self):
+    super().__init__()
+    self.records: list[logging.LogRecord] = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno >= logging.ERROR:
+      self.records.append(record)
+      return False
+    return True
+
+  def replay(self, logger: logging.Logger) -> None:
+    """Stops holding and emits what was held."""
+    logger.removeFilter(self)
+    for record in self.records:
+      logger.handle(record)
+    self.records = []
+
+
+def _preservation_policy() -> Any:
+  return ocp_policies.AnyPreservationPolicy([
+      ocp_policies.LatestN(n=KEEP_LATEST),
+      # keep_checkpoints_without_metrics=False: mid-epoch checkpoints are
+      # kept only while LatestN wants them.
+      ocp_policies.BestN(get_metric_fn=_metric, reverse=False, n=1,
+                         keep_checkpoints_without_metrics=False),
+  ])
+
+
+def _metric(metrics: Any) -> float:
+  return float(metrics["val_accuracy"])
+
+
+def _manager(directory: str, read_only: bool) -> ocp.CheckpointManager:
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=1 if best else 2,
-      best_fn=(lambda metrics: metrics["val_accuracy"]) if best else None,
+      preservation_policy=_preservation_policy(),
+      # best_fn makes orbax store the metrics and answer best_step().
+      best_fn=_metric,
       best_mode="max",
-      create=not must_exist,  # eval must not create an empty run
+      # Not orbax's read_only mode, which warns about its own defaults;
+      # Checkpointer.save refuses instead.
+      create=not read_only,
+      cleanup_tmp_directories=not read_only,
       # Saves are rare (once an epoch) and must be complete before a crash
       # test or eval reads them, so keep them synchronous.
       enable_async_checkpointing=False,
   )
-  return ocp.CheckpointManager(os.path.abspath(directory), options=options)
+  return ocp.CheckpointManager(directory, options=options)
 
 
 class Checkpointer:
-  """Saves and restores training states under ``<workdir>/checkpoints``."""
+  """Saves and restores training states under ``<workdir>/checkpoints``.
+
+  Args:
+    workdir: the run's directory.
+    must_exist: open for reading only (eval): raise ``CheckpointError`` if
+      the workdir has no checkpoints, and leave temporary directories alone
+      (a training process may be writing one).
+  """
 
   def __init__(self, workdir: str, must_exist: bool = False):
-    root = os.path.join(workdir, "checkpoints")
-    if must_exist and not os.path.isdir(root):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    if must_exist and not os.path.isdir(self.directory):
       raise CheckpointError(
           f"no checkpoints in {os.path.abspath(workdir)!r}: expected the "
-          f"directory {root!r} written by train.py")
-    self.latest = _manager(os.path.join(root, "latest"), False, must_exist)
-    self.best = _manager(os.path.join(root, "best"), True, must_exist)
+          f"directory {self.directory!r} written by train.py")
+    if jax.process_index() == 0:
+      _migrate_legacy_layout(self.directory)
+    if jax.process_count() > 1:  # others wait until the layout is final
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("fkjax_checkpointer_open")
+    self._read_only = must_exist
+    self._manager = _manager(self.directory, read_only=must_exist)
 
   def save(self, step: int, state: Any, val_accuracy: float | None = None
            ) -> None:
-    """Saves ``state`` as the latest, and as the best if it beats it."""
-    self.latest.save(step, args=ocp.args.StandardSave(state), force=True)
-    if val_accuracy is not None:
-      self.best.save(step, args=ocp.args.StandardSave(state),
-                     metrics={"val_accuracy": float(val_accuracy)}, force=True)
-    self.latest.wait_until_finished()
-    self.best.wait_until_finished()
+    """Saves ``state`` at ``step``; with ``val_accuracy``, as a best candidate.
+
+    Raises:
+      CheckpointError: the disk is full or the directory is not writable
+        (one clear line instead of orbax's traceback); the previous
+        checkpoints are intact.
+    """
+    if self._read_only:
+      raise CheckpointError(
+          f"{self.directory} was opened for reading (must_exist=True)")
+    metrics = None
+    if val_accuracy is not None and math.isfinite(float(val_accuracy)):
+      metrics = {"val_accuracy": float(val_accuracy)}
+    digests = _digests(state)
+    held = _HeldLogRecords()
+    absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(held)
+    try:
+      self._manager.save(
+          step, args=ocp.args.StandardSave(state), metrics=metrics,
+          force=True, custom_metadata={_METADATA_KEY: {
+              "format": _DIGEST_FORMAT, "digests": digests}})
+      self._manager.wait_until_finished()
+    except Exception as e:  # orbax wraps I/O errors in many types
+      cause = _os_error(e)
+      if cause is None:  # not an I/O failure: show orbax's own logs
+        held.replay(absl_logger)
+        raise
+      target = os.path.join(self.directory, str(step))
+      if cause.errno in _NO_SPACE:
+        raise CheckpointError(
+            f"no space left on device while saving checkpoint step {step} to "
+            f"{target}; free space and rerun the same command to resume "
+            "(the previous checkpoints are intact)") from e
+      raise CheckpointError(
+          f"could not write checkpoint step {step} to {target}: "
+          f"{_describe_os_error(cause)}; fix this and rerun the same command "
+          "to resume (the previous checkpoints are intact)") from e
+    finally:
+      absl_logger.removeFilter(held)  # I/O errors: the held records go
+    held.replay(absl_logger)
 
   def latest_step(self) -> int | None:
-    return self.latest.latest_step()
+    return self._manager.latest_step()
 
   def best_step(self) -> int | None:
-    return self.best.best_step()
+    """The end-of-epoch step with the highest validation accuracy."""
+    return self._manager.best_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def step_dir(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
 
   def restore(self, template: Any, which: str = "latest",
               step: int | None = None) -> tuple[int, Any]:
@@ -75,29 +221,110 @@ class Checkpointer:
       ``(step, state)``.
 
     Raises:
-      CheckpointError: nothing to restore, or the checkpoint does not match
-        ``template`` (another model or optimizer than the config says), or it
-        cannot be read.
+      CheckpointError: nothing to restore; the checkpoint does not match
+        ``template`` (another model or optimizer than the config says); it
+        cannot be read; or its values differ from those saved (corrupt) or
+        are not finite.
     """
-    manager = {"latest": self.latest, "best": self.best}[which]
+    if which not in ("latest", "best"):
+      raise ValueError(f"which must be 'latest' or 'best', not {which!r}")
     if step is None:
-      step = manager.best_step() if which == "best" else manager.latest_step()
+      step = self.best_step() if which == "best" else self.latest_step()
     if step is None:
-      raise CheckpointError(f"no {which} checkpoint in {manager.directory}")
+      raise CheckpointError(
+          f"no {which} checkpoint in {self.directory}" +
+          (" (none has finished an epoch yet)" if which == "best" else ""))
+    where = self.step_dir(step)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
-      state = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      state = self._manager.restore(step,
+                                    args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # orbax raises many types; name the cause
       raise CheckpointError(
           f"could not restore the {which} checkpoint at step {step} from "
-          f"{manager.directory}: {type(e).__name__}: {e}. Is it complete, and "
-          "was it written with the same model/optimizer config?") from e
-    _check_same_structure(template, state, f"{manager.directory}/{step}")
+          f"{where}: {type(e).__name__}: {e}. Is it complete, and was it "
+          "written with the same model/optimizer config? If it is damaged, "
+          f"delete {where} to use the previous checkpoint") from e
+    _check_same_structure(template, state, where)
+    self._verify(step, state, which)
     return step, state
 
+  def _verify(self, step: int, state: Any, which: str) -> None:
+    where = self.step_dir(step)
+    others = [s for s in self.all_steps() if s != step]
+    remedy = (f"delete {where} and rerun to fall back to another checkpoint "
+              f"(steps {', '.join(map(str, others))})" if others else
+              f"it is the only checkpoint: deleting {where} restarts "
+              "training from scratch")
+    try:
+      custom = self._manager.metadata(step).custom_metadata or {}
+    except Exception:  # unreadable metadata: the digests check will say so
+      custom = {}
+    saved = custom.get(_METADATA_KEY, {})
+    if saved.get("format") == _DIGEST_FORMAT:
+      got = _digests(state)
+      want = saved.get("digests", {})
+      bad = [k for k in sorted(set(got) | set(want))
+             if got.get(k) is not None and want.get(k) is not None
+             and got[k] != want[k]]
+      missing = sorted(set(got) ^ set(want))
+      if bad or missing:
+        names = ", ".join((bad + missing)[:3])
+        raise CheckpointError(
+            f"the {which} checkpoint step {step} is corrupt: the arrays "
+            f"read from {where} differ from those saved ({names}"
+            f"{', ...' if len(bad) + len(missing) > 3 else ''}); {remedy}")
+    nonfinite = _nonfinite_leaves(state)
+    if nonfinite:
+      raise CheckpointError(
+          f"the {which} checkpoint step {step} in {where} holds non-finite "
+          f"values ({', '.join(nonfinite[:3])}"
+          f"{', ...' if len(nonfinite) > 3 else ''}); {remedy}")
+
   def close(self) -> None:
-    self.latest.close()
-    self.best.close()
+    self._manager.close()
+
+
+# --------------------------------------------------------------------------
+# Digests and finiteness of a state's arrays.
+
+
+def _local_value(x: Any) -> np.ndarray | None:
+  """The whole array on this host, or None where it is split across hosts."""
+  if isinstance(x, jax.Array):
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if not x.is_fully_addressable:
+      if not x.sharding.is_fully_replicated:
+        return None
+      x = x.addressable_data(0)
+  return np.ascontiguousarray(np.asarray(jax.device_get(x)))
+
+
+def _digests(state: Any) -> dict[str, str | None]:
+  """``{leaf path: sha256 of dtype, shape and bytes}`` (None: not local)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    value = _local_value(leaf)
+    if value is None:
+      out[jax.tree_util.keystr(path)] = None
+      continue
+    h = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
+    h.update(value.reshape(-1).view(np.uint8))
+    out[jax.tree_util.keystr(path)] = h.hexdigest()
+  return out
+
+
+def _nonfinite_leaves(state: Any) -> list[str]:
+  bad = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    if not jax.numpy.issubdtype(leaf.dtype, jax.numpy.inexact):
+      continue
+    shards = ([s.data for s in leaf.addressable_shards]
+              if isinstance(leaf, jax.Array) else [leaf])
+    if not all(np.all(np.isfinite(np.asarray(s))) for s in shards):
+      bad.append(jax.tree_util.keystr(path))
+  return bad
 
 
 def _check_same_structure(template: Any, state: Any, where: str) -> None:
@@ -110,12 +337,75 @@ def _check_same_structure(template: Any, state: Any, where: str) -> None:
 
 
 def has_checkpoints(workdir: str) -> bool:
-  """Whether ``workdir`` holds a run's checkpoints (any complete step)."""
+  """Whether ``workdir`` holds a run's checkpoints (any complete step, in
+  this layout or the one before the single manager)."""
   root = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(root):
     return False
-  for sub in ("latest", "best"):
-    d = os.path.join(root, sub)
+  for d in (root, *(os.path.join(root, sub) for sub in _LEGACY_DIRS)):
     if os.path.isdir(d) and any(name.isdigit() for name in os.listdir(d)):
       return True
   return False
+
+
+# --------------------------------------------------------------------------
+# I/O errors.
+
+
+def _os_error(e: BaseException) -> OSError | None:
+  """The OSError behind ``e`` (its cause/context chain), if any.
+
+  Tensorstore reports write failures as ``ValueError``s whose text carries
+  the system message; those are mapped to an ``OSError`` with its errno.
+  """
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno is not None:
+      return e
+    text = str(e)
+    match = _TS_ERRNO.search(text)
+    if match:
+      code = int(match.group(1))
+      return OSError(code, os.strerror(code))
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+      if os.strerror(code) in text:
+        return OSError(code, os.strerror(code))
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def _describe_os_error(e: OSError) -> str:
+  text = e.strerror or os.strerror(e.errno or 0)
+  return f"{text} ({e.filename})" if e.filename else text
+
+
+# --------------------------------------------------------------------------
+# Workdirs written before the single manager.
+
+
+def _migrate_legacy_layout(directory: str) -> None:
+  """Moves ``latest/<step>`` and ``best/<step>`` up into ``<step>``.
+
+  Each step directory is renamed (atomic); a step present in both keeps the
+  ``best`` copy, which carries the validation metric. Running it again after
+  an interruption finishes the job.
+  """
+  legacy = [os.path.join(directory, d) for d in _LEGACY_DIRS
+            if os.path.isdir(os.path.join(directory, d))]
+  if not legacy:
+    return
+  for old in legacy:
+    for name in sorted(os.listdir(old)):
+      src = os.path.join(old, name)
+      if not (name.isdigit() and os.path.isdir(src)):
+        continue  # orbax's root metadata or a partial save: dropped below
+      dst = os.path.join(directory, name)
+      if os.path.exists(dst):
+        shutil.rmtree(src)  # the same step, already moved from best/
+      else:
+        os.rename(src, dst)
+    shutil.rmtree(old)
+  logging.getLogger(__name__).info(
+      "moved checkpoints of the old layout (checkpoints/latest, "
+      "checkpoints/best) into %s", directory)

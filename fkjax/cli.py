@@ -38,8 +38,9 @@ def user_error_types() -> tuple[type[BaseException], ...]:
   from fkjax import data  # pylint: disable=import-outside-toplevel
   from fkjax import run_config  # pylint: disable=import-outside-toplevel
   from fkjax import errors  # pylint: disable=import-outside-toplevel
+  from fkjax import workdir  # pylint: disable=import-outside-toplevel
   return (run_config.ConfigError, data.DataError, checkpoint.CheckpointError,
-          errors.TrainingError)
+          errors.TrainingError, workdir.WorkdirError)
 
 
 def _message(exc: BaseException) -> str:

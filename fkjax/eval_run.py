@@ -8,14 +8,12 @@ results of different protocols never overwrite each other:
 
 * ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws):
   ``eval.py`` with the paper's protocol;
-* ``eval_final.json``: the short evaluation ``train.py`` runs at the end.
+* ``final_eval.json``: the short evaluation ``train.py`` runs at the end.
 """
 from __future__ import annotations
 
-import datetime
 import functools
 import os
-import subprocess
 from typing import Any, Iterator
 
 import jax
@@ -30,6 +28,7 @@ from fkjax import metric_logging
 from fkjax import parallel
 from fkjax import run_config
 from fkjax import sparsity
+from fkjax import workdir as workdir_lib
 
 
 def limit(split: data_lib.Split, num_examples: int) -> data_lib.Split:
@@ -81,41 +80,15 @@ def validation_attacks(config: ml_collections.ConfigDict
   return suite
 
 
-def result_file(config: ml_collections.ConfigDict, final: bool = False
-                ) -> str:
-  """The result file's name for the protocol ``config.eval`` describes."""
+def result_file(workdir: str, config: ml_collections.ConfigDict,
+                final: bool = False) -> str:
+  """The result file of the protocol ``config.eval`` describes (see
+  :func:`fkjax.workdir.result_path`)."""
   if final:
-    return "eval_final.json"
+    return workdir_lib.result_path(workdir, workdir_lib.FINAL)
   eot = config.eval.eot_samples
-  return f"eval_{config.eval.get('protocol', 'paper')}" + (
-      f"_eot{eot}" if eot > 1 else "") + ".json"
-
-
-def _git_commit() -> str | None:
-  here = os.path.dirname(os.path.abspath(__file__))
-  try:
-    out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"],
-                         capture_output=True, text=True, timeout=10,
-                         check=True)
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return out.stdout.strip() or None
-
-
-def provenance(config: ml_collections.ConfigDict, step: int,
-               data_description: str) -> dict[str, Any]:
-  """What produced a result: config, code version, checkpoint, data, date."""
-  import fkjax  # pylint: disable=import-outside-toplevel
-  return {
-      "config": run_config.as_dict(config),
-      "fkjax_version": fkjax.__version__,
-      "git_commit": _git_commit(),
-      "checkpoint": config.eval.checkpoint,
-      "checkpoint_step": step,
-      "data": data_description,
-      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-          timespec="seconds"),
-  }
+  return workdir_lib.result_path(workdir, config.eval.protocol,
+                                 eot=eot if eot > 1 else None)
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
@@ -127,8 +100,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
                         ) -> dict[str, Any]:
   """Restores a checkpoint and measures A1..A5 and sparsity on the test set.
 
-  Writes ``<workdir>/<result_file(config, final)>`` (and PNG plots if
-  asked). ``final`` marks train.py's own short evaluation.
+  Writes ``result_file(workdir, config, final)`` (and PNG plots if asked).
+  ``final`` marks train.py's own short evaluation.
   """
   from fkjax import plots as plots_lib  # matplotlib only when needed
 
@@ -150,7 +123,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   report = sparsity.sparsity_report(variables["params"],
                                     group=config.sparsity.group)
   results.update(
-      protocol="final" if final else config.eval.get("protocol", "paper"),
+      protocol=workdir_lib.FINAL if final else config.eval.protocol,
       step=step, eot_samples=config.eval.eot_samples,
       attack_settings={
           "epsilon": config.attack.epsilon,
@@ -161,12 +134,14 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
           "nattack_population": config.eval.nattack_population},
       weight_sparsity=report.weight_sparsity,
       total_weight_sparsity=report.total_weight_sparsity,
-      channel_sparsity=report.channel_sparsity,
-      **provenance(config, step, exp.dataset.description))
+      channel_sparsity=report.channel_sparsity)
   table = evaluate.format_table(results, sparsity=report.weight_sparsity,
                                 channel_sparsity=report.channel_sparsity)
-  path = os.path.join(workdir, result_file(config, final))
-  evaluate.save_json(results, path)
+  path = result_file(workdir, config, final)
+  if jax.process_index() == 0:
+    workdir_lib.write_results(path, results, workdir_lib.results_metadata(
+        config, step=step, data=exp.dataset.description,
+        checkpoint=config.eval.checkpoint, protocol=results["protocol"]))
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(variables["params"], report,
                                           os.path.join(workdir, "plots"))

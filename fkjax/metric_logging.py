@@ -1,39 +1,73 @@
-"""Per-epoch metrics: ``<workdir>/metrics.jsonl`` and TensorBoard event files.
+"""Per-epoch metrics, TensorBoard event files, and progress output.
 
-TensorBoard files are written with tensorboardX, a small pure-Python writer:
-CLU's metric writers need TensorFlow for TensorBoard summaries, which fkjax
-does not otherwise require. ``tensorboard --logdir <workdir>/tensorboard``.
+``MetricLogger.write`` appends one JSON line to ``<workdir>/metrics.jsonl``
+and the scalars to ``<workdir>/tensorboard``, and both are on disk (flushed
+and ``fsync``'d) when it returns. Call it before saving the epoch's
+checkpoint: a process killed in between then loses nothing, and the resumed
+run logs that epoch again. ``read_metrics`` returns one record per epoch (the
+last one logged), and TensorBoard hides the superseded scalars (the writer
+marks the resumed step as a restart point, tensorboard's ``purge_step``).
+
+TensorBoard files are written with tensorboardX's protobufs and record
+writer, but synchronously: its ``SummaryWriter`` queues events for a
+background thread that writes them up to ``flush_secs`` (2 minutes) later,
+so a ``kill -9`` lost the last epoch's scalars. (CLU's metric writers need
+TensorFlow, which fkjax does not otherwise require.)
+``tensorboard --logdir <workdir>/tensorboard``.
+
+``progress(iterable, ...)`` shows a tqdm bar on a terminal and plain lines
+(``epoch 3/200: 120/391 steps ...``) every ``interval`` seconds otherwise,
+so that logs of ``nohup``/SLURM runs stay readable and greppable.
 """
 from __future__ import annotations
 
+import glob
+import itertools
 import json
 import os
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping, TextIO
+
+import tqdm
 
 
 class MetricLogger:
-  """Appends metrics to JSON lines and TensorBoard; prints text lines."""
+  """Appends metrics to JSON lines and TensorBoard; prints text lines.
+
+  Args:
+    workdir: the run's directory.
+    enabled: False on all but one process of a multi-process run.
+  """
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
     self._path = os.path.join(workdir, "metrics.jsonl")
-    self._tb = None
-    if enabled:
-      from tensorboardX import SummaryWriter  # imported lazily: slow import
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self._tb_dir = os.path.join(workdir, "tensorboard")
+    self._tb = None  # opened at the first write: its step marks a restart
+    self._checked_tail = False
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """Appends a record; on disk when this returns."""
     if not self.enabled:
       return
     record = {"step": step, "time": time.time(), **metrics}
+    os.makedirs(os.path.dirname(self._path) or ".", exist_ok=True)
+    line = json.dumps(record) + "\n"
+    if not self._checked_tail:
+      # A line cut short by a crash must not swallow this one.
+      self._checked_tail = True
+      if not _ends_with_newline(self._path):
+        line = "\n" + line
     with open(self._path, "a") as f:
-      f.write(json.dumps(record) + "\n")
-    for name, value in metrics.items():
-      if isinstance(value, (int, float)):
-        self._tb.add_scalar(name, value, step)
-    self._tb.flush()
+      f.write(line)
+      f.flush()
+      os.fsync(f.fileno())
+    if self._tb is None:
+      self._tb = _EventFile(self._tb_dir, first_step=step)
+    self._tb.write_scalars(
+        step, {k: v for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
   def log_text(self, text: str) -> None:
     if self.enabled:
@@ -42,15 +76,89 @@ class MetricLogger:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+      self._tb = None
+
+
+_EVENT_FILES = itertools.count()
+
+
+def _ends_with_newline(path: str) -> bool:
+  try:
+    with open(path, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      if f.tell() == 0:
+        return True
+      f.seek(-1, os.SEEK_END)
+      return f.read(1) == b"\n"
+  except FileNotFoundError:
+    return True
+
+
+class _EventFile:
+  """A TensorBoard event file written and fsync'd event by event."""
+
+  def __init__(self, logdir: str, first_step: int):
+    from tensorboardX.event_file_writer import EventsWriter  # slow import
+    from tensorboardX.proto import event_pb2
+    from tensorboardX import summary
+    self._event_pb2 = event_pb2
+    self._summary = summary
+    resumed = bool(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+    os.makedirs(logdir, exist_ok=True)
+    # File names hold the time in seconds: the suffix keeps a quick restart
+    # from reusing (and truncating) the previous writer's file.
+    self._writer = EventsWriter(
+        os.path.join(logdir, "events"),
+        filename_suffix=f".{os.getpid()}.{next(_EVENT_FILES)}")
+    if resumed:
+      # TensorBoard drops earlier events at or after this step: scalars of an
+      # epoch logged before a crash and logged again after the resume.
+      # (The same two events as tensorboardX's ``purge_step``.)
+      self._writer.write_event(event_pb2.Event(
+          step=first_step, wall_time=time.time(),
+          file_version="brain.Event:2"))
+      self._writer.write_event(event_pb2.Event(
+          step=first_step, wall_time=time.time(),
+          session_log=event_pb2.SessionLog(
+              status=event_pb2.SessionLog.START)))
+    self._writer.flush()
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    now = time.time()
+    for name, value in scalars.items():
+      self._writer.write_event(self._event_pb2.Event(
+          step=step, wall_time=now,
+          summary=self._summary.scalar(name, float(value))))
+    self._writer.flush()  # flush + fsync
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """The records of ``metrics.jsonl`` (a resumed run may repeat an epoch)."""
+  """The records of ``metrics.jsonl``, one per epoch.
+
+  A resumed run logs again the epochs after its checkpoint: the last record
+  of each epoch (or step, for records without an epoch) wins. Sorted by
+  epoch; a line cut short by a crash is skipped.
+  """
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
+  records: dict[tuple[str, Any], dict[str, Any]] = {}
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    for line in f:
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a line cut short by a crash (or a full disk)
+      key = (("epoch", record["epoch"]) if "epoch" in record
+             else ("step", record.get("step")))
+      records[key] = record
+  return sorted(records.values(),
+                key=lambda r: (r.get("epoch", 0), r.get("step", 0)))
 
 
 def format_epoch(m: Mapping[str, Any]) -> str:
@@ -66,3 +174,109 @@ def format_epoch(m: Mapping[str, Any]) -> str:
   if m.get("train_images_per_second"):
     parts[-1] += f" ({m['train_images_per_second']:.0f} images/s)"
   return " | ".join(parts)
+
+
+# --------------------------------------------------------------------------
+# Progress.
+
+
+def progress(iterable: Iterable[Any], total: int | None = None,
+             desc: str = "", *, initial: int = 0, unit: str = "it",
+             disable: bool = False, leave: bool = True,
+             stream: TextIO | None = None, interval: float = 30.0
+             ) -> Any:
+  """A progress display over ``iterable``: tqdm on a terminal, lines otherwise.
+
+  On a terminal this is ``tqdm.tqdm(...)``. When ``stream`` (default
+  ``sys.stderr``) is not a terminal, it returns a plain iterator that prints
+  ``<desc>: <n>/<total> <unit>s (<percent>%) <elapsed>s <postfix>`` as one
+  line at most every ``interval`` seconds and once at the end, so a
+  redirected log has whole lines (``grep '^epoch' log``) instead of one
+  carriage-return-joined line per epoch. Both support ``set_postfix``,
+  ``update`` and ``close``.
+
+  Args:
+    iterable: what to iterate over.
+    total: its length, if known.
+    desc: the line prefix (e.g. ``"epoch 3/200"``).
+    initial: steps already done (a resumed epoch).
+    unit: what one item is (``"step"``, ``"batch"``).
+    disable: show nothing.
+    leave: keep the tqdm bar when done (terminal only).
+    stream: where to write (default ``sys.stderr``).
+    interval: seconds between plain lines.
+  """
+  stream = sys.stderr if stream is None else stream
+  if disable:
+    return tqdm.tqdm(iterable, total=total, disable=True)
+  isatty = getattr(stream, "isatty", None)
+  if isatty is not None and isatty():
+    return tqdm.tqdm(iterable, total=total, desc=desc, initial=initial,
+                     unit=unit, leave=leave, file=stream)
+  return PlainProgress(iterable, total=total, desc=desc, initial=initial,
+                       unit=unit, stream=stream, interval=interval)
+
+
+class PlainProgress:
+  """Whole-line progress reports for logs (see ``progress``)."""
+
+  def __init__(self, iterable: Iterable[Any] | None, total: int | None,
+               desc: str, *, initial: int = 0, unit: str = "it",
+               stream: TextIO | None = None, interval: float = 30.0):
+    self._iterable = iterable
+    self.total = total
+    self.n = initial
+    self._initial = initial
+    self.desc = desc
+    self._unit = unit
+    self._stream = sys.stderr if stream is None else stream
+    self._interval = interval
+    self._start = time.monotonic()
+    self._last_print = self._start
+    self._postfix = ""
+    self._closed = False
+
+  def __iter__(self) -> Iterator[Any]:
+    for item in self._iterable:
+      yield item
+      self.update(1)
+    self.close()
+
+  def __len__(self) -> int:
+    return self.total if self.total is not None else len(self._iterable)
+
+  def update(self, n: int = 1) -> None:
+    self.n += n
+    now = time.monotonic()
+    if now - self._last_print >= self._interval:
+      self._print(now)
+
+  def set_postfix(self, ordered_dict: Mapping[str, Any] | None = None,
+                  refresh: bool = True, **kwargs: Any) -> None:
+    del refresh  # lines are printed on schedule, not on change
+    items = {**(ordered_dict or {}), **kwargs}
+    self._postfix = ", ".join(f"{k}={v}" for k, v in items.items())
+
+  def set_description(self, desc: str, refresh: bool = True) -> None:
+    del refresh
+    self.desc = desc
+
+  def close(self) -> None:
+    if not self._closed:
+      self._closed = True
+      if self.n > self._initial:
+        self._print(time.monotonic())
+
+  def _print(self, now: float) -> None:
+    self._last_print = now
+    done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
+    pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+    elapsed = now - self._start
+    rate = (self.n - self._initial) / elapsed if elapsed > 0 else 0.0
+    parts = [f"{self.desc}: " if self.desc else "",
+             f"{done} {self._unit}s{pct}, {elapsed:.0f}s, "
+             f"{rate:.3g} {self._unit}s/s"]
+    if self._postfix:
+      parts.append(f", {self._postfix}")
+    self._stream.write("".join(parts) + "\n")
+    self._stream.flush()

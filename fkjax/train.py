@@ -17,7 +17,6 @@ import functools
 import itertools
 import math
 import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -25,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
-import tqdm
 
 from fkjax import attacks
 from fkjax import checkpoint as ckpt_lib
@@ -37,6 +35,7 @@ from fkjax import metric_logging
 from fkjax import parallel
 from fkjax import run_config
 from fkjax import sparsity
+from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
 
 PyTree = Any
@@ -206,8 +205,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     A summary: the last validation metrics and the test evaluation.
   """
   run_config.validate(config)
-  has_run = ckpt_lib.has_checkpoints(workdir)
-  if has_run:
+  # One writer per workdir: a second train.py on it stops here.
+  lock = workdir_lib.WorkdirLock(workdir) if jax.process_index() == 0 else None
+  if lock is not None:
+    lock.acquire()
+  try:
+    return _train_and_evaluate(config, workdir)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict,
+                        workdir: str) -> dict[str, Any]:
+  if ckpt_lib.has_checkpoints(workdir):
     run_config.check_same_run(config, workdir)
   exp = experiment_lib.Experiment.build(config)
   os.makedirs(workdir, exist_ok=True)
@@ -245,8 +256,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   val_summary: dict[str, Any] = {}
   synthetic = " [SYNTHETIC DATA]" if exp.dataset.is_synthetic else ""
   schedule = experiment_lib.learning_rate_schedule(config, exp.steps_per_epoch)
-  # tqdm bars only on a terminal; a log file gets the plain epoch lines.
-  show_bar = config.progress and sys.stdout.isatty()
 
   first_epoch = int(state["step"]) // exp.steps_per_epoch
   for epoch in range(first_epoch, t.num_epochs):
@@ -260,9 +269,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     state_step = skip
     batches = itertools.islice(batches, skip, None)
     sums: dict[str, float] = {}
-    bar = tqdm.tqdm(batches, total=exp.steps_per_epoch, initial=skip,
-                    desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}",
-                    unit="step", disable=not show_bar, leave=False)
+    bar = metric_logging.progress(
+        batches, total=exp.steps_per_epoch, initial=skip,
+        desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}", unit="step",
+        disable=not config.progress, leave=False)
     # Metrics are read one step late, so that the host prepares the next
     # batch while the device still runs this step (reading them at once
     # would wait for the device every step).

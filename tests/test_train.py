@@ -76,7 +76,7 @@ def runs(tmp_path_factory):
   proc = subprocess.Popen(_cmd("train.py", killed, ONE_DEVICE), cwd=REPO,
                           env=_env(cache), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
-  marker = killed / "checkpoints" / "latest" / "6"
+  marker = killed / "checkpoints" / "6"
   deadline = time.time() + 300
   while not marker.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
@@ -84,7 +84,7 @@ def runs(tmp_path_factory):
   proc.wait()
   out["kill_returncode"] = proc.returncode
   # A save that was cut short leaves an orbax temporary directory behind.
-  partial = killed / "checkpoints" / "latest" / "10.orbax-checkpoint-tmp"
+  partial = killed / "checkpoints" / "10.orbax-checkpoint-tmp"
   partial.mkdir(parents=True, exist_ok=True)
   (partial / "garbage").write_bytes(b"\x00" * 10)
   out["killed"] = killed
@@ -174,7 +174,7 @@ def test_epoch_end_projection_makes_params_sparse(runs):
 
 def test_eval_restores_and_reproduces_train_numbers(runs):
   workdir = runs["full"]
-  from_train = json.loads((workdir / "eval_final.json").read_text())
+  from_train = json.loads((workdir / "final_eval.json").read_text())
   # No --config: the run's own config.json says what is evaluated.
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={workdir}",
@@ -184,10 +184,12 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
   assert proc.returncode == 0, proc.stderr
   from_eval = json.loads((workdir / "eval_paper.json").read_text())
   # train.py's own final evaluation is a separate file, left untouched.
-  assert json.loads((workdir / "eval_final.json").read_text()) == from_train
-  assert from_eval["config"]["sparsity"]["lamb"] == tiny.get_config(
-      ).sparsity.lamb
-  assert from_eval["checkpoint_step"] == from_eval["step"]
+  assert json.loads((workdir / "final_eval.json").read_text()) == from_train
+  meta = from_eval["metadata"]
+  assert meta["config"]["sparsity"]["lamb"] == tiny.get_config().sparsity.lamb
+  assert meta["step"] == from_eval["step"] and meta["protocol"] == "paper"
+  assert from_eval["attack_settings"]["epsilon"] == meta["config"]["attack"][
+      "epsilon"]
   assert from_eval["step"] == from_train["step"]
   for name in ("natural", "fgsm"):
     assert (from_eval["attacks"][name]["accuracy"] ==
@@ -196,6 +198,38 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
   assert "A1 natural" in proc.stdout
   for png in ("weight_histogram.png", "channel_norms.png", "conv_filters.png"):
     assert (workdir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rerunning_a_finished_run_keeps_other_results(runs, tmp_path):
+  workdir = tmp_path / "finished"
+  shutil.copytree(runs["full"], workdir)
+  marker = {"attacks": {"nattack": {"accuracy": 12.5}}, "hours": 9}
+  (workdir / "eval_paper.json").write_text(json.dumps(marker))
+  proc = _run("train.py", workdir, ONE_DEVICE, runs["cache"])
+  assert "resumed from step 12" in proc.stdout
+  assert json.loads((workdir / "eval_paper.json").read_text()) == marker
+  assert (workdir / "final_eval.json").exists()
+
+
+def test_a_second_writer_is_refused_in_one_line(runs, tmp_path):
+  workdir = tmp_path / "busy"
+  first = subprocess.Popen(_cmd("train.py", workdir, ONE_DEVICE), cwd=REPO,
+                           env=_env(runs["cache"]), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 300
+    while (not (workdir / "config.json").exists() and first.poll() is None
+           and time.time() < deadline):
+      time.sleep(0.05)
+    assert first.poll() is None, "the first run ended too early"
+    second = _run("train.py", workdir, ONE_DEVICE, runs["cache"], check=False)
+  finally:
+    first.kill()
+    first.wait()
+  assert second.returncode == 1
+  assert second.stderr.startswith("error: ") and "in use by process" in (
+      second.stderr), second.stderr
+  assert len(second.stderr.strip().splitlines()) == 1
 
 
 def test_cli_overrides_are_recorded_and_bad_keys_rejected(runs, tmp_path):
@@ -264,11 +298,11 @@ def test_eval_errors_are_clear(runs, tmp_path):
 
   corrupt = tmp_path / "corrupt"
   shutil.copytree(runs["full"], corrupt)
-  best = corrupt / "checkpoints" / "best"
-  for path in best.rglob("*"):
+  for path in (corrupt / "checkpoints").rglob("*"):
     if path.is_file() and path.stat().st_size > 1000:
       path.write_bytes(path.read_bytes()[:100])
-  with pytest.raises(ckpt_lib.CheckpointError, match="could not restore"):
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match="could not restore|is corrupt"):
     _restore(corrupt, "best")
 
 
@@ -299,4 +333,4 @@ def test_two_process_run_on_localhost_matches_one_device(runs):
              for line in open(w / "metrics.jsonl")]
             for w in (runs["full"], workdir)]
   np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
-  assert (workdir / "checkpoints" / "latest" / "12").is_dir()
+  assert (workdir / "checkpoints" / "12").is_dir()

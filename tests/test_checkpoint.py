@@ -1,0 +1,318 @@
+"""Checkpointer: retention of latest/best, verification, I/O errors, layouts."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from fkjax import checkpoint as ckpt_lib
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _state(step, size=64):
+  """A small training-state-like tree whose values depend on ``step``."""
+  key = jax.random.key(step)
+  return {"step": jnp.asarray(step, jnp.int32),
+          "params": {"w": jax.random.normal(key, (size,)),
+                     "b": jnp.full((3,), float(step))},
+          "opt_state": {"momentum": jnp.arange(size, dtype=jnp.float32)
+                        * step}}
+
+
+def _steps_on_disk(workdir):
+  root = Path(workdir) / "checkpoints"
+  return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())
+
+
+def _assert_state_equal(a, b):
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(a),
+               jax.device_get(b))
+
+
+def test_one_manager_keeps_latest_two_and_the_best(tmp_path):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(2, _state(2))                        # mid-epoch: no metric
+  assert ck.best_step() is None                # it is no "best" candidate
+  ck.save(4, _state(4), val_accuracy=0.5)      # epoch 1
+  ck.save(6, _state(6))
+  ck.save(8, _state(8), val_accuracy=0.3)      # epoch 2, worse
+  assert (ck.latest_step(), ck.best_step()) == (8, 4)
+  assert _steps_on_disk(tmp_path) == [4, 6, 8]
+  # Mid-epoch saves roll the latest two along without displacing the best.
+  ck.save(10, _state(10))
+  ck.save(11, _state(11))
+  assert _steps_on_disk(tmp_path) == [4, 10, 11]
+  assert ck.best_step() == 4
+  ck.save(12, _state(12), val_accuracy=0.7)    # epoch 3, the new best
+  assert _steps_on_disk(tmp_path) == [11, 12]
+  assert (ck.latest_step(), ck.best_step()) == (12, 12)
+  ck.close()
+
+  reopened = ckpt_lib.Checkpointer(str(tmp_path), must_exist=True)
+  assert (reopened.latest_step(), reopened.best_step()) == (12, 12)
+  step, state = reopened.restore(_state(0), "latest")
+  assert step == 12
+  _assert_state_equal(state, _state(12))
+  reopened.close()
+
+
+def test_best_restores_the_best_epoch(tmp_path):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(4, _state(4), val_accuracy=0.9)
+  ck.save(8, _state(8), val_accuracy=0.1)
+  ck.save(9, _state(9))
+  step, state = ck.restore(_state(0), "best")
+  assert step == 4
+  _assert_state_equal(state, _state(4))
+  with pytest.raises(ckpt_lib.CheckpointError, match="no best checkpoint"):
+    ckpt_lib.Checkpointer(str(tmp_path / "fresh")).restore(_state(0), "best")
+  ck.close()
+
+
+def test_read_only_checkpointer_refuses_to_save(tmp_path):
+  with pytest.raises(ckpt_lib.CheckpointError, match="no checkpoints"):
+    ckpt_lib.Checkpointer(str(tmp_path / "nowhere"), must_exist=True)
+  assert not (tmp_path / "nowhere").exists()
+  ckpt_lib.Checkpointer(str(tmp_path)).save(1, _state(1))
+  reader = ckpt_lib.Checkpointer(str(tmp_path), must_exist=True)
+  with pytest.raises(ckpt_lib.CheckpointError, match="for reading"):
+    reader.save(2, _state(2))
+
+
+def test_partial_save_is_removed_by_the_next_writer_only(tmp_path):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(4, _state(4), val_accuracy=0.5)
+  ck.close()
+  partial = tmp_path / "checkpoints" / "6.orbax-checkpoint-tmp"
+  partial.mkdir()
+  (partial / "garbage").write_bytes(b"\0" * 10)
+  reader = ckpt_lib.Checkpointer(str(tmp_path), must_exist=True)
+  assert partial.exists()  # a training process may be writing it
+  assert reader.latest_step() == 4
+  writer = ckpt_lib.Checkpointer(str(tmp_path))
+  writer.save(6, _state(6))
+  assert not partial.exists()
+  assert _steps_on_disk(tmp_path) == [4, 6]
+
+
+def _data_files(step_dir):
+  """The array chunk files of an ocdbt checkpoint, largest first."""
+  files = [p for p in Path(step_dir).rglob("*")
+           if p.is_file() and p.parent.name == "d"]
+  assert files, f"no ocdbt data files under {step_dir}"
+  return sorted(files, key=lambda p: p.stat().st_size, reverse=True)
+
+
+def test_flipped_bytes_in_a_chunk_are_detected(tmp_path):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(4, _state(4, size=4096), val_accuracy=0.5)
+  ck.save(8, _state(8, size=4096))
+  chunk = _data_files(tmp_path / "checkpoints" / "8")[0]
+  data = bytearray(chunk.read_bytes())
+  middle = len(data) // 2
+  data[middle:middle + 8] = bytes(b ^ 0xFF for b in data[middle:middle + 8])
+  chunk.write_bytes(bytes(data))
+  with pytest.raises(ckpt_lib.CheckpointError) as info:
+    ck.restore(_state(0, size=4096), "latest")
+  message = str(info.value)
+  assert "step 8 is corrupt" in message
+  assert f"delete {tmp_path / 'checkpoints' / '8'}" in message
+  assert "steps 4" in message
+  # The advice works: without step 8 the previous checkpoint restores.
+  ck.close()
+  import shutil
+  shutil.rmtree(tmp_path / "checkpoints" / "8")
+  step, state = ckpt_lib.Checkpointer(str(tmp_path)).restore(
+      _state(0, size=4096), "latest")
+  assert step == 4
+  _assert_state_equal(state, _state(4, size=4096))
+
+
+def test_truncated_chunk_is_an_error(tmp_path):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(3, _state(3, size=4096))
+  chunk = _data_files(tmp_path / "checkpoints" / "3")[0]
+  chunk.write_bytes(chunk.read_bytes()[:100])
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match="could not restore|corrupt"):
+    ck.restore(_state(0, size=4096), "latest")
+
+
+def test_nonfinite_values_are_refused(tmp_path):
+  state = _state(5)
+  state["opt_state"]["momentum"] = state["opt_state"]["momentum"].at[3].set(
+      jnp.inf)
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(5, state)
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"non-finite values \(\['opt_state'\]\['momentum'\]"
+                     ) as info:
+    ck.restore(_state(0), "latest")
+  assert "only checkpoint" in str(info.value)
+
+
+def test_wrong_structure_is_an_error(tmp_path):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(1, _state(1, size=8))
+  with pytest.raises(ckpt_lib.CheckpointError, match="config"):
+    ck.restore(_state(0, size=16), "latest")
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+    OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)),
+    # how tensorstore reports it, wrapped by orbax
+    RuntimeError("save failed"),
+])
+def test_full_disk_is_one_clear_error(tmp_path, monkeypatch, error):
+  if isinstance(error, RuntimeError):
+    error.__cause__ = ValueError(
+        'OUT_OF_RANGE: Error writing "w/0" in OCDBT database: Failed to '
+        "write 1009211 bytes to file 7: No space left on device "
+        "[os_error_code='28']")
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(4, _state(4), val_accuracy=0.5)
+
+  def fail(*args, **kwargs):
+    raise error
+  monkeypatch.setattr(ck._manager, "save", fail)
+  with pytest.raises(ckpt_lib.CheckpointError) as info:
+    ck.save(8, _state(8), val_accuracy=0.9)
+  target = tmp_path / "checkpoints" / "8"
+  assert str(info.value).startswith(
+      f"no space left on device while saving checkpoint step 8 to {target}; "
+      "free space and rerun the same command to resume")
+  monkeypatch.undo()
+  assert (ck.latest_step(), ck.best_step()) == (4, 4)
+
+
+def test_other_errors_pass_through(tmp_path, monkeypatch):
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+
+  def fail(*args, **kwargs):
+    raise TypeError("not an I/O problem")
+  monkeypatch.setattr(ck._manager, "save", fail)
+  with pytest.raises(TypeError, match="not an I/O problem"):
+    ck.save(1, _state(1))
+
+
+_WRITE_FAILURE = textwrap.dedent("""
+    import resource, signal, sys
+    import jax, jax.numpy as jnp
+    from fkjax import checkpoint as ckpt_lib
+    ck = ckpt_lib.Checkpointer(sys.argv[1])
+    ck.save(1, {"w": jnp.ones((8,))}, val_accuracy=0.1)
+    # Files above 64 KiB fail with EFBIG, as a full disk fails with ENOSPC.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+    try:
+      ck.save(2, {"w": jax.random.normal(jax.random.key(0), (200_000,))},
+              val_accuracy=0.2)
+    except ckpt_lib.CheckpointError as e:
+      print("error:", e, file=sys.stderr)
+      sys.exit(1)
+""")
+
+
+def test_real_write_failure_is_one_line(tmp_path):
+  """A write that fails inside tensorstore: one line, no orbax tracebacks."""
+  proc = subprocess.run([sys.executable, "-c", _WRITE_FAILURE,
+                         str(tmp_path)], cwd=REPO, capture_output=True,
+                        text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert proc.returncode == 1, proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith(
+      f"error: could not write checkpoint step 2 to "
+      f"{tmp_path / 'checkpoints' / '2'}: File too large;")
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  assert ck.all_steps() == [1]
+  step, state = ck.restore({"w": jnp.zeros((8,))}, "best")
+  assert step == 1
+  np.testing.assert_array_equal(state["w"], np.ones(8))
+
+
+def _legacy_workdir(workdir):
+  """Checkpoints as fkjax wrote them with two managers (latest + best)."""
+  root = Path(workdir) / "checkpoints"
+  latest = ocp.CheckpointManager(
+      str(root / "latest"),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=2, enable_async_checkpointing=False))
+  best = ocp.CheckpointManager(
+      str(root / "best"),
+      options=ocp.CheckpointManagerOptions(
+          max_to_keep=1, best_fn=lambda m: m["val_accuracy"], best_mode="max",
+          enable_async_checkpointing=False))
+  for step, acc in ((4, 0.8), (6, None), (8, 0.2)):
+    latest.save(step, args=ocp.args.StandardSave(_state(step)), force=True)
+    if acc is not None:
+      best.save(step, args=ocp.args.StandardSave(_state(step)),
+                metrics={"val_accuracy": acc}, force=True)
+  latest.close()
+  best.close()
+  return root
+
+
+def test_old_layout_is_moved_and_resumes(tmp_path):
+  root = _legacy_workdir(tmp_path)
+  assert sorted(p.name for p in (root / "latest").iterdir()
+                if p.name.isdigit()) == ["6", "8"]
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  assert not (root / "latest").exists() and not (root / "best").exists()
+  assert (ck.latest_step(), ck.best_step()) == (8, 4)
+  for which, want in (("latest", 8), ("best", 4)):
+    step, state = ck.restore(_state(0), which)
+    assert step == want
+    _assert_state_equal(state, _state(want))
+  ck.save(10, _state(10), val_accuracy=0.5)
+  assert _steps_on_disk(tmp_path) == [4, 8, 10]
+  assert ck.best_step() == 4
+
+
+def test_interrupted_move_of_old_layout_finishes(tmp_path):
+  root = _legacy_workdir(tmp_path)
+  os.rename(root / "best" / "4", root / "4")  # killed after the first rename
+  ck = ckpt_lib.Checkpointer(str(tmp_path), must_exist=True)
+  assert _steps_on_disk(tmp_path) == [4, 6, 8]
+  assert (ck.latest_step(), ck.best_step()) == (8, 4)
+
+
+def test_save_leaves_logging_as_it_was(tmp_path, monkeypatch):
+  absl_logger = logging.getLogger("absl")
+  before = list(absl_logger.filters)
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(1, _state(1))
+
+  def fail(*args, **kwargs):
+    absl_logger.error("worker thread failed")  # orbax logs, then raises
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(ck._manager, "save", fail)
+  records = []
+  handler = logging.Handler()
+  handler.emit = records.append
+  absl_logger.addHandler(handler)
+  try:
+    with pytest.raises(ckpt_lib.CheckpointError):
+      ck.save(2, _state(2))
+    assert records == []  # the clear error replaces orbax's logs
+    monkeypatch.setattr(ck._manager, "save", lambda *a, **k: (
+        absl_logger.error("unrelated"), 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+      ck.save(3, _state(3))
+    assert [r.getMessage() for r in records] == ["unrelated"]
+  finally:
+    absl_logger.removeHandler(handler)
+  assert absl_logger.filters == before

@@ -1,0 +1,148 @@
+"""metrics.jsonl, TensorBoard event files and progress output."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tqdm
+from tensorboardX.proto import event_pb2
+
+from fkjax import metric_logging
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _events(logdir):
+  """All events of the TFRecord event files in ``logdir``, file by file."""
+  files = sorted(Path(logdir).glob("events.out.tfevents.*"),
+                 key=lambda p: p.stat().st_mtime_ns)
+  out = []
+  for path in files:
+    data = path.read_bytes()
+    events, pos = [], 0
+    while pos + 12 <= len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      payload = data[pos + 12:pos + 12 + length]
+      if len(payload) < length:
+        break
+      events.append(event_pb2.Event.FromString(payload))
+      pos += 12 + length + 4
+    out.append(events)
+  return out
+
+
+def _scalars(events):
+  return {(e.step, v.tag): v.simple_value
+          for e in events for v in e.summary.value}
+
+
+_KILLED = textwrap.dedent("""
+    import os, signal, sys
+    from fkjax import metric_logging
+    logger = metric_logging.MetricLogger(sys.argv[1])
+    for epoch in (1, 2):
+      logger.write(4 * epoch, {"epoch": epoch, "train_loss": 1.0 / epoch})
+    os.kill(os.getpid(), signal.SIGKILL)  # no close(), no exit handlers
+""")
+
+
+def test_kill_after_write_keeps_the_epoch(tmp_path):
+  proc = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path)],
+                        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr
+  records = metric_logging.read_metrics(str(tmp_path))
+  assert [r["epoch"] for r in records] == [1, 2]
+  (events,) = _events(tmp_path / "tensorboard")
+  assert _scalars(events) == {(4, "epoch"): 1.0, (4, "train_loss"): 1.0,
+                              (8, "epoch"): 2.0, (8, "train_loss"): 0.5}
+
+
+def test_resumed_epoch_is_read_once_and_purged_in_tensorboard(tmp_path):
+  first = metric_logging.MetricLogger(str(tmp_path))
+  for epoch in (1, 2):
+    first.write(4 * epoch, {"epoch": epoch, "val_accuracy": 0.1 * epoch})
+  first.close()
+  # Killed before epoch 2's checkpoint: the resumed run logs it again.
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"epoch": 3, "val_acc')  # and a line cut short by a crash
+  again = metric_logging.MetricLogger(str(tmp_path))
+  again.write(8, {"epoch": 2, "val_accuracy": 0.25})
+  again.write(12, {"epoch": 3, "val_accuracy": 0.3})
+  again.close()
+  records = metric_logging.read_metrics(str(tmp_path))
+  assert [(r["epoch"], r["val_accuracy"]) for r in records] == [
+      (1, 0.1), (2, 0.25), (3, 0.3)]
+  old, new = _events(tmp_path / "tensorboard")
+  restarts = [e.step for e in new if e.HasField("session_log")
+              and e.session_log.status == event_pb2.SessionLog.START]
+  assert restarts == [8]  # TensorBoard drops old events from step 8 on
+  assert _scalars(old)[(8, "val_accuracy")] == pytest.approx(0.2)
+  assert _scalars(new)[(8, "val_accuracy")] == 0.25
+  assert not any(e.HasField("session_log") for e in old)
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+  logger = metric_logging.MetricLogger(str(tmp_path), enabled=False)
+  logger.write(1, {"epoch": 1})
+  logger.close()
+  assert list(tmp_path.iterdir()) == []
+
+
+class _Stream(io.StringIO):
+
+  def __init__(self, tty):
+    super().__init__()
+    self._tty = tty
+
+  def isatty(self):
+    return self._tty
+
+
+def test_progress_prints_whole_lines_when_not_a_terminal():
+  stream = _Stream(tty=False)
+  bar = metric_logging.progress(range(6), total=8, desc="epoch 2/5",
+                                initial=2, unit="step", stream=stream,
+                                interval=0)
+  seen = []
+  for i in bar:
+    seen.append(i)
+    bar.set_postfix({"loss": f"{1.0 / (i + 1):.3f}"})
+  bar.close()
+  assert seen == list(range(6))
+  text = stream.getvalue()
+  assert "\r" not in text and text.endswith("\n")
+  lines = text.splitlines()
+  assert len(lines) == 6 + 1  # one a step (interval 0) and one at the end
+  assert all(l.startswith("epoch 2/5: ") for l in lines)
+  assert lines[0].startswith("epoch 2/5: 3/8 steps (38%)")
+  assert lines[-1].startswith("epoch 2/5: 8/8 steps (100%)")
+  assert lines[-1].endswith("loss=0.167")
+
+
+def test_progress_is_quiet_between_intervals():
+  stream = _Stream(tty=False)
+  for _ in metric_logging.progress(range(50), total=50, desc="eval",
+                                   stream=stream, interval=3600):
+    pass
+  (line,) = stream.getvalue().splitlines()  # only the final line
+  assert line.startswith("eval: 50/50 its (100%)")
+
+
+def test_progress_is_tqdm_on_a_terminal_and_silent_when_disabled():
+  bar = metric_logging.progress(range(3), total=3, desc="x",
+                                stream=_Stream(tty=True))
+  assert isinstance(bar, tqdm.tqdm)
+  assert list(bar) == [0, 1, 2]
+  stream = _Stream(tty=False)
+  assert list(metric_logging.progress(range(3), disable=True,
+                                      stream=stream)) == [0, 1, 2]
+  assert stream.getvalue() == ""

@@ -1,0 +1,155 @@
+"""Workdir lock and results files."""
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+import fkjax
+from fkjax import workdir as workdir_lib
+
+REPO = Path(__file__).resolve().parents[1]
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from fkjax import workdir
+    lock = workdir.WorkdirLock(sys.argv[1]).acquire()
+    print("locked", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_second_writer_is_refused_until_the_holder_dies(tmp_path):
+  holder = subprocess.Popen(
+      [sys.executable, "-c", _HOLDER, str(tmp_path)], cwd=REPO,
+      stdout=subprocess.PIPE, text=True,
+      env={**os.environ, "PYTHONPATH": str(REPO)})
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(workdir_lib.WorkdirError) as info:
+      workdir_lib.WorkdirLock(tmp_path).acquire()
+    message = str(info.value)
+    assert message.startswith(
+        f"{tmp_path} is in use by process {holder.pid} (-c {tmp_path}) on "
+        f"{socket.gethostname()} since ")
+    assert message.endswith("; wait for it or stop it")
+    since = message.split(" since ")[1].split(";")[0]
+    age = (datetime.datetime.now(datetime.timezone.utc)
+           - datetime.datetime.fromisoformat(since.replace("Z", "+00:00")))
+    assert datetime.timedelta(0) <= age < datetime.timedelta(minutes=5)
+    with pytest.raises(workdir_lib.WorkdirError):  # readers too
+      workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  # The kernel dropped the dead holder's lock: its note does not block.
+  assert (tmp_path / workdir_lib.LOCK_NAME).exists()
+  with workdir_lib.WorkdirLock(tmp_path) as lock:
+    assert lock.held
+  assert not lock.held
+
+
+def test_lock_in_one_process(tmp_path):
+  first = workdir_lib.WorkdirLock(tmp_path / "new").acquire()
+  assert (tmp_path / "new").is_dir()
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=f"in use by process {os.getpid()} "):
+    workdir_lib.WorkdirLock(tmp_path / "new").acquire()
+  first.release()
+  workdir_lib.WorkdirLock(tmp_path / "new").acquire().release()
+
+
+def test_shared_holders_coexist_but_exclude_a_writer(tmp_path):
+  a = workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
+  b = workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
+  with pytest.raises(workdir_lib.WorkdirError, match="in use by"):
+    workdir_lib.WorkdirLock(tmp_path).acquire()
+  a.release()
+  b.release()
+  workdir_lib.WorkdirLock(tmp_path).acquire().release()
+
+
+def test_result_paths_never_collide(tmp_path):
+  names = {
+      os.path.basename(workdir_lib.result_path(tmp_path, p, **s))
+      for p, s in [("final", {}), ("paper", {}), ("strong", {}),
+                   ("paper", {"eot": 10}), ("paper", {"eot": 10, "n": 500}),
+                   ("paper", {"checkpoint": "latest"})]}
+  assert names == {"final_eval.json", "eval_paper.json", "eval_strong.json",
+                   "eval_paper_eot10.json", "eval_paper_eot10_n500.json",
+                   "eval_paper_checkpointlatest.json"}
+  # Order of settings does not matter; None/False mean "default".
+  assert (workdir_lib.result_path(tmp_path, "x", b=1, a="y/z") ==
+          workdir_lib.result_path(tmp_path, "x", a="y/z", b=1, c=None,
+                                  d=False) ==
+          str(tmp_path / "eval_x_ay-z_b1.json"))
+  for bad in ("", "a_b", "a/b"):
+    with pytest.raises(ValueError, match="protocol"):
+      workdir_lib.result_path(tmp_path, bad)
+
+
+def _config():
+  config = ml_collections.ConfigDict()
+  config.model = {"depth": 20, "width": 16}
+  config.eval = {"epsilon": 8 / 255, "eot_samples": 10}
+  return config
+
+
+def test_write_results_records_what_produced_them(tmp_path):
+  path = workdir_lib.result_path(tmp_path, "paper", eot=10)
+  metadata = workdir_lib.results_metadata(
+      _config(), step=1200, data="CIFAR-10 test", checkpoint="best",
+      protocol="paper")
+  workdir_lib.write_results(path, {"accuracy": 0.5, "loss": float("nan")},
+                            metadata)
+  written = json.loads(Path(path).read_text())
+  assert written["accuracy"] == 0.5
+  assert written["loss"] is None  # JSON has no NaN
+  meta = written["metadata"]
+  assert meta["config"]["eval"]["eot_samples"] == 10
+  assert meta["config"]["model"]["depth"] == 20
+  assert (meta["step"], meta["checkpoint"], meta["data"], meta["protocol"]) \
+      == (1200, "best", "CIFAR-10 test", "paper")
+  assert meta["fkjax_version"] == fkjax.__version__
+  head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                        capture_output=True, text=True)
+  if head.returncode == 0:  # a git checkout (not an sdist)
+    assert meta["git_commit"] == head.stdout.strip()
+    assert isinstance(meta["git_dirty"], bool)
+  date = datetime.datetime.fromisoformat(meta["date"].replace("Z", "+00:00"))
+  assert date.tzinfo is not None
+  assert [p.name for p in tmp_path.iterdir()] == ["eval_paper_eot10.json"]
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
+  path = tmp_path / "final_eval.json"
+  workdir_lib.write_results(path, {"accuracy": 0.25}, {"step": 1})
+  before = path.read_bytes()
+
+  def full_disk(src, dst):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(os, "replace", full_disk)
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=f"no space left on device while writing {path}"):
+    workdir_lib.write_results(path, {"accuracy": 0.75}, {"step": 2})
+  assert path.read_bytes() == before
+  assert [p.name for p in tmp_path.iterdir()] == ["final_eval.json"]
+  with pytest.raises(ValueError, match="metadata"):
+    workdir_lib.write_results(path, {"metadata": 1}, {})
+
+
+def test_source_version_outside_a_checkout(tmp_path, monkeypatch):
+  monkeypatch.setenv("GIT_DIR", str(tmp_path / "no-repo"))
+  info = workdir_lib.source_version()
+  assert info == {"fkjax_version": fkjax.__version__, "git_commit": None,
+                  "git_dirty": None}
