@@ -11,7 +11,7 @@ from absl import logging
 from absl import flags
 from ml_collections import config_flags
 
-import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
+from fkjax import kernels
 from fkjax import parallel
 
 FLAGS = flags.FLAGS
@@ -32,6 +32,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
   parallel.initialize_distributed(FLAGS.coordinator_address,
