@@ -39,6 +39,8 @@ def main(argv):
       config_flags.get_override_values(FLAGS["config"]),
       config_given=FLAGS["config"].present)
   run_config.validate(config)
+  from fkjax import kernels  # pylint: disable=import-outside-toplevel
+  kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel

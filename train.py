@@ -37,6 +37,8 @@ def main(argv):
   from fkjax import run_config  # pylint: disable=import-outside-toplevel
   config = cli.loaded_config(FLAGS.config)
   run_config.validate(config)
+  from fkjax import kernels  # pylint: disable=import-outside-toplevel
+  kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
   from fkjax import parallel  # pylint: disable=import-outside-toplevel

@@ -51,7 +51,6 @@ import statistics
 import time
 from typing import Any, Callable
 
-import fkjax  # noqa: F401  (sets fkjax's XLA flags before JAX starts)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +59,7 @@ from configs import default as default_config
 from fkjax import evaluate
 from fkjax import eval_run
 from fkjax import experiment
+from fkjax import kernels
 from fkjax import train
 
 BENCHES = ("clean", "pgd", "pgd_bneval", "ifgsm")
@@ -403,15 +403,13 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   batch = args.eval_batch if bench == "ifgsm" else args.batch
   config = fkjax_config(model, bench, batch, args.steps, args.eval_steps,
                         args.unroll)
-  config.model.conv = args.conv
-  config.model.noise_impl = args.noise_impl
-  config.model.member_execution = args.member_execution
+  config.kernels.conv = args.conv
+  config.kernels.noise = args.noise
+  config.kernels.member_execution = args.member_execution
+  resolved = experiment.resolve_kernels(config).names
   row: dict[str, Any] = {"model": model, "bench": bench, "batch": batch,
                          "load_before": load_average(),
-                         "unroll": str(config.attack.unroll),
-                         "conv": args.conv,
-                         "noise_impl": args.noise_impl,
-                         "member_execution": experiment.member_execution(config)}
+                         "unroll": str(config.attack.unroll), **resolved}
   runners, infos = {}, {}
   if "fkjax" in args.frameworks:
     runners["fkjax"], infos["fkjax"] = fkjax_runner(config, bench, batch)
@@ -459,17 +457,17 @@ def main() -> None:
                       help="PyTorch's device; auto: cuda if available")
   parser.add_argument("--conv", default="auto",
                       choices=["auto", "explicit_grad", "onednn", "xla"],
-                      help="config.model.conv (fkjax/models/conv.py, "
-                      "fkjax/onednn)")
-  parser.add_argument("--noise-impl", default="auto",
+                      help="config.kernels.conv (fkjax/kernels)")
+  parser.add_argument("--noise", "--noise-impl", default="auto",
                       choices=["auto", "jnp", "fused"],
-                      help="config.model.noise_impl (fkjax/models/resnet.py)")
+                      help="config.kernels.noise (fkjax/kernels)")
   parser.add_argument("--member-execution", default="auto",
                       choices=["auto", "batched", "sequential", "unrolled"],
-                      help="config.model.member_execution (ensembles)")
+                      help="config.kernels.member_execution (ensembles)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
   args = parser.parse_args()
+  kernels.apply_xla_flags()  # before JAX starts its backend
   args.frameworks = args.frameworks.split(",")
   args.torch_device = None
   devices = {}

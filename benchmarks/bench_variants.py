@@ -19,7 +19,6 @@ import statistics
 import tempfile
 import time
 
-import fkjax  # noqa: F401  (sets fkjax's XLA flags before JAX starts)
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +27,7 @@ from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import eval_run
 from fkjax import experiment
+from fkjax import kernels
 from fkjax import train
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -87,6 +87,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--unroll", default=None)
   args = parser.parse_args()
+  kernels.apply_xla_flags()  # before JAX starts its backend
   load = bench_train.load_average()
   if args.what == "noise":
     result = noise_cost(args.model, args.batch, args.repeats)

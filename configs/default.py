@@ -15,6 +15,7 @@ Sparsity presets: ``none`` ``rvsm`` ``rgsm`` ``admm`` with the paper's values
 (RVSM beta=0.5, lambda=1e-6; RGSM beta=1, lambda1=5e-2, lambda2=1e-5).
 Data presets: ``cifar100``.
 Any value can then be overridden: ``--config.sparsity.lamb1=0.1``.
+``config.kernels`` only changes speed (``--config.kernels.conv=xla``).
 """
 import re
 
@@ -51,20 +52,24 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # Per-channel mean/std normalisation inside the model. The paper is silent;
   # the authors' code feeds [0, 1] images unnormalised (docs/protocol.md).
   config.model.normalize = False
+
+  # How fast the model runs, not what it computes (fkjax.kernels.resolve):
+  # any values may train, resume and evaluate the same run.
+  config.kernels = ml_collections.ConfigDict()
   # "auto": "onednn" on CPUs (oneDNN's kernels through XLA's FFI, ~2x
-  # XLA:CPU's, fkjax/onednn), "explicit_grad" elsewhere (XLA convolutions
-  # whose gradients stay fast inside loops, fkjax/models/conv.py); "xla": the
-  # stock convolution. Speed only: the values are the same.
-  config.model.conv = "auto"
+  # XLA:CPU's, fkjax/kernels/onednn_conv.py), "explicit_grad" elsewhere (XLA
+  # convolutions whose gradients stay fast inside loops,
+  # fkjax/kernels/explicit_grad_conv.py); "xla": the stock convolution.
+  config.kernels.conv = "auto"
   # How the noise is injected: "auto" ("fused" on CPUs: one kernel forward
-  # and one backward, fkjax/onednn/noise_inject.cc; "jnp" elsewhere). Speed
-  # only: the same values to float32 rounding.
-  config.model.noise_impl = "auto"
+  # and one backward, fkjax/kernels/noise_cpu.cc; "jnp" elsewhere). The same
+  # values to float32 rounding.
+  config.kernels.noise = "auto"
   # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan
   # loop), "unrolled" (the scan written out) or "auto" (batched on GPUs;
-  # on CPUs unrolled up to 5 members, sequential beyond). Speed only: the
-  # variables are the same (fkjax.models.EnResNet).
-  config.model.member_execution = "auto"
+  # on CPUs unrolled up to 5 members, sequential beyond). The variables are
+  # the same (fkjax.models.EnResNet).
+  config.kernels.member_execution = "auto"
 
   config.training = ml_collections.ConfigDict()
   config.training.num_epochs = 200
@@ -101,8 +106,9 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # averages).
   config.attack.bn_mode = "update"
   # Attack steps written out per lax.scan iteration: 1 compiles fastest and,
-  # with model.conv="explicit_grad", runs as fast as a written-out loop on
-  # XLA:CPU; num_steps writes the whole loop out (docs/performance.md).
+  # with kernels.conv="explicit_grad" or "onednn", runs as fast as a
+  # written-out loop on XLA:CPU; num_steps writes the whole loop out
+  # (docs/performance.md).
   config.attack.unroll = 1
 
   config.sparsity = ml_collections.ConfigDict()

@@ -22,6 +22,7 @@ import optax
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import kernels
 from fkjax import models
 from fkjax import parallel
 from fkjax import run_config
@@ -75,38 +76,22 @@ def enable_compilation_cache(config: ml_collections.ConfigDict) -> str | None:
   return path
 
 
+def resolve_kernels(config: ml_collections.ConfigDict
+                    ) -> kernels.ModelKernels:
+  """``config.kernels`` resolved for ``config.model`` (see
+  :func:`fkjax.kernels.resolve`)."""
+  return kernels.resolve(config.get("kernels"),
+                         ensemble_size=config.model.ensemble_size,
+                         noise=bool(config.model.noise_coef))
+
+
 def create_model(config: ml_collections.ConfigDict, num_classes: int):
   m = config.model
   return models.create_model(
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize, conv=m.conv,
-      noise_impl=m.noise_impl, member_execution=member_execution(config))
-
-
-def member_execution(config: ml_collections.ConfigDict) -> str:
-  """``config.model.member_execution``, with ``"auto"`` resolved.
-
-  ``"auto"``: ``"batched"`` on accelerators. On CPU (where XLA runs the
-  grouped convolutions of batched members slowly) ``"unrolled"`` up to
-  :data:`MAX_UNROLLED_MEMBERS` members, the fastest form, and
-  ``"sequential"`` beyond, whose compile time does not grow with the
-  ensemble (measurements in docs/performance.md).
-  """
-  choice = config.model.member_execution
-  if choice != "auto":
-    return choice
-  if jax.default_backend() != "cpu":
-    return "batched"
-  if config.model.ensemble_size <= MAX_UNROLLED_MEMBERS:
-    return "unrolled"
-  return "sequential"
-
-
-# On 2 CPU cores En5ResNet20's PGD-10 step written out compiles in 17-18 s
-# (9.5 s as a loop) and runs 22% faster (10.9 vs 13.9 s per step, 1.4 vs
-# 2.1 GB); compile time grows about linearly with the members.
-MAX_UNROLLED_MEMBERS = 5
+      noise_std_over=m.noise_std_over, normalize=m.normalize,
+      **resolve_kernels(config).model_kwargs)
 
 
 def describe_model(config: ml_collections.ConfigDict,
@@ -118,11 +103,7 @@ def describe_model(config: ml_collections.ConfigDict,
   count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state["params"]))
   return (f"{name} (noise {m.noise_coef}, {'skip' if m.skip else 'no skip'}),"
           f" {count:,} parameters; sparsifier {config.sparsity.method}; "
-          f"conv {models.resolve_conv(m.conv)}"
-          + (f", noise {models.resolve_noise_impl(m.noise_impl)}"
-             if m.noise_coef else "")
-          + (f", members {member_execution(config)}"
-             if m.ensemble_size > 1 else ""))
+          f"{resolve_kernels(config).description}")
 
 
 def sparsity_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:

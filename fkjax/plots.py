@@ -12,13 +12,12 @@ import os
 from typing import Any
 
 import jax
-import matplotlib
+# Figures made from matplotlib.figure.Figure, not pyplot: they need no
+# backend, so plotting neither picks one for the process nor opens windows.
+from matplotlib.figure import Figure
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
-import numpy as np  # noqa: E402
-
-from fkjax import sparsity  # noqa: E402
+from fkjax import sparsity
 
 
 def _conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
@@ -35,7 +34,8 @@ def _conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
 def weight_histogram(params: Any, path: str, bins: int = 200) -> str:
   weights = np.concatenate([k.ravel() for _, k in _conv_kernels(params)])
   zeros = np.mean(weights == 0) * 100
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig = Figure(figsize=(6, 4))
+  ax = fig.subplots()
   ax.hist(weights[weights != 0], bins=bins, color="tab:blue")
   ax.set_yscale("log")
   ax.set_xlabel("conv weight value (exact zeros excluded)")
@@ -43,7 +43,6 @@ def weight_histogram(params: Any, path: str, bins: int = 200) -> str:
   ax.set_title(f"{weights.size} conv weights, {zeros:.2f}% exactly zero")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
   return path
 
 
@@ -51,7 +50,8 @@ def channel_norm_histogram(report: sparsity.SparsityReport, path: str,
                            bins: int = 100) -> str:
   norms = report.channel_norms()
   pruned = norms < sparsity.CHANNEL_ZERO_TOL
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig = Figure(figsize=(6, 4))
+  ax = fig.subplots()
   ax.hist(norms[~pruned], bins=bins, color="tab:orange")
   ax.set_xlabel("channel l2 norm (pruned channels excluded)")
   ax.set_ylabel("count")
@@ -59,7 +59,6 @@ def channel_norm_histogram(report: sparsity.SparsityReport, path: str,
                f"({report.channel_sparsity:.2f}%)")
   fig.tight_layout()
   fig.savefig(path, dpi=120)
-  plt.close(fig)
   return path
 
 
@@ -81,8 +80,8 @@ def conv_filters_grid(params: Any, path: str, layer: int | None = None,
   n_in = min(kernel.shape[2], max_filters)
   n_out = min(kernel.shape[3], max_filters)
   vmax = float(np.abs(kernel).max()) or 1.0
-  fig, axes = plt.subplots(n_in, n_out, figsize=(n_out * 0.6, n_in * 0.6),
-                           squeeze=False)
+  fig = Figure(figsize=(n_out * 0.6, n_in * 0.6))
+  axes = fig.subplots(n_in, n_out, squeeze=False)
   for i in range(n_in):
     for o in range(n_out):
       axes[i, o].imshow(kernel[:, :, i, o], cmap="seismic", vmin=-vmax,
@@ -90,7 +89,6 @@ def conv_filters_grid(params: Any, path: str, layer: int | None = None,
       axes[i, o].axis("off")
   fig.suptitle(f"{name}: {n_in} inputs x {n_out} filters")
   fig.savefig(path, dpi=100)
-  plt.close(fig)
   return path
 
 

@@ -1,6 +1,12 @@
 """Shared test settings."""
 import jax
 
+from fkjax import kernels
+
+# fkjax's CPU XLA flags, as train.py sets them, before a test starts JAX's
+# backend (without them XLA:CPU runs some convolution gradients ~11x slower).
+kernels.apply_xla_flags()
+
 # The tests compare values to float32 tolerances. On GPUs JAX's default
 # matmul/conv precision is TF32 (10-bit mantissa), which misses them (5 model
 # and attack tests failed on an H200 with it, all passed with "highest");

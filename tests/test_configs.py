@@ -45,19 +45,37 @@ def test_unknown_preset_is_rejected():
     default.get_config("resnet21x")
 
 
-def test_member_execution_auto_depends_on_backend_and_size():
+def test_kernels_may_change_between_runs_of_a_workdir(tmp_path):
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  run_config.save(config, str(tmp_path))
+  # How the model runs may change (e.g. trained on a GPU, resumed on a CPU)...
+  config.kernels.conv = "xla"
+  config.kernels.noise = "jnp"
+  config.kernels.member_execution = "sequential"
+  run_config.check_same_run(config, str(tmp_path))
+  # ...what it computes may not.
+  config.model.depth += 6
+  with pytest.raises(ValueError, match="model.depth: saved 8, now 14"):
+    run_config.check_same_run(config, str(tmp_path))
+
+
+def test_describe_model_names_the_resolved_kernels():
   import jax  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  on_cpu = jax.default_backend() == "cpu"
-  config = default.get_config()
-  assert config.model.member_execution == "auto"
-  assert experiment.member_execution(config) == (
-      "unrolled" if on_cpu else "batched")
-  config.model.ensemble_size = experiment.MAX_UNROLLED_MEMBERS + 1
-  assert experiment.member_execution(config) == (
-      "sequential" if on_cpu else "batched")
-  config.model.member_execution = "batched"
-  assert experiment.member_execution(config) == "batched"
+  config = default.get_config("en2resnet20")
+  config.kernels.conv = "xla"
+  config.kernels.noise = "jnp"
+  state = {"params": {"w": jax.ShapeDtypeStruct((3, 4), "float32")}}
+  text = experiment.describe_model(config, state)
+  assert text.startswith("En2ResNet20 (noise 0.1, skip), 12 parameters")
+  members = "unrolled" if jax.default_backend() == "cpu" else "batched"
+  assert text.endswith(f"conv xla, noise jnp, members {members}")
+  # A plain ResNet without noise: only its convolution.
+  plain = default.get_config("resnet20")
+  plain.kernels.conv = "xla"
+  assert experiment.describe_model(plain, state).endswith(
+      "sparsifier none; conv xla")
 
 
 def test_a_batch_larger_than_the_training_set_is_a_clear_error():

@@ -6,11 +6,11 @@ BatchNorm (forward and gradients), and a ResNet20's passes by BN mode.
 from __future__ import annotations
 
 import flax.linen as nn
-import fkjax  # noqa: F401  (sets fkjax's XLA flags)
 import jax
 import jax.numpy as jnp
 
 from benchmarks.experiments.common import median_ms
+from fkjax import kernels
 from fkjax.models import create_model
 
 
@@ -39,6 +39,7 @@ def two_stage_bn(x, scale, bias):
 
 
 def main() -> None:
+  kernels.apply_xla_flags()  # before JAX starts its backend
   x = jax.random.normal(jax.random.key(0), (128, 32, 32, 16))
   m = x.size // x.shape[-1]
   one = jax.jit(lambda x: (jnp.mean(x, (0, 1, 2)), jnp.mean(x * x, (0, 1, 2))))

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 
-import fkjax  # noqa: F401  (sets fkjax's XLA flags)
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.experiments.common import median_ms
-from fkjax.models import conv as conv_lib
+from fkjax import kernels
+from fkjax.kernels import explicit_grad_conv
 
 DN = ("NHWC", "HWIO", "NHWC")
 SHAPES = [(32, 16, 16, 3, 1), (32, 16, 32, 3, 2), (32, 16, 32, 1, 2),
@@ -52,13 +52,14 @@ def main() -> None:
   parser.add_argument("--winograd", action="store_true")
   parser.add_argument("--batch", type=int, default=128)
   args = parser.parse_args()
+  kernels.apply_xla_flags()  # before JAX starts its backend
   rng = np.random.default_rng(0)
   for size, cin, cout, k, s in SHAPES:
     x = jnp.asarray(rng.standard_normal((args.batch, size, size, cin),
                                         dtype=np.float32))
     w = jnp.asarray(rng.standard_normal((k, k, cin, cout), dtype=np.float32))
     pads = [(k // 2, k // 2)] * 2
-    impls = {"xla": lambda x, w: conv_lib.conv_general_dilated(
+    impls = {"xla": lambda x, w: explicit_grad_conv.conv_general_dilated(
         x, w, (s, s), pads, dimension_numbers=DN)}
     if args.winograd and k == 3 and s == 1:
       impls["winograd"] = winograd_conv

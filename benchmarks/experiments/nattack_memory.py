@@ -13,13 +13,13 @@ import functools
 import importlib
 import time
 
-import fkjax  # noqa: F401  (sets fkjax's XLA flags)
 import jax
 import jax.numpy as jnp
 
 from configs import default
 from fkjax import eval_run
 from fkjax import experiment
+from fkjax import kernels
 from fkjax import train
 
 nattack_lib = importlib.import_module("fkjax.attacks.nattack")
@@ -35,6 +35,7 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=500)
   parser.add_argument("--chunks", default="none:none,10:none,10:100")
   args = parser.parse_args()
+  kernels.apply_xla_flags()  # before JAX starts its backend
   config = default.get_config(args.model)
   model = experiment.create_model(config, 10)
   eval_apply, _ = experiment.model_fns(model)

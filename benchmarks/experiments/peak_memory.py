@@ -30,7 +30,8 @@ WORKLOADS = ("train", "natural", "fgsm", "ifgsm20", "cw", "nattack")
 def _measure(model: str, workload: str, nattack_iters: int,
              eval_batch: int | None) -> dict:
   # Imported here: the parent process stays free of JAX's allocations.
-  import fkjax  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from fkjax import kernels  # pylint: disable=import-outside-toplevel
+  kernels.apply_xla_flags()
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 

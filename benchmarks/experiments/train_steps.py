@@ -5,7 +5,7 @@
 
 Variants: a member_execution ("batched", "sequential", "unrolled"),
 optionally with ":nonoise" (noise_coef 0) or ":jnpnoise" / ":fusednoise"
-(``config.model.noise_impl``). The steps are
+(``config.kernels.noise``). The steps are
 ``benchmarks/bench_train.py``'s (configs/default.py presets, batch 128).
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import statistics
 
 from benchmarks import bench_train
+from fkjax import kernels
 
 
 def main() -> None:
@@ -24,17 +25,18 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--batch", type=int, default=128)
   args = parser.parse_args()
+  kernels.apply_xla_flags()
   runs = {}
   for variant in args.variants.split(","):
     execution, _, extra = variant.partition(":")
     config = bench_train.fkjax_config(args.model, args.bench, args.batch,
                                       attack_steps=10, eval_steps=20,
                                       unroll=None)
-    config.model.member_execution = execution
+    config.kernels.member_execution = execution
     if extra == "nonoise":
       config.model.noise_coef = 0.0
     elif extra in ("jnpnoise", "fusednoise"):
-      config.model.noise_impl = extra[:-len("noise")]
+      config.kernels.noise = extra[:-len("noise")]
     elif extra:
       parser.error(f"unknown variant suffix {extra!r}")
     runs[variant], info = bench_train.fkjax_runner(config, args.bench,

@@ -1,30 +1,38 @@
-"""Flax models: pre-activation ResNets and the noise-injected EnResNet."""
+"""Flax models: pre-activation ResNets and the noise-injected EnResNet.
+
+The models import nothing else from fkjax. Faster convolutions and noise
+injections for them come from :func:`fkjax.kernels.resolve`.
+"""
 from __future__ import annotations
 
-import flax.linen as nn
+from typing import Callable
 
-from fkjax.models.ensemble import EnResNet
+import flax.linen as nn
+from jax import lax
+
+from fkjax.models.ensemble import MEMBER_EXECUTIONS, EnResNet
+from fkjax.models.noise import inject_noise, standard_normal
 from fkjax.models.resnet import (CIFAR10_MEAN, CIFAR10_STD, PreActBlock,
-                                 PreActResNet, inject_noise, resolve_conv,
-                                 resolve_noise_impl)
+                                 PreActResNet)
 
 
 def create_model(*, depth: int = 20, num_classes: int = 10,
                  ensemble_size: int = 1, width: int = 1, skip: bool = True,
                  noise_coef: float = 0.0, noise_std_over: str = "batch",
-                 normalize: bool = True, conv: str = "auto",
-                 noise_impl: str = "auto", member_execution: str = "batched"
-                 ) -> nn.Module:
+                 normalize: bool = True,
+                 conv: Callable = lax.conv_general_dilated,
+                 inject_noise: Callable = inject_noise,  # pylint: disable=redefined-outer-name
+                 member_execution: str = "batched") -> nn.Module:
   """Builds ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth}.
 
   ``ensemble_size=1`` gives a plain :class:`PreActResNet` (no member axis).
-  ``conv``, ``noise_impl`` (see :class:`PreActResNet`) and
+  ``conv``, ``inject_noise`` (see :class:`PreActResNet`) and
   ``member_execution`` (how an ensemble's members run, see
   :class:`EnResNet`) change speed, not the variables.
   """
   kwargs = dict(depth=depth, num_classes=num_classes, width=width, skip=skip,
                 noise_coef=noise_coef, noise_std_over=noise_std_over,
-                conv=conv, noise_impl=noise_impl)
+                conv=conv, inject_noise=inject_noise)
   if not normalize:
     kwargs.update(mean=None, std=None)
   if ensemble_size < 1:
@@ -35,6 +43,6 @@ def create_model(*, depth: int = 20, num_classes: int = 10,
                   member_execution=member_execution)
 
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "EnResNet", "PreActBlock",
-           "PreActResNet", "create_model", "inject_noise", "resolve_conv",
-           "resolve_noise_impl"]
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "EnResNet", "MEMBER_EXECUTIONS",
+           "PreActBlock", "PreActResNet", "create_model", "inject_noise",
+           "standard_normal"]

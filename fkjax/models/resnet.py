@@ -7,16 +7,14 @@ no PRNG at all.
 """
 from __future__ import annotations
 
-import warnings
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from fkjax.models import conv as conv_lib
-from fkjax.models import noise as noise_lib
+from fkjax.models import noise
 
 # He-normal with fan-out (PyTorch's kaiming_normal_(mode='fan_out')), which
 # the reference implementations use for every convolution.
@@ -28,107 +26,17 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
-def _onednn_conv(*args, **kwargs):
-  # Imported on first use: building oneDNN's library is only for CPU runs
-  # that ask for it.
-  from fkjax import onednn  # pylint: disable=import-outside-toplevel
-  return onednn.conv_general_dilated(*args, **kwargs)
-
-
-CONV_IMPLS = {"explicit_grad": conv_lib.conv_general_dilated,
-              "onednn": _onednn_conv,
-              "xla": lax.conv_general_dilated}
-
-
-def resolve_conv(impl: str) -> str:
-  """A model's ``conv`` with ``"auto"`` resolved.
-
-  ``"auto"`` is ``"onednn"`` on a CPU backend where fkjax's oneDNN library
-  builds (a warning says why where it does not), else ``"explicit_grad"``.
-  """
-  if impl != "auto":
-    if impl not in CONV_IMPLS:
-      raise ValueError(f"conv must be 'auto' or one of {sorted(CONV_IMPLS)}, "
-                       f"got {impl!r}")
-    return impl
-  if jax.default_backend() != "cpu":
-    return "explicit_grad"
-  from fkjax import onednn  # pylint: disable=import-outside-toplevel
-  reason = onednn.unavailable_reason()
-  if reason is not None:
-    warnings.warn("conv='auto' falls back to XLA's convolutions (about 2x "
-                  f"slower on CPU): {reason}", RuntimeWarning, stacklevel=2)
-    return "explicit_grad"
-  return "onednn"
-
-
-NOISE_IMPLS = ("jnp", "fused")
-
-
-def resolve_noise_impl(impl: str) -> str:
-  """A model's ``noise_impl`` with ``"auto"`` resolved.
-
-  ``"auto"`` is ``"fused"`` (:mod:`fkjax.onednn.noise_inject`, one CPU
-  kernel forward and one backward, about 2x the jnp form's speed) on a CPU
-  backend where fkjax's CPU library builds, else ``"jnp"``.
-  """
-  if impl != "auto":
-    if impl not in NOISE_IMPLS:
-      raise ValueError(f"noise_impl must be 'auto' or one of {NOISE_IMPLS}, "
-                       f"got {impl!r}")
-    return impl
-  if jax.default_backend() != "cpu":
-    return "jnp"
-  from fkjax import onednn  # pylint: disable=import-outside-toplevel
-  # resolve_conv's warning already says why when the library is missing.
-  return "fused" if onednn.unavailable_reason() is None else "jnp"
-
-
-def _conv(features: int, size: int, strides: int, impl: str, name: str
+def _conv(features: int, size: int, strides: int, conv: Callable, name: str
           ) -> nn.Conv:
-  impl = resolve_conv(impl)
   return nn.Conv(features, (size, size), strides=(strides, strides),
                  padding=[(size // 2, size // 2)] * 2, use_bias=False,
-                 kernel_init=conv_init, conv_general_dilated=CONV_IMPLS[impl],
-                 name=name)
+                 kernel_init=conv_init, conv_general_dilated=conv, name=name)
 
 
 def _batch_norm(train: bool, name: str | None = None) -> nn.BatchNorm:
   # PyTorch's BatchNorm2d defaults: running-average momentum 0.1, eps 1e-5.
   return nn.BatchNorm(
       use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
-
-
-def inject_noise(out: jax.Array, coef: float, key: jax.Array,
-                 std_over: str = "batch", impl: str = "jnp") -> jax.Array:
-  """Returns ``out + coef * std(out) * N(0, 1)``.
-
-  Args:
-    out: activations, batch first.
-    coef: the noise coefficient ``c``.
-    key: PRNG key of the Gaussian draw
-      (:func:`fkjax.models.noise.standard_normal`).
-    std_over: ``"batch"`` takes one standard deviation over the whole tensor,
-      as the authors' PyTorch code (``torch.std(out)``) does; ``"example"``
-      takes one per example, which makes each prediction independent of the
-      rest of its batch.
-    impl: ``"jnp"``, ``"fused"`` (CPU only; for float32 activations and a
-      threefry key, else ``"jnp"``) or ``"auto"`` (:func:`resolve_noise_impl`).
-      The same values and gradients to float32 rounding.
-  """
-  if std_over not in ("batch", "example"):
-    raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
-  if resolve_noise_impl(impl) == "fused":
-    from fkjax.onednn import noise_inject  # pylint: disable=import-outside-toplevel
-    if noise_inject.supports(out, key):
-      return noise_inject.inject_noise(out, coef, key,
-                                       per_example=std_over == "example")
-  if std_over == "batch":
-    std = jnp.std(out)
-  elif std_over == "example":
-    std = jnp.std(out, axis=tuple(range(1, out.ndim)), keepdims=True)
-  noise = noise_lib.standard_normal(key, out.shape, out.dtype)
-  return out + coef * std * noise
 
 
 class PreActBlock(nn.Module):
@@ -138,8 +46,8 @@ class PreActBlock(nn.Module):
   skip: bool = True
   noise_coef: float = 0.0
   noise_std_over: str = "batch"
-  conv: str = "auto"
-  noise_impl: str = "auto"
+  conv: Callable = lax.conv_general_dilated
+  inject_noise: Callable = noise.inject_noise
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool, add_noise: bool) -> jax.Array:
@@ -155,8 +63,8 @@ class PreActBlock(nn.Module):
         shortcut = x
       out = out + shortcut
     if self.noise_coef and add_noise:
-      out = inject_noise(out, self.noise_coef, self.make_rng("noise"),
-                         self.noise_std_over, self.noise_impl)
+      out = self.inject_noise(out, self.noise_coef, self.make_rng("noise"),
+                              self.noise_std_over)
     return out
 
 
@@ -171,15 +79,14 @@ class PreActResNet(nn.Module):
       "without skip connection" nets).
     noise_coef: ``c`` of the noise injected after every residual block; 0 is
       a deterministic ResNet.
-    noise_std_over: see :func:`inject_noise`.
+    noise_std_over: ``"batch"`` or ``"example"``, see
+      :func:`fkjax.models.noise.inject_noise`.
     mean, std: per-channel input normalisation applied inside the model, so
       that inputs (and attacks) live in ``[0, 1]``. ``None`` disables it.
-    conv: ``"auto"`` (default: :func:`resolve_conv`), ``"explicit_grad"``
-      (:mod:`fkjax.models.conv`), ``"onednn"`` (CPU only,
-      :mod:`fkjax.onednn`) or ``"xla"``: same values, different programs.
-    noise_impl: how the noise is injected: ``"auto"`` (default:
-      :func:`resolve_noise_impl`), ``"jnp"`` or ``"fused"`` (CPU only): same
-      values to float32 rounding, different programs.
+    conv: the convolution, with ``lax.conv_general_dilated``'s signature.
+    inject_noise: ``(out, coef, key, std_over) -> out + coef * std * z``.
+      ``conv`` and ``inject_noise`` change how fast the model runs, not the
+      function it computes (faster ones: :func:`fkjax.kernels.resolve`).
   """
   depth: int = 20
   num_classes: int = 10
@@ -189,8 +96,8 @@ class PreActResNet(nn.Module):
   noise_std_over: str = "batch"
   mean: Sequence[float] | None = CIFAR10_MEAN
   std: Sequence[float] | None = CIFAR10_STD
-  conv: str = "auto"
-  noise_impl: str = "auto"
+  conv: Callable = lax.conv_general_dilated
+  inject_noise: Callable = noise.inject_noise
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False,
@@ -214,7 +121,7 @@ class PreActResNet(nn.Module):
         strides = 2 if stage > 0 and block == 0 else 1
         x = PreActBlock(
             features * self.width, strides, self.skip, self.noise_coef,
-            self.noise_std_over, self.conv, self.noise_impl,
+            self.noise_std_over, self.conv, self.inject_noise,
             name=f"stage{stage + 1}_block{block + 1}",
         )(x, train, add_noise)
     x = nn.relu(_batch_norm(train, "bn_final")(x))

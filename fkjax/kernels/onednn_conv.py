@@ -1,18 +1,18 @@
-"""2-D convolutions through oneDNN on CPU (``config.model.conv="onednn"``).
+"""2-D convolutions through oneDNN on CPU (``config.kernels.conv="onednn"``).
 
 XLA:CPU's convolutions run at about half the rate of oneDNN's at the 16-64
 channels of CIFAR ResNets; jaxlib's own oneDNN rewriter is compiled out of the
 released wheels. :func:`conv_general_dilated` calls oneDNN's forward,
-backward-data and backward-weights primitives through XLA's FFI, with the
-same values as ``lax.conv_general_dilated`` to float32 rounding
-(``tests/test_onednn.py``), and falls back to
-:func:`fkjax.models.conv.conv_general_dilated` for what it does not handle
-(other layouts, dtypes, dilation, groups). CPU only: on other backends use
-``"explicit_grad"``, which is what ``conv="auto"`` picks there.
+backward-data and backward-weights primitives (``onednn_conv.cc``) through
+XLA's FFI, with the same values as ``lax.conv_general_dilated`` to float32
+rounding (``tests/test_kernels_onednn.py``), and falls back to
+:func:`fkjax.kernels.explicit_grad_conv.conv_general_dilated` for what it
+does not handle (other layouts, dtypes, dilation, groups). CPU only: on
+other backends ``kernels.conv="auto"`` picks ``"explicit_grad"``.
 
-The same library holds EnResNet's fused noise injection
-(:mod:`fkjax.onednn.noise_inject`, ``config.model.noise_impl="fused"``). It
-is built on first use (:mod:`fkjax.onednn.build`).
+fkjax's CPU library, which also holds the fused noise injection
+(:mod:`fkjax.kernels.noise_cpu`), is built on first use
+(:mod:`fkjax.kernels.build`).
 """
 from __future__ import annotations
 
@@ -23,11 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fkjax.models import conv as conv_lib
-from fkjax.onednn.build import OneDnnUnavailable, load, unavailable_reason
-
-__all__ = ["OneDnnUnavailable", "available", "conv_general_dilated", "load",
-           "unavailable_reason"]
+from fkjax.kernels import explicit_grad_conv
+from fkjax.kernels.build import load, unavailable_reason
 
 
 def available() -> bool:
@@ -86,18 +83,19 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
 
   Handles float32 2-D NHWC/HWIO convolutions with explicit, non-negative
   padding, no dilation and no feature groups (what fkjax's ResNets use);
-  anything else goes to :func:`fkjax.models.conv.conv_general_dilated`.
+  anything else goes to
+  :func:`fkjax.kernels.explicit_grad_conv.conv_general_dilated`.
 
   Raises:
     OneDnnUnavailable: oneDNN cannot be built or loaded here.
   """
-  simple = (conv_lib.is_plain_nhwc_conv(lhs, padding, lhs_dilation,
-                                        rhs_dilation, dimension_numbers,
-                                        feature_group_count, precision, kwargs)
-            and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
-            and all(p >= 0 for pair in padding for p in pair))
+  simple = (explicit_grad_conv.is_plain_nhwc_conv(
+      lhs, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+      feature_group_count, precision, kwargs)
+      and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
+      and all(p >= 0 for pair in padding for p in pair))
   if not simple:
-    return conv_lib.conv_general_dilated(
+    return explicit_grad_conv.conv_general_dilated(
         lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation,
         rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
         feature_group_count=feature_group_count, precision=precision,

@@ -14,7 +14,7 @@
 // of the example and its second for position j + ceil(cols / 2), each mapped
 // to a normal by sqrt(2) erfinv(2u - 1) with XLA's erfinv polynomial. The
 // values equal the jnp ones to float32 rounding
-// (tests/test_noise_inject.py).
+// (tests/test_kernels_noise.py).
 //
 //   fkjax_noise_inject_fwd  (x, key) -> (y, z, stats)  z is kept for the
 //                           backward pass (one write is cheaper than drawing

@@ -1,8 +1,10 @@
-"""EnResNet's noise injection as one fused CPU kernel (``noise_inject.cc``).
+"""EnResNet's noise injection as one fused CPU kernel (``noise_cpu.cc``).
 
 ``x + coef * std(x) * z`` with ``z`` the draw of
 :func:`fkjax.models.noise.standard_normal`, forward and backward each in two
-passes over the activations. A forward pass that will be differentiated
+passes over the activations, through XLA's FFI (``kernels.noise="fused"``;
+about 2x the jnp form's speed). Part of fkjax's CPU library
+(:mod:`fkjax.kernels.build`). A forward pass that will be differentiated
 also writes ``z`` for the backward pass: one write costs less than drawing
 it again (forward + backward at 128x32x32x16 took 0.47 of the jnp form's
 time, against 0.63 when the backward pass drew z again).
@@ -15,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fkjax.models import noise
-from fkjax.onednn.build import load
+from fkjax.kernels import noise_jnp
+from fkjax.kernels.build import load
 
 
 def _stats_shape(x: jax.Array, per_example: bool) -> tuple[int, int]:
@@ -60,18 +62,34 @@ _inject.defvjp(_inject_fwd, _inject_bwd)
 
 
 def supports(x: jax.Array, key: jax.Array) -> bool:
-  """Whether :func:`inject_noise` takes these: float32 with a batch axis and
-  a default (``threefry2x32``) key."""
-  return x.dtype == jnp.float32 and x.ndim >= 1 and noise.is_threefry(key)
+  """Whether :func:`fused` takes these: float32 with a batch axis and a
+  default (``threefry2x32``) key."""
+  return x.dtype == jnp.float32 and x.ndim >= 1 and noise_jnp.is_threefry(key)
 
 
-def inject_noise(x: jax.Array, coef: float, key: jax.Array,
-                 per_example: bool = False) -> jax.Array:
+def inject_noise(out: jax.Array, coef: float, key: jax.Array,
+                 std_over: str = "batch") -> jax.Array:
+  """:func:`fkjax.models.noise.inject_noise`, fused where :func:`supports`.
+
+  Other dtypes and keys take :func:`fkjax.kernels.noise_jnp.inject_noise`.
+
+  Raises:
+    OneDnnUnavailable: fkjax's CPU library cannot be built or loaded here.
+  """
+  if std_over not in ("batch", "example"):
+    raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+  if not supports(out, key):
+    return noise_jnp.inject_noise(out, coef, key, std_over)
+  return fused(out, coef, key, per_example=std_over == "example")
+
+
+def fused(x: jax.Array, coef: float, key: jax.Array,
+          per_example: bool = False) -> jax.Array:
   """``x + coef * std(x) * standard_normal(key, x.shape)``, fused.
 
-  The same function as :func:`fkjax.models.inject_noise`'s jnp form (values
-  and gradients to float32 rounding). ``std`` is over the whole tensor, or
-  over each example when ``per_example``; a group with zero spread gets no
+  The same function as :func:`fkjax.models.noise.inject_noise` (values and
+  gradients to float32 rounding). ``std`` is over the whole tensor, or over
+  each example when ``per_example``; a group with zero spread gets no
   gradient through its ``std``.
 
   Raises:

@@ -13,10 +13,10 @@ loops), and the input gradient of a strided convolution is split into the
 input's stride phases instead of convolving a stride-dilated cotangent,
 which XLA:CPU runs ~3x slower than the forward pass.
 
-fkjax's ResNets use it by default (``conv="explicit_grad"``; ``"xla"`` is the
-stock convolution), so attacks can run as ``lax.scan`` loops: they compile in
-a fraction of the time and memory of a written-out loop and run as fast
-(``docs/performance.md``).
+``kernels.conv="auto"`` picks it where oneDNN's convolutions do not run
+(``"explicit_grad"``; ``"xla"`` is the stock convolution), so attacks can run
+as ``lax.scan`` loops: they compile in a fraction of the time and memory of a
+written-out loop and run as fast (``docs/performance.md``).
 """
 from __future__ import annotations
 

@@ -1,13 +1,20 @@
 """Builds and loads fkjax's CPU library (oneDNN convolutions, fused noise).
 
 The C++ sources (``onednn_conv.cc``, XLA FFI handlers around oneDNN, and
-``noise_inject.cc``, the fused noise injection) are compiled once per
+``noise_cpu.cc``, the fused noise injection) are compiled once per
 source, jaxlib and oneDNN version into a cache folder, with the machine's
 C++ compiler, against the oneDNN that pip installed
-(``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp`` put ``include/`` and
-``lib/libdnnl.so`` under ``sys.prefix``). Nothing is built at install time, so
-installing fkjax never needs a compiler; without one, or without oneDNN,
-:func:`load` says why and fkjax keeps XLA's convolutions.
+(``pip install -e ".[cpu]"``: ``onednn-cpu-gomp`` / ``onednn-devel-cpu-gomp``
+put ``include/`` and ``lib/libdnnl.so`` under ``sys.prefix``). Nothing is
+built at install time, so installing fkjax never needs a compiler; without
+one, or without oneDNN, :func:`load` says why and fkjax keeps XLA's
+convolutions.
+
+A build is written under a temporary name in the cache folder and renamed
+into place, then a ``.sha256`` file beside it records its digest. A cached
+library is loaded only if its digest matches: a truncated or overwritten
+file (a full disk, an interrupted copy) is rebuilt instead of being loaded,
+which could crash the process or fail on every run.
 
 Environment:
   ``FKJAX_ONEDNN_ROOT``   a oneDNN install (``include/``, ``lib/``) to use
@@ -32,7 +39,7 @@ import jax
 import jaxlib
 
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
-                for name in ("onednn_conv.cc", "noise_inject.cc"))
+                for name in ("onednn_conv.cc", "noise_cpu.cc"))
 TARGETS = {  # FFI target name -> exported symbol
     "fkjax_onednn_conv_fwd": "FkjaxOnednnConvFwd",
     "fkjax_onednn_conv_bwd_data": "FkjaxOnednnConvBwdData",
@@ -62,7 +69,7 @@ def _library_path(root: pathlib.Path, compiler: str) -> pathlib.Path:
                compiler.encode(),
                (root / "include/oneapi/dnnl/dnnl_version.h").read_bytes()):
     digest.update(part)
-  return cache_dir() / f"fkjax_onednn_{digest.hexdigest()[:16]}.so"
+  return cache_dir() / f"fkjax_cpu_{digest.hexdigest()[:16]}.so"
 
 
 def build() -> pathlib.Path:
@@ -73,13 +80,13 @@ def build() -> pathlib.Path:
   if not header.exists() or not any(lib_dir.glob("libdnnl.so*")):
     raise OneDnnUnavailable(
         f"no oneDNN under {root} (looked for {header} and {lib_dir}/libdnnl.so):"
-        " pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0,"
-        " or point FKJAX_ONEDNN_ROOT at an install")
+        " pip install onednn-cpu-gomp==2023.2.0 onednn-devel-cpu-gomp==2023.2.0"
+        " (fkjax's [cpu] extra), or point FKJAX_ONEDNN_ROOT at an install")
   compiler = os.environ.get("CXX", "c++")
   if shutil.which(compiler) is None:
     raise OneDnnUnavailable(f"no C++ compiler {compiler!r} on PATH (set CXX)")
   target = _library_path(root, compiler)
-  if target.exists():
+  if _is_intact(target):
     return target
   try:
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -105,11 +112,49 @@ def build() -> pathlib.Path:
     if result.returncode:
       raise OneDnnUnavailable("compiling fkjax's oneDNN convolutions failed:\n"
                               + " ".join(command) + "\n" + result.stderr[-4000:])
-    os.replace(tmp, target)
+    try:
+      digest = _sha256(pathlib.Path(tmp))
+      os.replace(tmp, target)
+      # The digest last: a library without its (matching) digest is rebuilt.
+      _write_atomically(_digest_path(target), digest + "\n")
+    except OSError as e:
+      raise OneDnnUnavailable(f"cannot write to {target.parent} (set "
+                              f"FKJAX_ONEDNN_CACHE): {e}") from e
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
   return target
+
+
+def _digest_path(library: pathlib.Path) -> pathlib.Path:
+  return library.with_name(library.name + ".sha256")
+
+
+def _sha256(path: pathlib.Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def _is_intact(library: pathlib.Path) -> bool:
+  """Whether ``library`` exists with the digest recorded when it was built."""
+  try:
+    return _digest_path(library).read_text().strip() == _sha256(library)
+  except OSError:
+    return False
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+  fd, tmp = tempfile.mkstemp(dir=path.parent)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 @functools.cache
