@@ -89,6 +89,30 @@ def _schedule_tables(num_iters: int) -> tuple[np.ndarray, np.ndarray]:
   return is_check, window
 
 
+def halving_decision(increases: jax.Array, window: jax.Array | int,
+                     halved_last: jax.Array, loss_max: jax.Array,
+                     loss_max_last: jax.Array,
+                     rho: float = 0.75) -> jax.Array:
+  """Whether to halve the step at a checkpoint ``w_j``, per image.
+
+  Args:
+    increases: int, steps since ``w_{j-1}`` that increased the loss.
+    window: ``w_j - w_{j-1}``.
+    halved_last: bool, whether the step was halved at ``w_{j-1}``.
+    loss_max: best loss so far, at ``w_j``.
+    loss_max_last: best loss at ``w_{j-1}``.
+    rho: condition 1's fraction.
+
+  Returns:
+    bool: condition 1 (``increases < rho * window``) or condition 2 (not
+    halved at ``w_{j-1}`` and ``loss_max`` not above ``loss_max_last``).
+  """
+  few_increases = increases < rho * window
+  stalled = jnp.logical_and(jnp.logical_not(halved_last),
+                            loss_max <= loss_max_last)
+  return jnp.logical_or(few_increases, stalled)
+
+
 def _per_image(mask: jax.Array, ndim: int) -> jax.Array:
   return mask.reshape((-1,) + (1,) * (ndim - 1))
 
@@ -159,10 +183,9 @@ def _run(apply_fn, variables, images, labels, targets, key, *, epsilon,
 
     # The checkpoint decision once iterate k + 1 is known.
     check = is_check[k + 1]
-    few_increases = s["increases"] < rho * window[k + 1]
-    stalled = jnp.logical_and(jnp.logical_not(s["halved_last"]),
-                              s["loss_max"] <= s["loss_max_last"])
-    halve = jnp.logical_and(check, jnp.logical_or(few_increases, stalled))
+    halve = jnp.logical_and(check, halving_decision(
+        s["increases"], window[k + 1], s["halved_last"], s["loss_max"],
+        s["loss_max_last"], rho))
     halve_x = _per_image(halve, ndim)
     s["eta"] = jnp.where(halve, 0.5 * s["eta"], s["eta"])
     s["x"] = jnp.where(halve_x, s["x_max"], s["x"])
