@@ -15,7 +15,7 @@ EPS = 8 / 255
 BOUND_TOL = 1e-6
 
 
-# --- losses -------------------------------------------------------------------
+# --- losses ------------------------------------------------------------------
 
 
 def test_dlr_losses_match_their_closed_forms():
@@ -48,7 +48,7 @@ def test_dlr_losses_match_their_closed_forms():
                          jnp.ones(2, jnp.int32))
 
 
-# --- the step-size schedule ----------------------------------------------------
+# --- the step-size schedule --------------------------------------------------
 
 
 def test_checkpoints_by_hand():
@@ -183,7 +183,7 @@ def test_schedule_matches_the_conditions_replayed_on_a_trained_model():
   np.testing.assert_allclose(score[kept], loss.max(axis=0)[kept], rtol=1e-6)
 
 
-# --- strength -----------------------------------------------------------------
+# --- strength ----------------------------------------------------------------
 
 
 def _robust(apply_fn, params, x_adv, labels):
@@ -253,7 +253,7 @@ def test_restarts_and_targets_respect_the_constraints():
   np.testing.assert_array_equal(np.asarray(info["fooled"]), ~robust)
 
 
-# --- EOT ------------------------------------------------------------------------
+# --- EOT ---------------------------------------------------------------------
 
 
 def test_eot_apgd_beats_single_draw_apgd_on_a_model_with_misleading_draws():

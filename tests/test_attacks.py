@@ -405,7 +405,7 @@ def test_nattack_needs_several_fooling_draws_before_freezing():
   assert frozen3 <= 12
 
 
-# --- best-so-far PGD -----------------------------------------------------------
+# --- best-so-far PGD ---------------------------------------------------------
 
 
 def _slab_model(alpha):

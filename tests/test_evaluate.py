@@ -142,7 +142,7 @@ def test_predict_probs_averages_softmax_over_noise_draws(setup):
   assert float(jnp.max(jnp.abs(probs - predict(_noisy_linear, 1)))) > 1e-3
 
 
-# --- per-image results and the worst case --------------------------------------
+# --- per-image results and the worst case ------------------------------------
 
 
 def test_worst_case_counts_each_image_once():
@@ -177,7 +177,7 @@ def test_per_image_vectors_and_worst_case_from_an_evaluation(setup):
                                  for e in results["attacks"].values())
 
 
-# --- padding -------------------------------------------------------------------
+# --- padding -----------------------------------------------------------------
 
 
 def _batch_std_model(params, images, key):
@@ -238,7 +238,7 @@ def test_evaluator_predicts_a_padded_batch_as_its_real_rows_alone(setup):
   assert np.any(right(padded["image"]) != right(alone["image"]))
 
 
-# --- seeds and the strong protocol ---------------------------------------------
+# --- seeds and the strong protocol -------------------------------------------
 
 
 def test_repeat_evaluation_reports_mean_and_spread(setup):
