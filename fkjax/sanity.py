@@ -140,6 +140,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
                   steps: tuple[int, int] = (20, 100),
                   nattack_population: int = 100,
                   nattack_iters: int = 100,
+                  nattack_chunk: int | None = None,
                   nattack_image_chunk: int | None = None,
                   zero_threshold: float = 2.0,
                   z: float = 2.0,
@@ -168,8 +169,10 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     sweep_steps: PGD steps of the sweep.
     steps: ``(few, many)`` PGD steps of ``more_steps``; ``few`` is also the
       ``more_eot`` attack's.
-    nattack_population, nattack_iters, nattack_image_chunk: NAttack's
-      settings (kept small: a sanity check, not an evaluation).
+    nattack_population, nattack_iters: NAttack's budget (kept small: a
+      sanity check, not an evaluation).
+    nattack_chunk, nattack_image_chunk: NAttack's memory bounds
+      (``attacks.nattack``'s ``chunk`` and ``image_chunk``).
     zero_threshold: largest accuracy (%) accepted at the largest radius.
     z, min_points: the noise tolerance of every comparison (see
       ``paired_excess``).
@@ -212,7 +215,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
                       _pgd(epsilon, few, 1, check_draws))
   nattack_name = add("nattack", ("nattack",), functools.partial(
       attacks_lib.nattack, epsilon=epsilon, population=nattack_population,
-      max_iters=nattack_iters, image_chunk=nattack_image_chunk))
+      max_iters=nattack_iters, chunk=nattack_chunk,
+      image_chunk=nattack_image_chunk))
 
   results = evaluate.robust_accuracy(
       apply_fn, variables, batches, suite, key,
