@@ -96,7 +96,7 @@ def pgd(apply_fn: common.ApplyFn,
     num_steps: ``M``, the number of steps (static).
     random_start: start from a point drawn uniformly in the ball (clipped to
       the box) instead of from ``images``.
-    loss: ``"ce"`` (IFGSM/PGD) or ``"cw"`` (C&W margin), static.
+    loss: ``"ce"`` (IFGSM/PGD), ``"cw"`` (C&W margin) or ``"dlr"``, static.
     eot_samples: noise draws each gradient is averaged over (static).
     unroll: ``True`` writes the steps out in the trace: fastest to run on
       XLA:CPU but compile time grows with ``num_steps``. ``False`` or an int
