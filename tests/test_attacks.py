@@ -355,3 +355,125 @@ def test_nattack_image_chunks_attack_each_group_on_its_own(random_convnet):
     part = slice(2 * group, 2 * group + 2)
     alone = jax.jit(attack)(params, images[part], labels[part], group_key)
     np.testing.assert_allclose(chunked[part], alone, rtol=1e-6, atol=1e-6)
+
+
+def test_nattack_attackbox_variant_returns_the_fooling_sample(fragile_linear):
+  """Already-misclassified images stop at once; the attackbox variant then
+  returns a population sample around mu_0 ~ N(0, 1), far from the image,
+  where the paper's variant returns its N(0, 0.001^2) mean."""
+  params, images, labels = fragile_linear
+  wrong = 1 - labels
+  x_adv = jax.jit(functools.partial(
+      attacks.nattack, _linear, population=8, max_iters=50,
+      variant="attackbox", success_draws=1))(
+          params, images, wrong, jax.random.key(10))
+  assert float(jnp.max(jnp.abs(x_adv - images))) > 0.5 * EPS
+  assert float(jnp.max(jnp.abs(x_adv - images))) <= EPS + BOUND_TOL
+  assert _accuracy(_linear, params, x_adv, wrong) == 0.0
+  with pytest.raises(ValueError, match="variant"):
+    attacks.nattack(_linear, params, images, labels, jax.random.key(0),
+                    variant="authors")
+
+
+def test_nattack_needs_several_fooling_draws_before_freezing():
+  """A model that is right on average but wrong on 40% of single draws.
+
+  With one check draw NAttack freezes (does not move) about 40% of the
+  images after its first check; needing 3 fooling draws freezes about 6%.
+  """
+  def coin(params, images, key):
+    del params
+    logits = jnp.broadcast_to(jnp.array([1.0, 0.0]), (images.shape[0], 2))
+    return logits + 3.0 * jax.random.normal(key, logits.shape)
+
+  images = jnp.full((64, 4, 4, 3), 0.5)
+  labels = jnp.zeros(64, jnp.int32)
+
+  def frozen(draws):
+    x_adv = jax.jit(functools.partial(
+        attacks.nattack, coin, population=8, max_iters=1,
+        success_draws=draws))(None, images, labels, jax.random.key(12))
+    # A frozen image keeps the 0.001-scale initial mean; one NES update of
+    # the others moves some pixel by more than 0.01.
+    moved = jnp.max(jnp.abs(x_adv - images).reshape(64, -1), axis=1)
+    return int(jnp.sum(moved < 0.005)), int(jnp.sum(moved > 0.01))
+
+  frozen1, moved1 = frozen(1)
+  frozen3, moved3 = frozen(3)
+  assert frozen1 + moved1 == 64 and frozen3 + moved3 == 64
+  assert 15 <= frozen1 <= 40
+  assert frozen3 <= 12
+
+
+# --- best-so-far PGD ---------------------------------------------------------
+
+
+def _slab_model(alpha):
+  """A binary model misclassifying a thin slab that sign steps cross.
+
+  With ``u = s . (x - 0.5) / (48 alpha)`` for a sign vector ``s``, PGD steps
+  of ``alpha`` on the images below move ``u`` by exactly 1 per step. The
+  class-1 logit ``0.3 - |u - 1.2|`` wins only for ``|u - 1.2| < 0.3``: PGD
+  from ``u = 0`` visits ``u = 1, 2, 1, 2, ...``, fooling the model at odd
+  steps only.
+  """
+  rng = np.random.default_rng(13)
+  signs = rng.choice([-1.0, 1.0], 48).astype(np.float32)
+  offsets = rng.uniform(-0.1, 0.1, (8, 48)).astype(np.float32)
+  offsets -= np.outer(offsets @ signs / 48, signs)  # s . offsets = 0
+  images = jnp.asarray((0.5 + offsets).reshape(8, 4, 4, 3))
+
+  def slab(params, images, key):
+    del params, key
+    u = (images.reshape(images.shape[0], -1) - 0.5) @ signs / (48 * alpha)
+    margin = 0.3 - jnp.abs(u - 1.2)
+    return jnp.stack([jnp.zeros_like(margin), margin], axis=-1)
+
+  return slab, images, jnp.zeros(8, jnp.int32)
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_pgd_best_so_far_returns_an_iterate_that_fooled_the_model(unroll):
+  alpha = 1 / 255
+  slab, images, labels = _slab_model(alpha)
+  run = lambda **kw: jax.jit(functools.partial(
+      attacks.pgd, slab, epsilon=2 * alpha, step_size=alpha, num_steps=4,
+      random_start=False, unroll=unroll, **kw))(
+          None, images, labels, jax.random.key(0))
+  final = run()
+  best = run(return_best=True, check_draws=0)
+  best_fresh = run(return_best=True, check_draws=2)
+  assert _accuracy(slab, None, images, labels) == 1.0
+  assert _accuracy(slab, None, final, labels) == 1.0  # u = 2: right again
+  for x_adv in (best, best_fresh):
+    assert _accuracy(slab, None, x_adv, labels) == 0.0  # u = 1
+    assert float(jnp.max(jnp.abs(x_adv - images))) <= 2 * alpha + BOUND_TOL
+
+
+def test_pgd_final_iterate_is_the_training_attack(trained_mlp):
+  """``return_best=False`` is the plain loop: start, then sign steps with
+  the gradient keys ``split(split(key)[1], num_steps)``."""
+  params, images, labels = trained_mlp
+  key = jax.random.key(14)
+  x_adv = jax.jit(functools.partial(attacks.pgd, _mlp, num_steps=4))(
+      params, images, labels, key)
+  start_key, steps_key = jax.random.split(key)
+  x = attacks.project(images + attacks.common.uniform(
+      start_key, images.shape, -EPS, EPS), images, EPS)
+  for step_key in jax.random.split(steps_key, 4):
+    grad = attacks.input_gradient(_mlp, params, x, labels, step_key)
+    x = attacks.project(x + (2 / 255) * jnp.sign(grad), images, EPS)
+  np.testing.assert_allclose(x_adv, x, atol=1e-7)
+  # Best-so-far never leaves more images robust on a deterministic model.
+  best = jax.jit(functools.partial(attacks.pgd, _mlp, num_steps=4,
+                                   return_best=True, check_draws=0))(
+                                       params, images, labels, key)
+  robust = lambda x: np.asarray(jnp.argmax(_mlp(params, x, None), -1) ==
+                                labels)
+  assert not np.any(robust(best) & ~robust(x_adv))
+
+
+def test_sweep_step_size_grows_with_epsilon():
+  assert attacks.sweep_step_size(8 / 255, 20) == pytest.approx(1 / 255)
+  assert attacks.sweep_step_size(64 / 255, 20) == pytest.approx(8 / 255)
+  assert attacks.sweep_step_size(0.1, 10, travel=1.0) == pytest.approx(0.01)

@@ -1,5 +1,11 @@
 """Gradient attacks in l_inf: FGSM, PGD (IFGSM^M) and C&W-l_inf.
 
+``pgd(return_best=True)`` counts an image as broken if ANY iterate fooled
+the model and returns that iterate (best-so-far, as AutoAttack counts); the
+default ``return_best=False`` returns the final iterate, which is what the
+training step uses (and must keep using: its numbers do not change).
+``sweep_step_size`` scales the step with epsilon for epsilon sweeps.
+
 All arguments after ``key`` are static: wrap the attack in ``functools.partial``
 before ``jax.jit``, e.g. ``jax.jit(functools.partial(pgd, apply_fn,
 num_steps=20))``.
@@ -44,6 +50,20 @@ def fgsm(apply_fn: common.ApplyFn,
   return common.project(images + epsilon * jnp.sign(grad), images, epsilon)
 
 
+def sweep_step_size(epsilon: float, num_steps: int,
+                    travel: float = 2.5) -> float:
+  """Step size for an epsilon sweep: ``travel * epsilon / num_steps``.
+
+  A fixed step (e.g. 2/255) cannot cross a large ball in a few steps, so a
+  sweep with it never reaches 0% and looks like robustness. With this step
+  the attack can travel ``travel`` ball radii in ``num_steps`` steps whatever
+  epsilon is (2.5 is Madry et al.'s choice).
+  """
+  if num_steps < 1:
+    raise ValueError(f"num_steps must be >= 1, got {num_steps}.")
+  return travel * epsilon / num_steps
+
+
 def pgd(apply_fn: common.ApplyFn,
         variables: Any,
         images: jax.Array,
@@ -56,7 +76,9 @@ def pgd(apply_fn: common.ApplyFn,
         random_start: bool = True,
         loss: str = "ce",
         eot_samples: int = 1,
-        unroll: bool | int = True) -> jax.Array:
+        unroll: bool | int = True,
+        return_best: bool = False,
+        check_draws: int = 1) -> jax.Array:
   """Projected gradient descent in l_inf (IFGSM^M of the paper).
 
   Repeats ``x <- Proj(x + step_size * sign(grad_x loss(x, y)))`` ``num_steps``
@@ -74,16 +96,32 @@ def pgd(apply_fn: common.ApplyFn,
     num_steps: ``M``, the number of steps (static).
     random_start: start from a point drawn uniformly in the ball (clipped to
       the box) instead of from ``images``.
-    loss: ``"ce"`` (IFGSM/PGD) or ``"cw"`` (C&W margin), static.
+    loss: ``"ce"`` (IFGSM/PGD), ``"cw"`` (C&W margin) or ``"dlr"``, static.
     eot_samples: noise draws each gradient is averaged over (static).
     unroll: ``True`` writes the steps out in the trace: fastest to run on
       XLA:CPU but compile time grows with ``num_steps``. ``False`` or an int
       ``n`` uses a ``lax.scan`` unrolled ``n`` times (``False`` = 1): compiles
       once whatever ``num_steps`` is. Static.
+    return_best: ``False`` (the training attack) returns the final iterate.
+      ``True`` (evaluation) checks every iterate from the start on and
+      returns, for each image, the highest-loss iterate that fooled the
+      model, or the final iterate if none did (the evaluation judges that
+      one). Costs ``check_draws`` forward passes per step (none with
+      ``check_draws=0``). Static.
+    check_draws: with ``return_best``, fresh noise draws an iterate must
+      fool, all of them, to count (``eot.fooled``); ``0`` judges the logits
+      of the gradient's first draw instead: free and exact for a
+      deterministic model, too lenient for a noisy one. Static.
 
   Returns:
     Adversarial images, same shape and dtype as ``images``.
   """
+  if return_best:
+    return _pgd_best(apply_fn, variables, images, labels, key,
+                     epsilon=epsilon, step_size=step_size,
+                     num_steps=num_steps, random_start=random_start,
+                     loss=loss, eot_samples=eot_samples, unroll=unroll,
+                     check_draws=check_draws)
   start_key, steps_key = jax.random.split(key)
   x_adv = images
   if random_start:
@@ -107,6 +145,56 @@ def pgd(apply_fn: common.ApplyFn,
   return x_adv
 
 
+def _pgd_best(apply_fn, variables, images, labels, key, *, epsilon,
+              step_size, num_steps, random_start, loss, eot_samples, unroll,
+              check_draws):
+  """``pgd`` with best-so-far tracking; same start and gradient keys."""
+  start_key, steps_key = jax.random.split(key)
+  x = images
+  if random_start:
+    noise = common.uniform(start_key, images.shape, -epsilon, epsilon)
+    x = common.project(images + noise, images, epsilon)
+  # The gradients use exactly pgd's keys; the checks get their own stream.
+  step_keys = jax.random.split(steps_key, max(num_steps, 1))
+  check_keys = jax.random.split(jax.random.fold_in(key, 1), max(num_steps, 1))
+  batch_shape = (-1,) + (1,) * (images.ndim - 1)
+
+  def record(best, x, value, wrong):
+    best_x, best_value, any_wrong = best
+    better = jnp.logical_and(wrong, value > best_value)
+    best_x = jnp.where(better.reshape(batch_shape), x, best_x)
+    best_value = jnp.where(better, value, best_value)
+    return best_x, best_value, jnp.logical_or(any_wrong, wrong)
+
+  def step(carry, keys):
+    x, best = carry
+    step_key, check_key = keys
+    value, grad, logits = eot.loss_and_gradient(
+        apply_fn, variables, x, labels, step_key, loss=loss,
+        eot_samples=eot_samples)
+    wrong = eot.fooled(apply_fn, variables, x, labels, check_key,
+                       check_draws, logits)
+    best = record(best, x, value, wrong)
+    x_next = common.project(x + step_size * jnp.sign(grad), images, epsilon)
+    return (x_next, best), None
+
+  best = (x, jnp.full(labels.shape, -jnp.inf, jnp.float32),
+          jnp.zeros(labels.shape, jnp.bool_))
+  carry = (x, best)
+  if unroll is True:
+    for i in range(num_steps):
+      carry, _ = step(carry, (step_keys[i], check_keys[i]))
+  elif num_steps > 0:
+    carry, _ = jax.lax.scan(step, carry,
+                            (step_keys[:num_steps], check_keys[:num_steps]),
+                            unroll=max(1, int(unroll)))
+  x, best = carry
+  # The final iterate needs no check of its own: it is returned whenever no
+  # earlier iterate fooled the model, and the evaluation judges it anyway.
+  best_x, _, any_wrong = best
+  return jnp.where(any_wrong.reshape(batch_shape), best_x, x)
+
+
 def cw_linf(apply_fn: common.ApplyFn,
             variables: Any,
             images: jax.Array,
@@ -118,7 +206,9 @@ def cw_linf(apply_fn: common.ApplyFn,
             num_steps: int = 20,
             random_start: bool = True,
             eot_samples: int = 1,
-            unroll: bool | int = True) -> jax.Array:
+            unroll: bool | int = True,
+            return_best: bool = False,
+            check_draws: int = 1) -> jax.Array:
   """C&W attack in l_inf: ``pgd`` on the margin ``max_{j != y} z_j - z_y``.
 
   The paper leaves the C&W settings open; the default is 20 steps of 2/255
@@ -128,4 +218,4 @@ def cw_linf(apply_fn: common.ApplyFn,
   return pgd(apply_fn, variables, images, labels, key, epsilon=epsilon,
              step_size=step_size, num_steps=num_steps,
              random_start=random_start, loss="cw", eot_samples=eot_samples,
-             unroll=unroll)
+             unroll=unroll, return_best=return_best, check_draws=check_draws)

@@ -1,0 +1,362 @@
+"""Auto-PGD in l_inf (Croce & Hein, ICML 2020): APGD-CE, APGD-DLR, APGD-T.
+
+APGD is PGD with momentum whose step size needs no tuning: it starts at
+``2 * epsilon`` and is halved at fixed checkpoints whenever the attack stops
+making progress, restarting from the best point found so far.
+
+Written from the paper. With iterates ``x^(0), x^(1), ...`` (``x^(0)`` a
+random point of the ball) and loss ``f``:
+
+* step: ``z = P(x^(k) + eta * sign(grad f(x^(k))))``, then
+  ``x^(k+1) = P(x^(k) + a (z - x^(k)) + (1 - a)(x^(k) - x^(k-1)))`` with
+  momentum ``a = 0.75`` (``a = 1`` for the first step, which has no
+  previous iterate), ``P`` the projection onto the ball and [0, 1];
+* checkpoints ``w_j = ceil(p_j N)`` for ``N`` iterations, ``p_0 = 0``,
+  ``p_1 = 0.22``, ``p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)``
+  (``checkpoints(100) == (0, 22, 41, 57, 70, 80, 87, 93, 99)``);
+* once iterate ``x^(w_j)`` and its loss are known (j >= 1), ``eta`` is halved
+  if either
+
+  1. fewer than ``rho * (w_j - w_{j-1})`` of the steps since the previous
+     checkpoint increased the loss (``f(x^(i+1)) > f(x^(i))`` for
+     ``w_{j-1} <= i < w_j``; ``rho = 0.75``), or
+  2. ``eta`` was not halved at ``w_{j-1}`` and the best loss ``f_max`` has not
+     grown since ``w_{j-1}``;
+
+  and when it is halved the search restarts from the best point
+  ``x_max``: ``x^(w_j) <- x_max`` (with its loss and gradient; the momentum
+  term restarts at zero).
+
+Each image has its own step size, counters and best point (arrays, not
+Python state), so a batch is attacked at once; the loop is a
+``lax.fori_loop`` with a static iteration count. Like AutoAttack, an image
+counts as broken if ANY iterate fooled the model: the attack returns, per
+image, the highest-loss iterate that fooled the model, else the highest-loss
+iterate ``x_max``. With ``n_restarts > 1`` (and for every target of APGD-T)
+the attack runs again from a new random start and keeps, per image, a
+fooling point over a non-fooling one and otherwise the higher loss; a run is
+skipped once every image of the batch is fooled.
+
+Noisy models: every gradient, and the loss that steers the step size, is an
+average over ``eot_samples`` noise draws (``eot.loss_and_gradient``); an
+iterate counts as fooling only if it fools the model on ``check_draws``
+fresh draws (``eot.fooled``), never the draws its gradient used.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fkjax.attacks import common
+from fkjax.attacks import eot
+
+APGD_LOSSES = ("ce", "dlr", "dlr_targeted", "cw")
+
+
+def checkpoints(num_iters: int) -> tuple[int, ...]:
+  """The checkpoint iterations ``w_0 = 0 < w_1 < ... <= num_iters``.
+
+  ``p_j`` are computed in exact hundredths so that e.g. ``0.22 * 100`` is 22,
+  not 23 (``ceil`` of a float rounding error).
+  """
+  if num_iters < 1:
+    raise ValueError(f"num_iters must be >= 1, got {num_iters}.")
+  hundredths = [0, 22]
+  while True:
+    nxt = hundredths[-1] + max(hundredths[-1] - hundredths[-2] - 3, 6)
+    if nxt > 100:
+      break
+    hundredths.append(nxt)
+  points = []
+  for p in hundredths:
+    w = -(-p * num_iters // 100)  # ceil in integers
+    if w <= num_iters and (not points or w > points[-1]):
+      points.append(w)
+  return tuple(points)
+
+
+def _schedule_tables(num_iters: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per iterate index ``i`` in [0, N]: is it a checkpoint, its window."""
+  is_check = np.zeros(num_iters + 1, bool)
+  window = np.zeros(num_iters + 1, np.int32)
+  points = checkpoints(num_iters)
+  for previous, w in zip(points[:-1], points[1:]):
+    is_check[w] = True
+    window[w] = w - previous
+  return is_check, window
+
+
+def halving_decision(increases: jax.Array, window: jax.Array | int,
+                     halved_last: jax.Array, loss_max: jax.Array,
+                     loss_max_last: jax.Array,
+                     rho: float = 0.75) -> jax.Array:
+  """Whether to halve the step at a checkpoint ``w_j``, per image.
+
+  Args:
+    increases: int, steps since ``w_{j-1}`` that increased the loss.
+    window: ``w_j - w_{j-1}``.
+    halved_last: bool, whether the step was halved at ``w_{j-1}``.
+    loss_max: best loss so far, at ``w_j``.
+    loss_max_last: best loss at ``w_{j-1}``.
+    rho: condition 1's fraction.
+
+  Returns:
+    bool: condition 1 (``increases < rho * window``) or condition 2 (not
+    halved at ``w_{j-1}`` and ``loss_max`` not above ``loss_max_last``).
+  """
+  few_increases = increases < rho * window
+  stalled = jnp.logical_and(jnp.logical_not(halved_last),
+                            loss_max <= loss_max_last)
+  return jnp.logical_or(few_increases, stalled)
+
+
+def _per_image(mask: jax.Array, ndim: int) -> jax.Array:
+  return mask.reshape((-1,) + (1,) * (ndim - 1))
+
+
+def _run(apply_fn, variables, images, labels, targets, key, *, epsilon,
+         num_iters, loss, eot_samples, check_draws, random_start, rho,
+         momentum, initial_step, trace):
+  """One APGD run from one random start. Returns the result and a trace."""
+  start_key, loop_key = jax.random.split(key)
+  ndim = images.ndim
+  x0 = images
+  if random_start:
+    noise = common.uniform(start_key, images.shape, -epsilon, epsilon)
+    x0 = common.project(images + noise, images, epsilon)
+
+  def evaluate(x, k):
+    step_key, check_key = jax.random.split(jax.random.fold_in(loop_key, k))
+    value, grad, logits = eot.loss_and_gradient(
+        apply_fn, variables, x, labels, step_key, loss=loss,
+        eot_samples=eot_samples, targets=targets)
+    wrong = eot.fooled(apply_fn, variables, x, labels, check_key,
+                       check_draws, logits)
+    return value, grad, wrong
+
+  loss0, grad0, wrong0 = evaluate(x0, 0)
+  batch = labels.shape
+  is_check, window = (jnp.asarray(t) for t in _schedule_tables(num_iters))
+  state = {
+      "x": x0, "x_prev": x0, "grad": grad0, "loss": loss0,
+      "eta": jnp.full(batch, initial_step * epsilon, jnp.float32),
+      "x_max": x0, "grad_max": grad0, "loss_max": loss0,
+      "adv": x0, "adv_loss": jnp.where(wrong0, loss0, -jnp.inf),
+      "fooled": wrong0,
+      "increases": jnp.zeros(batch, jnp.int32),
+      "loss_max_last": loss0,
+      "halved_last": jnp.zeros(batch, jnp.bool_),
+  }
+  if trace:
+    state["trace_loss"] = jnp.zeros((num_iters + 1,) + batch,
+                                    jnp.float32).at[0].set(loss0)
+    state["trace_eta"] = jnp.zeros((num_iters,) + batch, jnp.float32)
+
+  def body(k, s):
+    s = dict(s)
+    eta = _per_image(s["eta"], ndim)
+    x, x_prev = s["x"], s["x_prev"]
+    z = common.project(x + eta * jnp.sign(s["grad"]), images, epsilon)
+    a = jnp.where(k == 0, 1.0, momentum)
+    x_new = common.project(x + a * (z - x) + (1.0 - a) * (x - x_prev), images,
+                           epsilon)
+    loss_new, grad_new, wrong = evaluate(x_new, k + 1)
+    if trace:
+      s["trace_eta"] = s["trace_eta"].at[k].set(s["eta"])
+      s["trace_loss"] = s["trace_loss"].at[k + 1].set(loss_new)
+
+    better_adv = jnp.logical_and(wrong, loss_new > s["adv_loss"])
+    s["adv"] = jnp.where(_per_image(better_adv, ndim), x_new, s["adv"])
+    s["adv_loss"] = jnp.where(better_adv, loss_new, s["adv_loss"])
+    s["fooled"] = jnp.logical_or(s["fooled"], wrong)
+
+    s["increases"] = s["increases"] + (loss_new > s["loss"]).astype(jnp.int32)
+    improved = loss_new > s["loss_max"]
+    improved_x = _per_image(improved, ndim)
+    s["x_max"] = jnp.where(improved_x, x_new, s["x_max"])
+    s["grad_max"] = jnp.where(improved_x, grad_new, s["grad_max"])
+    s["loss_max"] = jnp.where(improved, loss_new, s["loss_max"])
+    s["x_prev"], s["x"], s["grad"], s["loss"] = x, x_new, grad_new, loss_new
+
+    # The checkpoint decision once iterate k + 1 is known.
+    check = is_check[k + 1]
+    halve = jnp.logical_and(check, halving_decision(
+        s["increases"], window[k + 1], s["halved_last"], s["loss_max"],
+        s["loss_max_last"], rho))
+    halve_x = _per_image(halve, ndim)
+    s["eta"] = jnp.where(halve, 0.5 * s["eta"], s["eta"])
+    s["x"] = jnp.where(halve_x, s["x_max"], s["x"])
+    s["x_prev"] = jnp.where(halve_x, s["x_max"], s["x_prev"])
+    s["grad"] = jnp.where(halve_x, s["grad_max"], s["grad"])
+    s["loss"] = jnp.where(halve, s["loss_max"], s["loss"])
+    s["increases"] = jnp.where(check, 0, s["increases"])
+    s["loss_max_last"] = jnp.where(check, s["loss_max"], s["loss_max_last"])
+    s["halved_last"] = jnp.where(check, halve, s["halved_last"])
+    return s
+
+  state = jax.lax.fori_loop(0, num_iters, body, state)
+  fooled = state["fooled"]
+  x_adv = jnp.where(_per_image(fooled, ndim), state["adv"], state["x_max"])
+  score = jnp.where(fooled, state["adv_loss"], state["loss_max"])
+  info = {}
+  if trace:
+    info = {"loss": state["trace_loss"], "step_size": state["trace_eta"]}
+  return x_adv, fooled, score, info
+
+
+def attack_targets(apply_fn: common.ApplyFn, variables: Any,
+                   images: jax.Array, labels: jax.Array, key: jax.Array,
+                   num_targets: int, eot_samples: int = 1) -> jax.Array:
+  """Int ``[num_targets, batch]``: APGD-T's target classes.
+
+  The classes with the highest clean logits other than the true label, best
+  first (AutoAttack's choice); for a noisy model the logits are averaged
+  over ``eot_samples`` draws.
+  """
+  if eot_samples == 1:
+    logits = apply_fn(variables, images, key).astype(jnp.float32)
+  else:
+    logits = jnp.mean(jax.vmap(lambda k: apply_fn(variables, images, k).astype(
+        jnp.float32))(jax.random.split(key, eot_samples)), axis=0)
+  num_classes = logits.shape[-1]
+  if not 1 <= num_targets <= num_classes - 1:
+    raise ValueError(f"num_targets must be in [1, {num_classes - 1}], got "
+                     f"{num_targets}")
+  true_mask = jax.nn.one_hot(labels, num_classes, dtype=jnp.bool_)
+  scores = jnp.where(true_mask, -jnp.inf, logits)
+  return jax.lax.top_k(scores, num_targets)[1].T
+
+
+def apgd(apply_fn: common.ApplyFn,
+         variables: Any,
+         images: jax.Array,
+         labels: jax.Array,
+         key: jax.Array,
+         *,
+         epsilon: float = 8 / 255,
+         num_iters: int = 100,
+         loss: str = "ce",
+         n_restarts: int = 1,
+         num_targets: int = 9,
+         eot_samples: int = 1,
+         check_draws: int = 1,
+         random_start: bool = True,
+         rho: float = 0.75,
+         momentum: float = 0.75,
+         initial_step: float = 2.0,
+         return_info: bool = False):
+  """Auto-PGD in l_inf; see the module docstring for the algorithm.
+
+  Args:
+    apply_fn: ``apply_fn(variables, images, key) -> logits``.
+    variables: the model variables.
+    images: float array ``[batch, ...]`` with values in [0, 1].
+    labels: int array ``[batch]``, the true labels.
+    key: PRNG key for the random starts and the model noise.
+    epsilon: l_inf radius.
+    num_iters: iterations ``N`` per run (static); each costs one
+      gradient (times ``eot_samples``) and ``check_draws`` forward passes.
+    loss: ``"ce"`` (APGD-CE), ``"dlr"`` (APGD-DLR, >= 3 classes),
+      ``"dlr_targeted"`` (APGD-T, >= 4 classes) or ``"cw"``. Static.
+    n_restarts: random restarts per run (per target for APGD-T). Static.
+    num_targets: APGD-T's targets: the classes with the highest clean
+      logits other than the label (9 = every other class of CIFAR-10).
+      Static; ignored by the untargeted losses.
+    eot_samples: noise draws each gradient and loss average over. Static.
+    check_draws: fresh noise draws an iterate must fool, all of them, to
+      count as a success; 0 judges the gradient's first draw instead (free,
+      exact for a deterministic model only). Static.
+    random_start: start from a uniform point of the ball (as the paper);
+      False starts at ``images``. Static.
+    rho: condition 1's fraction of successful steps. Static.
+    momentum: ``a`` of the step (0.75). Static.
+    initial_step: the first step size in units of ``epsilon`` (2). Static.
+    return_info: also return a dict with, per image, ``"fooled"`` (bool
+      ``[batch]``: some iterate fooled the ``check_draws`` check),
+      ``"score"`` (the returned point's loss) and, per run (``[runs, ...]``),
+      the trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as
+      evaluated, before any restart from ``x_max``) and ``"step_size"``
+      (``[runs, N, batch]``: the step that produced ``x^(k+1)``); a run
+      skipped because every image was fooled has zero traces. Static.
+
+  Returns:
+    Adversarial images like ``images`` (and the info dict if asked).
+  """
+  if loss not in APGD_LOSSES:
+    raise ValueError(f"loss must be one of {APGD_LOSSES}, got {loss!r}")
+  if n_restarts < 1:
+    raise ValueError(f"n_restarts must be >= 1, got {n_restarts}.")
+  targeted = loss == "dlr_targeted"
+  target_key, runs_key = jax.random.split(key)
+  if targeted:
+    targets = attack_targets(apply_fn, variables, images, labels, target_key,
+                             num_targets, eot_samples)
+    run_targets = jnp.repeat(targets, n_restarts, axis=0)
+  else:
+    run_targets = jnp.zeros((n_restarts,) + labels.shape, jnp.int32)
+  num_runs = run_targets.shape[0]
+  run_keys = jax.random.split(runs_key, num_runs)
+  ndim = images.ndim
+  run = lambda t, k: _run(
+      apply_fn, variables, images, labels, t if targeted else None, k,
+      epsilon=epsilon, num_iters=num_iters, loss=loss,
+      eot_samples=eot_samples, check_draws=check_draws,
+      random_start=random_start, rho=rho, momentum=momentum,
+      initial_step=initial_step, trace=return_info)
+
+  def merge(best, new):
+    best_x, best_fooled, best_score = best
+    new_x, new_fooled, new_score = new
+    take = jnp.logical_or(
+        jnp.logical_and(new_fooled, jnp.logical_not(best_fooled)),
+        jnp.logical_and(new_fooled == best_fooled, new_score > best_score))
+    return (jnp.where(_per_image(take, ndim), new_x, best_x),
+            jnp.logical_or(best_fooled, new_fooled),
+            jnp.where(take, new_score, best_score))
+
+  first_x, first_fooled, first_score, first_info = run(run_targets[0],
+                                                       run_keys[0])
+  best = (first_x, first_fooled, first_score)
+  infos = jax.tree.map(lambda a: a[None], first_info)
+  if num_runs > 1:
+    empty_info = jax.tree.map(jnp.zeros_like, first_info)
+
+    def one_run(best, inputs):
+      target, run_key = inputs
+
+      def attack(best):
+        x, fooled, score, info = run(target, run_key)
+        return merge(best, (x, fooled, score)), info
+
+      return jax.lax.cond(jnp.all(best[1]), lambda b: (b, empty_info),
+                          attack, best)
+
+    best, more_infos = jax.lax.scan(one_run, best,
+                                    (run_targets[1:], run_keys[1:]))
+    infos = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), infos,
+                         more_infos)
+  x_adv, fooled, score = best
+  if not return_info:
+    return x_adv
+  return x_adv, {"fooled": fooled, "score": score, **infos}
+
+
+def apgd_ce(apply_fn, variables, images, labels, key, **kwargs):
+  """APGD on the cross-entropy; see :func:`apgd`."""
+  return apgd(apply_fn, variables, images, labels, key, loss="ce", **kwargs)
+
+
+def apgd_dlr(apply_fn, variables, images, labels, key, **kwargs):
+  """APGD on the DLR loss; see :func:`apgd`."""
+  return apgd(apply_fn, variables, images, labels, key, loss="dlr", **kwargs)
+
+
+def apgd_t(apply_fn, variables, images, labels, key, **kwargs):
+  """APGD-T: targeted DLR over the top ``num_targets`` classes; see
+  :func:`apgd`."""
+  return apgd(apply_fn, variables, images, labels, key, loss="dlr_targeted",
+              **kwargs)
+

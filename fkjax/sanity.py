@@ -1,0 +1,304 @@
+"""Sanity checks of a robustness evaluation (Carlini et al., 2019).
+
+"On Evaluating Adversarial Robustness" lists symptoms of an evaluation that
+a defence fools, most often by masking its gradient. ``sanity_checks`` runs
+four of them on a few batches and says loudly when one fails:
+
+* ``epsilon_sweep``: accuracy under PGD against epsilon in {0, 2, 4, 8, 16,
+  32, 64}/255 never rises (beyond noise) as epsilon grows, with a step size
+  that grows with epsilon (``attacks.sweep_step_size``);
+* ``sweep_reaches_zero``: at the largest epsilon (64/255: the image can
+  be made nearly grey) the accuracy is ~0;
+* ``more_steps``: PGD with many steps is not weaker than with few;
+* ``more_eot``: for a noisy model, PGD with EOT over K draws is not weaker
+  than with one draw;
+* ``blackbox_weaker``: the gradient-free NAttack is not stronger than the
+  white-box attacks together.
+
+Every comparison is paired, image by image: with ``b`` images the stronger
+setting leaves robust but the weaker breaks and ``c`` the reverse, a check
+fails when ``b - c`` exceeds ``z * sqrt(b + c)`` images (a McNemar-type
+bound for two attacks of equal strength) and ``min_points`` percentage
+points. A failure means the robust accuracies of that evaluation should not
+be trusted: the report says "POSSIBLE GRADIENT MASKING".
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from fkjax import attacks as attacks_lib
+from fkjax import evaluate
+
+SWEEP_EPSILONS = tuple(e / 255 for e in (0, 2, 4, 8, 16, 32, 64))
+
+BANNER = "!!! POSSIBLE GRADIENT MASKING !!!"
+
+
+@dataclasses.dataclass
+class Check:
+  """One sanity check: ``passed`` is None when it was skipped."""
+  name: str
+  passed: bool | None
+  summary: str
+  details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class SanityReport:
+  """The checks, the settings they ran with, and the accuracies measured."""
+  checks: list[Check]
+  settings: dict[str, Any]
+  accuracies: dict[str, float]
+
+  @property
+  def passed(self) -> bool:
+    """True when no check failed (skipped checks do not fail)."""
+    return all(c.passed is not False for c in self.checks)
+
+  @property
+  def failed(self) -> list[str]:
+    return [c.name for c in self.checks if c.passed is False]
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"passed": self.passed, "failed": self.failed,
+            "warning": None if self.passed else BANNER,
+            "checks": [dataclasses.asdict(c) for c in self.checks],
+            "settings": self.settings, "accuracies": self.accuracies}
+
+  def format(self) -> str:
+    """Printable report; a failed check puts a banner above and below."""
+    lines = []
+    if not self.passed:
+      lines += [BANNER, f"failed sanity checks: {', '.join(self.failed)}; "
+                "the robust accuracies of this evaluation may be "
+                "overestimates (Carlini et al. 2019)."]
+    lines.append(f"sanity checks ({self.settings['num_examples']} images):")
+    for c in self.checks:
+      status = {True: "PASS", False: "FAIL", None: "skip"}[c.passed]
+      lines.append(f"  [{status}] {c.name}: {c.summary}")
+    if not self.passed:
+      lines.append(BANNER)
+    return "\n".join(lines)
+
+
+def paired_excess(stronger: np.ndarray, weaker: np.ndarray, *, z: float = 2.0,
+                  min_points: float = 1.0) -> dict[str, Any]:
+  """Whether an attack expected to be stronger leaves more images robust.
+
+  Args:
+    stronger: bool ``[n]``, per image, robust under the attack expected to
+      be at least as strong.
+    weaker: bool ``[n]``, robust under the other one.
+    z: standard deviations of the paired difference allowed as noise.
+    min_points: smallest excess (percentage points) ever flagged.
+
+  Returns:
+    ``{"excess_points": (b - c) / n in %, "tolerance_points", "flagged":
+    bool, "b": int, "c": int}`` where ``b`` counts images robust under
+    ``stronger`` only and ``c`` under ``weaker`` only.
+  """
+  stronger = np.asarray(stronger, bool)
+  weaker = np.asarray(weaker, bool)
+  n = max(int(stronger.size), 1)
+  b = int(np.sum(stronger & ~weaker))
+  c = int(np.sum(weaker & ~stronger))
+  excess = 100.0 * (b - c) / n
+  tolerance = max(min_points, 100.0 * z * math.sqrt(b + c) / n)
+  return {"excess_points": excess, "tolerance_points": tolerance,
+          "flagged": bool(excess > tolerance), "b": b, "c": c}
+
+
+def _pgd(epsilon, num_steps, eot_samples, check_draws):
+  if epsilon == 0:
+    return evaluate.natural
+  return functools.partial(
+      attacks_lib.pgd, epsilon=epsilon,
+      step_size=attacks_lib.sweep_step_size(epsilon, num_steps),
+      num_steps=num_steps, random_start=True, loss="ce",
+      eot_samples=eot_samples, unroll=False, return_best=True,
+      check_draws=check_draws)
+
+
+def sanity_checks(apply_fn: attacks_lib.ApplyFn,
+                  variables: Any,
+                  batches: Sequence[Mapping[str, Any]],
+                  key: jax.Array,
+                  *,
+                  epsilon: float = 8 / 255,
+                  stochastic: bool = False,
+                  eot_samples: int | None = None,
+                  check_draws: int | None = None,
+                  num_noise_draws: int = 1,
+                  sweep_epsilons: Sequence[float] = SWEEP_EPSILONS,
+                  sweep_steps: int = 20,
+                  steps: tuple[int, int] = (20, 100),
+                  nattack_population: int = 100,
+                  nattack_iters: int = 100,
+                  nattack_chunk: int | None = None,
+                  nattack_image_chunk: int | None = None,
+                  zero_threshold: float = 2.0,
+                  z: float = 2.0,
+                  min_points: float = 1.0,
+                  progress: bool = False) -> SanityReport:
+  """Runs the sanity checks of the module docstring on ``batches``.
+
+  All attacks are PGD with best-so-far tracking from a random start, step
+  ``2.5 * eps / steps`` (so that every run can cross its ball), except the
+  black-box NAttack (the paper's variant). The white-box attacks use
+  ``eot_samples`` draws per gradient (defaults as ``evaluate.strong_attacks``).
+
+  Args:
+    apply_fn: ``apply_fn(variables, images, key) -> logits``.
+    variables: the model variables.
+    batches: a few batches (dicts with ``image``, ``label``, optional
+      ``mask``); a few hundred images give tolerances of a few points.
+    key: PRNG key.
+    epsilon: the evaluation's radius: ``more_steps``, ``more_eot`` and
+      ``blackbox_weaker`` attack there.
+    stochastic: whether the model draws noise at test time.
+    eot_samples: EOT draws of the white-box attacks (20 if ``stochastic``).
+    check_draws: fresh draws an iterate must fool (3 if ``stochastic``).
+    num_noise_draws: draws the scoring prediction averages over.
+    sweep_epsilons: the sweep's radii, increasing (0 = clean accuracy).
+    sweep_steps: PGD steps of the sweep.
+    steps: ``(few, many)`` PGD steps of ``more_steps``; ``few`` is also the
+      ``more_eot`` attack's.
+    nattack_population, nattack_iters: NAttack's budget (kept small: a
+      sanity check, not an evaluation).
+    nattack_chunk, nattack_image_chunk: NAttack's memory bounds
+      (``attacks.nattack``'s ``chunk`` and ``image_chunk``).
+    zero_threshold: largest accuracy (%) accepted at the largest radius.
+    z, min_points: the noise tolerance of every comparison (see
+      ``paired_excess``).
+    progress: tqdm bar.
+
+  Returns:
+    A ``SanityReport``; ``report.format()`` prints it and
+    ``report.to_dict()`` stores it.
+  """
+  eot_samples, check_draws = evaluate.strong_settings(
+      stochastic=stochastic, eot_samples=eot_samples, check_draws=check_draws)
+  sweep = sorted(float(e) for e in sweep_epsilons)
+  if len(sweep) < 2:
+    raise ValueError("sweep_epsilons needs at least two radii")
+  few, many = steps
+  if not 0 < few < many:
+    raise ValueError(f"steps must be (few, many) with 0 < few < many, got "
+                     f"{steps}")
+  # One attack per distinct configuration: equal ones are run once.
+  configs: dict[tuple, str] = {}
+  suite: dict[str, evaluate.Attack] = {}
+
+  def add(name, config, attack):
+    if config in configs:
+      return configs[config]
+    configs[config] = name
+    suite[name] = attack
+    return name
+
+  sweep_names = [
+      add(f"sweep_{e * 255:g}", ("pgd", e, sweep_steps, eot_samples),
+          _pgd(e, sweep_steps, eot_samples, check_draws)) for e in sweep]
+  few_name = add(f"pgd{few}", ("pgd", epsilon, few, eot_samples),
+                 _pgd(epsilon, few, eot_samples, check_draws))
+  many_name = add(f"pgd{many}", ("pgd", epsilon, many, eot_samples),
+                  _pgd(epsilon, many, eot_samples, check_draws))
+  single_name = None
+  if stochastic and eot_samples > 1:
+    single_name = add(f"pgd{few}_eot1", ("pgd", epsilon, few, 1),
+                      _pgd(epsilon, few, 1, check_draws))
+  nattack_name = add("nattack", ("nattack",), functools.partial(
+      attacks_lib.nattack, epsilon=epsilon, population=nattack_population,
+      max_iters=nattack_iters, chunk=nattack_chunk,
+      image_chunk=nattack_image_chunk))
+
+  results = evaluate.robust_accuracy(
+      apply_fn, variables, batches, suite, key,
+      num_noise_draws=num_noise_draws, progress=progress, per_image=True)
+  robust = results["per_image"]
+  accuracy = {name: entry["accuracy"]
+              for name, entry in results["attacks"].items()}
+  n = results["num_examples"]
+  compare = functools.partial(paired_excess, z=z, min_points=min_points)
+  checks = []
+
+  # 1. Monotone in epsilon.
+  rises = []
+  for (e0, a), (e1, b) in zip(zip(sweep, sweep_names),
+                              zip(sweep[1:], sweep_names[1:])):
+    result = compare(robust[b], robust[a])
+    if result["flagged"]:
+      rises.append(f"{e0 * 255:g}->{e1 * 255:g}/255 "
+                   f"(+{result['excess_points']:.1f} points)")
+  curve = ", ".join(f"{e * 255:g}: {accuracy[name]:.1f}"
+                    for e, name in zip(sweep, sweep_names))
+  checks.append(Check(
+      "epsilon_sweep", not rises,
+      f"accuracy % at eps/255 {{{curve}}}" +
+      (f"; RISES at {'; '.join(rises)}" if rises else
+       "; never rises beyond noise"),
+      {"epsilons": sweep, "accuracy": [accuracy[nm] for nm in sweep_names],
+       "rises": rises, "step_size": f"2.5 * eps / {sweep_steps}"}))
+
+  # 2. Reaches ~0 at the largest radius.
+  top = accuracy[sweep_names[-1]]
+  checks.append(Check(
+      "sweep_reaches_zero", top <= zero_threshold,
+      f"{top:.1f}% at eps={sweep[-1] * 255:g}/255 "
+      f"({'<=' if top <= zero_threshold else 'ABOVE'} {zero_threshold:g}%)",
+      {"accuracy": top, "threshold": zero_threshold}))
+
+  # 3. More steps do not help the model.
+  result = compare(robust[many_name], robust[few_name])
+  checks.append(Check(
+      "more_steps", not result["flagged"],
+      f"PGD-{many} {accuracy[many_name]:.1f}% vs PGD-{few} "
+      f"{accuracy[few_name]:.1f}% (excess {result['excess_points']:+.1f}, "
+      f"tolerance {result['tolerance_points']:.1f} points)", result))
+
+  # 4. More EOT samples do not help the model.
+  if single_name is None:
+    checks.append(Check(
+        "more_eot", None,
+        "deterministic model: EOT changes nothing" if not stochastic else
+        "eot_samples is 1: nothing to compare"))
+  else:
+    result = compare(robust[few_name], robust[single_name])
+    checks.append(Check(
+        "more_eot", not result["flagged"],
+        f"PGD-{few} EOT-{eot_samples} {accuracy[few_name]:.1f}% vs EOT-1 "
+        f"{accuracy[single_name]:.1f}% (excess "
+        f"{result['excess_points']:+.1f}, tolerance "
+        f"{result['tolerance_points']:.1f} points)", result))
+
+  # 5. The black-box attack is not stronger than the white-box ones.
+  white = [name for name in suite
+           if name not in (nattack_name,) and not name.startswith("sweep_")]
+  at_eps = [nm for e, nm in zip(sweep, sweep_names) if e == epsilon]
+  white = list(dict.fromkeys(white + at_eps))
+  white_robust = np.logical_and.reduce([robust[nm] for nm in white])
+  result = compare(white_robust, robust[nattack_name])
+  white_accuracy = 100.0 * float(white_robust.mean()) if n else float("nan")
+  checks.append(Check(
+      "blackbox_weaker", not result["flagged"],
+      f"NAttack {accuracy[nattack_name]:.1f}% vs white-box worst case "
+      f"{white_accuracy:.1f}% over {', '.join(white)} (excess "
+      f"{result['excess_points']:+.1f}, tolerance "
+      f"{result['tolerance_points']:.1f} points)",
+      {**result, "white_box": white, "white_box_accuracy": white_accuracy}))
+
+  settings = {"num_examples": n, "epsilon": epsilon, "stochastic": stochastic,
+              "eot_samples": eot_samples, "check_draws": check_draws,
+              "num_noise_draws": num_noise_draws, "sweep_steps": sweep_steps,
+              "steps": list(steps), "nattack_population": nattack_population,
+              "nattack_iters": nattack_iters, "z": z,
+              "min_points": min_points, "zero_threshold": zero_threshold,
+              "seconds": {name: e["seconds"]
+                          for name, e in results["attacks"].items()}}
+  return SanityReport(checks, settings, accuracy)
