@@ -58,7 +58,12 @@ def attack_suite(names: str, config: ml_collections.ConfigDict
       epsilon=config.attack.epsilon, step_size=config.attack.step_size,
       nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
       nattack_image_chunk=e.nattack_image_chunk,
-      unroll=config.attack.unroll)
+      unroll=config.attack.unroll, best_so_far=e.best_so_far,
+      # a deterministic model needs no fresh draw to check an iterate
+      check_draws=1 if config.model.noise_coef else 0,
+      nattack_variant=e.nattack_variant,
+      nattack_success_draws=e.nattack_success_draws)
+  every["cw_authors"] = attacks.cw_authors
   wanted = [n.strip() for n in names.split(",") if n.strip()]
   unknown = sorted(set(wanted) - set(every))
   if unknown:
@@ -86,9 +91,54 @@ def result_file(workdir: str, config: ml_collections.ConfigDict,
   :func:`fkjax.workdir.result_path`)."""
   if final:
     return workdir_lib.result_path(workdir, workdir_lib.FINAL)
+  if config.eval.protocol == "strong":
+    return workdir_lib.result_path(workdir, "strong",
+                                   targeted=config.eval.strong.targeted)
   eot = config.eval.eot_samples
   return workdir_lib.result_path(workdir, config.eval.protocol,
                                  eot=eot if eot > 1 else None)
+
+
+def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
+            ) -> dict[str, Any]:
+  """The strong protocol (``config.eval.protocol="strong"``)."""
+  st = config.eval.strong
+  batch_size = config.eval.batch_size
+  sanity = (list(sharded_eval_batches(limit(test, st.sanity_examples),
+                                      batch_size, exp.mesh))
+            if st.sanity_examples else None)
+  results = evaluate.strong_evaluation(
+      eval_apply, variables,
+      lambda: sharded_eval_batches(test, batch_size, exp.mesh),
+      experiment_lib.prng_key(config.seed, "test"),
+      epsilon=config.attack.epsilon,
+      stochastic=bool(config.model.noise_coef),
+      eot_samples=st.eot_samples or None,
+      num_noise_draws=config.eval.num_noise_draws, num_iters=st.num_iters,
+      n_restarts=st.n_restarts, targeted=st.targeted,
+      num_targets=st.num_targets, num_seeds=st.num_seeds,
+      sanity_batches=sanity,
+      sanity_options={"nattack_chunk": config.eval.nattack_chunk,
+                      "nattack_image_chunk": config.eval.nattack_image_chunk},
+      progress=config.progress)
+  report = sparsity.sparsity_report(variables["params"],
+                                    group=config.sparsity.group)
+  results.update(step=step, weight_sparsity=report.weight_sparsity,
+                 channel_sparsity=report.channel_sparsity)
+  path = result_file(workdir, config)
+  if jax.process_index() == 0:
+    workdir_lib.write_results(path, results, workdir_lib.results_metadata(
+        config, step=step, data=exp.dataset.description,
+        checkpoint=config.eval.checkpoint, protocol="strong"))
+  text = (f"strong evaluation of the {config.eval.checkpoint} checkpoint "
+          f"(step {step}, {results['num_examples']} images, "
+          f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"
+          f"written to {path}")
+  if logger is not None:
+    logger.log_text(text)
+  else:
+    print(text, flush=True)
+  return results
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
@@ -113,8 +163,11 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
     checkpointer.close()
   variables = experiment_lib.eval_variables(state, config)
   eval_apply, _ = experiment_lib.model_fns(exp.model)
-  suite = attack_suite(attacks_csv or config.eval.attacks, config)
   test = limit(exp.dataset.test, config.eval.num_examples)
+  if config.eval.protocol == "strong" and not final:
+    return _strong(config, workdir, exp, step, eval_apply, variables, test,
+                   logger)
+  suite = attack_suite(attacks_csv or config.eval.attacks, config)
   results = evaluate.robust_accuracy(
       eval_apply, variables,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,

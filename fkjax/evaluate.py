@@ -38,7 +38,8 @@ PAPER_COLUMNS: dict[str, str] = {
     "natural": "A1 natural",
     "fgsm": "A2 FGSM",
     "ifgsm20": "A3 IFGSM20",
-    "cw": "A4 C&W",
+    "cw": "A4 C&W-linf",
+    "cw_authors": "A4 C&W (authors')",
     "nattack": "A5 NAttack",
 }
 

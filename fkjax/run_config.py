@@ -38,7 +38,7 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------
 # Validation.
 
-_ATTACK_NAMES = ("natural", "fgsm", "ifgsm20", "cw", "nattack")
+_ATTACK_NAMES = ("natural", "fgsm", "ifgsm20", "cw", "nattack", "cw_authors")
 
 
 def _get(config: ml_collections.ConfigDict, dotted: str, default: Any = None
@@ -143,6 +143,15 @@ def validate(config: ml_collections.ConfigDict,
              "> 0")
 
   choice("eval.checkpoint", ("best", "latest"))
+  choice("eval.protocol", ("paper", "strong"))
+  if _get(config, "eval.nattack_variant") is not None:
+    choice("eval.nattack_variant", ("paper", "attackbox"))
+  if _get(config, "eval.strong") is not None:
+    positive_int("eval.strong.eot_samples", 0)
+    positive_int("eval.strong.num_iters")
+    positive_int("eval.strong.n_restarts")
+    positive_int("eval.strong.num_seeds")
+    positive_int("eval.strong.sanity_examples", 0)
   positive_int("eval.batch_size")
   positive_int("eval.num_examples", 0)
   positive_int("eval.eot_samples")

@@ -477,3 +477,25 @@ def test_sweep_step_size_grows_with_epsilon():
   assert attacks.sweep_step_size(8 / 255, 20) == pytest.approx(1 / 255)
   assert attacks.sweep_step_size(64 / 255, 20) == pytest.approx(8 / 255)
   assert attacks.sweep_step_size(0.1, 10, travel=1.0) == pytest.approx(0.01)
+
+
+def test_cw_authors_scales_its_perturbation_instead_of_projecting():
+  from tests import tiny_models  # pylint: disable=import-outside-toplevel
+  params, x, y = tiny_models.trained_mlp()
+  apply_fn = tiny_models.relu_mlp
+  key = jax.random.key(0)
+  x_adv = attacks.cw_authors(apply_fn, params, x, y, key)
+  unscaled = attacks.cw_authors(apply_fn, params, x, y, key, scale=1.0)
+  delta = np.abs(np.asarray(x_adv) - np.asarray(x))
+  unscaled = np.asarray(unscaled)
+  inside = (unscaled > 0) & (unscaled < 1)   # where clip(w) is w itself
+  assert inside.mean() > 0.9
+  # multiplied by 0.031, not clipped to 8/255: far inside the ball
+  np.testing.assert_allclose(
+      delta[inside], 0.031 * np.abs(unscaled - np.asarray(x))[inside],
+      atol=1e-6)
+  assert delta.max() < 8 / 255
+  accuracy = lambda z: float(jnp.mean(jnp.argmax(apply_fn(params, z, None),
+                                                  -1) == y))
+  cw = attacks.cw_linf(apply_fn, params, x, y, key, unroll=False)
+  assert accuracy(x_adv) > accuracy(cw)

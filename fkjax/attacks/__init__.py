@@ -3,6 +3,7 @@
 * ``fgsm``: one signed-gradient step (paper's A2).
 * ``pgd``: IFGSM^M / PGD, CE or C&W loss (A3 with ``num_steps=20``).
 * ``cw_linf``: PGD on the C&W margin (A4).
+* ``cw_authors``: the authors' script's C&W (the paper's A4 as published).
 * ``nattack``: gradient-free NES attack (A5).
 * ``apgd`` (``apgd_ce``, ``apgd_dlr``, ``apgd_t``): Auto-PGD, the strong
   protocol's attacks.
@@ -15,6 +16,7 @@ from fkjax.attacks.auto_pgd import apgd
 from fkjax.attacks.auto_pgd import apgd_ce
 from fkjax.attacks.auto_pgd import apgd_dlr
 from fkjax.attacks.auto_pgd import apgd_t
+from fkjax.attacks.authors import cw_authors
 from fkjax.attacks.common import ApplyFn
 from fkjax.attacks.common import cross_entropy
 from fkjax.attacks.common import cw_margin
@@ -37,6 +39,7 @@ __all__ = [
     "apgd_dlr",
     "apgd_t",
     "cross_entropy",
+    "cw_authors",
     "cw_linf",
     "cw_margin",
     "dlr",
