@@ -178,6 +178,8 @@ def admm_reset(opt_state: PyTree, params: PyTree) -> PyTree:
     ValueError: when ``opt_state`` holds no :class:`ADMMState`.
   """
   found = []
+  by_path = {layouts_lib.path_key(p): (p, w)
+             for p, w in jax.tree_util.tree_leaves_with_path(params)}
 
   def reset(node):
     if not isinstance(node, ADMMState):
@@ -187,20 +189,29 @@ def admm_reset(opt_state: PyTree, params: PyTree) -> PyTree:
     # z (MaskedNodes as leaves) with params as a second tree follows that.
     spec = node.spec
 
-    def reset_leaf(path, old, w):
+    def reset_leaf(path, old):
       if _is_masked_node(old):
         return old
-      layout = spec.layouts.for_leaf(path, w)
+      if layouts_lib.path_key(path) not in by_path:
+        raise ValueError(
+            f"fkjax.sparsity.admm_reset: the ADMM state has "
+            f"{masks.path_name(path)!r}, the params do not: pass the tree "
+            "the optimiser was built on.")
+      p_path, w = by_path[layouts_lib.path_key(path)]
+      layout = spec.layouts.for_leaf(p_path, w)
       if layout is None and spec.need_layout:
         raise ValueError(
-            f"fkjax.sparsity.admm_reset: {masks.path_name(path)!r} has no "
+            f"fkjax.sparsity.admm_reset: {masks.path_name(p_path)!r} has no "
             f"layout ({spec.layouts.describe()}).")
       return operators.admm_projection(
           w, node.percent, spec.structure, spec.group, layout
       ).astype(old.dtype)
 
+    # Params and z are matched by path, not by tree structure: under Flax
+    # NNX the optimiser state wraps each leaf in another Variable type
+    # (nnx.Optimizer's OptVariable) than the params (nnx.Param).
     z = jax.tree_util.tree_map_with_path(
-        reset_leaf, node.z, params, is_leaf=_is_masked_node)
+        reset_leaf, node.z, is_leaf=_is_masked_node)
     u = jax.tree.map(jnp.zeros_like, node.u)
     return node._replace(z=z, u=u)
 

@@ -222,6 +222,19 @@ def leaf_name(path: tuple[Any, ...]) -> Any:
   return _key_name(path[-1]) if path else None
 
 
+def path_key(path: tuple[Any, ...]) -> tuple[Any, ...]:
+  """The names along ``path``, Variable attributes (NNX ``.value``) left out.
+
+  Two trees of the same layers give the same keys even when their nodes are
+  different Variable types (``nnx.Param`` in the params, ``OptVariable`` in
+  ``nnx.Optimizer``'s state).
+  """
+  return tuple(
+      _key_name(e) for e in path
+      if not (hasattr(e, "name") and e.name in _VARIABLE_ATTRS)
+  )
+
+
 def path_name(path: tuple[Any, ...]) -> str:
   """``('Conv_0', 'kernel')``-style key path -> ``"Conv_0/kernel"``.
 
