@@ -390,3 +390,27 @@ def test_learning_rate_none_before_the_lr_scaling_is_the_same_update(method):
     p_c = optax.apply_updates(p_c, u_c)
   assert not np.allclose(p_a["Conv_0"]["kernel"], p_c["Conv_0"]["kernel"])
 
+
+
+@pytest.mark.parametrize("ensemble_size", [1, 2])
+def test_fkjax_models_layouts(ensemble_size):
+  # What fkjax's own training passes: "MHWIO" for an EnResNet (members on
+  # axis 0, any member execution), "HWIO" for a plain PreActResNet.
+  from fkjax import models
+  model = models.create_model(depth=8, ensemble_size=ensemble_size)
+  shapes = jax.eval_shape(
+      lambda k: model.init({"params": k, "noise": k},
+                           jnp.zeros((1, 32, 32, 3)), train=False),
+      jax.random.key(0))["params"]
+  layout = "MHWIO" if ensemble_size > 1 else "HWIO"
+  mask = sp.conv_kernel_mask(shapes, layout=layout)
+  selected = {sp.masks.path_name(p): x.shape for (p, x), m in zip(
+      jax.tree_util.tree_leaves_with_path(shapes), jax.tree.leaves(mask)) if m}
+  # stem + 3 stages x 1 block x 2 convs + 2 shortcut convs; no dense head.
+  assert len(selected) == 9
+  assert all(n.endswith("/kernel") and "Dense" not in n for n in selected)
+  assert all(len(s) == 4 + (ensemble_size > 1) for s in selected.values())
+  if ensemble_size > 1:
+    assert all(s[0] == 2 for s in selected.values())
+    with pytest.raises(ValueError, match="MHWIO"):
+      sp.conv_kernel_mask(shapes)

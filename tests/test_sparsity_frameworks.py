@@ -35,8 +35,10 @@ def hwio_weights(seed=0):
   k1 = rng.standard_normal((3, 3, C_IN, C1)).astype(np.float32) * scale(C_IN)
   k2 = rng.standard_normal((3, 3, C1, C2)).astype(np.float32) * scale(C1)
   return {
-      "conv1": {"kernel": 0.3 * k1, "bias": rng.standard_normal(C1, np.float32)},
-      "conv2": {"kernel": 0.2 * k2, "bias": rng.standard_normal(C2, np.float32)},
+      "conv1": {"kernel": 0.3 * k1,
+                "bias": rng.standard_normal(C1, np.float32)},
+      "conv2": {"kernel": 0.2 * k2,
+                "bias": rng.standard_normal(C2, np.float32)},
       "head": {"kernel": rng.standard_normal((C2, N_OUT), np.float32),
                "bias": np.zeros(N_OUT, np.float32)},
   }

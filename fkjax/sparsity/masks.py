@@ -38,10 +38,10 @@ path_name = layouts_lib.path_name
 def _ambiguous_kernel_error(path, leaf) -> ValueError:
   name = layouts_lib.leaf_name(path)
   return ValueError(
-      f"fkjax.sparsity: {path_name(path)!r} has shape {tuple(leaf.shape)}: a rank-"
-      f"{leaf.ndim} {name!r} could be a 3-D convolution or a stack of 2-D "
-      "ones, and fkjax.sparsity does not guess. Say where its axes are with "
-      "`layout=`, e.g. layout='MHWIO' when axis 0 stacks ensemble members "
+      f"fkjax.sparsity: {path_name(path)!r} has shape {tuple(leaf.shape)}: "
+      f"a rank-{leaf.ndim} {name!r} could be a 3-D convolution or a stack of "
+      "2-D ones, and fkjax.sparsity does not guess. Say where its axes are "
+      "with `layout=`, e.g. layout='MHWIO' when axis 0 stacks ensemble members "
       "(fkjax's EnResNet, nn.vmap), 'DHWIO' for a 3-D convolution, "
       "('HWIO', 'MHWIO') for a tree holding both plain and stacked kernels; "
       "or leave it out with `mask=`."
@@ -110,8 +110,8 @@ def _describe_mask(mask: Mask, spec: layouts_lib.Layouts) -> str:
   if mask is None:
     return "every leaf (mask=None)"
   if callable(mask):
-    return f"the leaves the mask function {getattr(mask, '__name__', mask)!r} " \
-           "marks True"
+    name = getattr(mask, "__name__", mask)
+    return f"the leaves the mask function {name!r} marks True"
   return "the leaves the mask pytree marks True"
 
 
@@ -155,7 +155,7 @@ def maybe_masked(
     layout: layouts_lib.LayoutSpec = None,
     who: str = "transformation",
 ) -> optax.GradientTransformation:
-  """``optax.masked(inner, mask)``, whose ``init`` raises if nothing is selected.
+  """``optax.masked(inner, mask)`` whose ``init`` raises if nothing is selected.
 
   No masking when the mask is None (every leaf).
   """

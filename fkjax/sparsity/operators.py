@@ -33,7 +33,7 @@ GROUP_NAMES = ("input", "output")
 
 
 def check_group(group: Group) -> None:
-  """Raises ValueError unless ``group`` is a group name or a sequence of ints."""
+  """Raises ValueError unless ``group`` is a group name or a tuple of ints."""
   if isinstance(group, str):
     if group not in GROUP_NAMES:
       raise ValueError(

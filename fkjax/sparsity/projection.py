@@ -22,7 +22,8 @@ def project(
 
   The paper replaces ``w`` by ``u`` at the end of every epoch; a training loop
   does ``params = project(params, method, **hparams)``. The same as
-  ``get_sparsifier(method, mask=mask, layout=layout, **hparams).project(params)``.
+  ``get_sparsifier(method, mask=mask, layout=layout, **hparams)``
+  ``.project(params)``.
 
   * ``"none"``: ``params`` unchanged.
   * ``"rvsm"`` (``beta, lamb``): hard threshold at ``sqrt(2 lamb / beta)``.

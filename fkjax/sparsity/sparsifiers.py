@@ -158,7 +158,7 @@ class Sparsifier(abc.ABC):
     return params, opt_state
 
   def evaluated_params(self, params: PyTree) -> PyTree:
-    """The parameters the paper evaluates: the sparse ``u`` (:meth:`project`)."""
+    """The parameters the paper evaluates: the sparse u, :meth:`project`."""
     return self.project(params)
 
   def report(
