@@ -35,10 +35,19 @@ def test_hard_threshold_keeps_strictly_above_and_zeroes_ties():
 
 
 def test_group_axes_named_and_explicit():
-  assert sp.group_axes("input", 4) == (-4, -3, -1)
-  assert sp.group_axes("output", 5) == (-4, -3, -2)
+  assert sp.group_axes("input", 4) == (0, 1, 3)  # HWIO: all but I
+  assert sp.group_axes("output", 4) == (0, 1, 2)
+  assert sp.group_axes("input", 4, "OIHW") == (0, 2, 3)
+  assert sp.group_axes("output", 4, "OIHW") == (1, 2, 3)
+  # Member axes are never reduced: a group per member and channel.
+  assert sp.group_axes("output", 5, "MHWIO") == (1, 2, 3)
+  assert sp.group_axes("input", 5, "DHWIO") == (0, 1, 2, 4)
   assert sp.group_axes((0,), 2) == (0,)
-  with pytest.raises(ValueError, match="conv kernel"):
+  assert sp.group_axes((-1,), 3) == (2,)
+  # A rank-5 kernel is not taken for a stacked HWIO one without being told.
+  with pytest.raises(ValueError, match="rank-4 kernel, got a rank-5"):
+    sp.group_axes("output", 5)
+  with pytest.raises(ValueError, match="rank-4 kernel"):
     sp.group_axes("input", 2)
   with pytest.raises(ValueError, match="Unknown channel group"):
     sp.group_axes("filters", 4)
@@ -93,17 +102,17 @@ def test_group_lasso_grad_closed_form_and_zero_group_is_finite():
 def test_member_stacked_kernels_are_grouped_per_member():
   w = hand_kernel()
   stacked = np.stack([w, 10.0 * w])  # (2, 2, 1, 3, 2): member 1 is 10x.
-  norms = sp.group_norms(stacked, sp.group_axes("input", 5))
+  norms = sp.group_norms(stacked, sp.group_axes("input", 5, "MHWIO"))
   np.testing.assert_allclose(norms, [[5.0, 0.0, 1.0], [50.0, 0.0, 10.0]])
   # Threshold 6: member 0 loses every channel, member 1 keeps channels 0, 2.
-  out = np.asarray(sp.group_l0_prox(stacked, 18.0, 1.0))
+  out = np.asarray(sp.group_l0_prox(stacked, 18.0, 1.0, layout="MHWIO"))
   np.testing.assert_array_equal(out[0], 0.0 * w)
   np.testing.assert_array_equal(out[1], 10.0 * w)
   # Same as treating each member on its own.
   for m in range(2):
     np.testing.assert_array_equal(out[m], sp.group_l0_prox(stacked[m], 18., 1.))
     np.testing.assert_allclose(
-        sp.group_lasso_grad(stacked, 0.1)[m],
+        sp.group_lasso_grad(stacked, 0.1, layout="MHWIO")[m],
         sp.group_lasso_grad(stacked[m], 0.1),
     )
 
@@ -139,7 +148,8 @@ def test_admm_projection_channels_and_members():
   w1 = w.copy()
   w1[:, :, 0, :] *= 1e-3
   stacked = np.stack([w, w1])
-  out = np.asarray(sp.admm_projection(stacked, 67.0, structure="channel"))
+  out = np.asarray(sp.admm_projection(stacked, 67.0, structure="channel",
+                                      layout="MHWIO"))
   kept = np.linalg.norm(out.reshape(2, 2, 3, 2).transpose(0, 2, 1, 3)
                         .reshape(2, 3, -1), axis=-1) > 0
   np.testing.assert_array_equal(kept, [[True, False, False],
@@ -181,8 +191,14 @@ def flax_params():
   return variables["params"]
 
 
+STACKED = ("HWIO", "MHWIO")  # Net holds plain and member-stacked kernels
+
+
 def test_conv_kernel_mask_on_flax_params(flax_params):
-  mask = sp.conv_kernel_mask(flax_params)
+  # The default layouts refuse to guess what the 5-D nn.vmap kernel is.
+  with pytest.raises(ValueError, match="VmapBlock_0/Conv_0/kernel.*MHWIO"):
+    sp.conv_kernel_mask(flax_params)
+  mask = sp.conv_kernel_mask(flax_params, layout=STACKED)
   flat = {
       "/".join(str(getattr(k, "key", k)) for k in path): m
       for path, m in jax.tree_util.tree_leaves_with_path(mask)
@@ -207,7 +223,7 @@ def test_sparsity_report_counts_per_member_channels(flax_params):
   c = params["Block_0"]["Conv_0"]["kernel"].copy()  # (3, 3, 2, 4)
   c[..., 0, :] = 0.0
   params["Block_0"]["Conv_0"]["kernel"] = c
-  report = sp.sparsity_report(params)
+  report = sp.sparsity_report(params, layout=STACKED)
 
   assert [l.name for l in report.layers] == [
       "Block_0/Conv_0/kernel", "VmapBlock_0/Conv_0/kernel"]
@@ -227,7 +243,7 @@ def test_sparsity_report_counts_per_member_channels(flax_params):
   assert "VmapBlock_0/Conv_0/kernel" in table and "2x3x3x2x4" in table
   assert "BatchNorm" not in table
   # Output-channel groups: 4 filters per member.
-  out_report = sp.sparsity_report(params, group="output")
+  out_report = sp.sparsity_report(params, group="output", layout=STACKED)
   assert [l.num_channels for l in out_report.layers] == [4, 8]
 
 

@@ -17,6 +17,8 @@ from fkjax import sparsity as sp
 BETA, LAMB = 0.5, 2e-3          # RVSM threshold sqrt(2 * 2e-3 / 0.5) ≈ 0.089
 LAMB1, LAMB2 = 6.25e-2, 1e-2    # RGSM channel threshold sqrt(2 LAMB1/BETA) = .5
 RHO, PERCENT = 0.3, 50.0
+# make_params holds plain HWIO kernels and member-stacked ones (axis 0).
+LAYOUT = ("HWIO", "MHWIO")
 
 
 def make_params(seed=0):
@@ -115,10 +117,10 @@ def np_train(method, params, grads, lrs, momentum=0.9, wd=5e-4):
 
 
 METHOD_HPARAMS = {
-    "none": {},
-    "rvsm": dict(beta=BETA, lamb=LAMB),
-    "rgsm": dict(beta=BETA, lamb1=LAMB1, lamb2=LAMB2),
-    "admm": dict(rho=RHO, percent=PERCENT),
+    "none": dict(layout=LAYOUT),
+    "rvsm": dict(beta=BETA, lamb=LAMB, layout=LAYOUT),
+    "rgsm": dict(beta=BETA, lamb1=LAMB1, lamb2=LAMB2, layout=LAYOUT),
+    "admm": dict(rho=RHO, percent=PERCENT, layout=LAYOUT),
 }
 
 
@@ -202,19 +204,19 @@ class TransformsTest(chex.TestCase):
     lr = lambda t: 0.1 / (1.0 + t)  # a schedule, evaluated at the step count
     gamma = np.sqrt(2 * LAMB / BETA)
     state = self._check(
-        sp.rvsm(BETA, LAMB, lr),
+        sp.rvsm(BETA, LAMB, lr, layout=LAYOUT),
         lambda w, g, t: g - lr(t) * BETA * (w - np_hard(w, gamma)))
     assert optax.tree_utils.tree_get(state, "RVSMState").count == 2
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_group_lasso(self):
-    self._check(sp.group_lasso(LAMB2),
+    self._check(sp.group_lasso(LAMB2, layout=LAYOUT),
                 lambda w, g, t: g + np_group_lasso(w, LAMB2))
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_group_l0_split(self):
     self._check(
-        sp.group_l0_split(BETA, LAMB1, 0.1),
+        sp.group_l0_split(BETA, LAMB1, 0.1, layout=LAYOUT),
         lambda w, g, t: g - 0.1 * BETA * (w - np_group_prox(w, LAMB1, BETA)))
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -223,19 +225,22 @@ class TransformsTest(chex.TestCase):
     def expected(w, g, t):
       z = np_admm_proj(w, PERCENT)
       return g - 0.1 * RHO * 2 * (w - z)
-    self._check(sp.admm(RHO, PERCENT, 0.1), expected, steps=1)
+    self._check(sp.admm(RHO, PERCENT, 0.1, layout=LAYOUT), expected,
+                steps=1)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_missing_params_is_a_clear_error(self):
-    for tx in [sp.rvsm(BETA, LAMB, 0.1), sp.group_lasso(LAMB2),
-               sp.group_l0_split(BETA, LAMB1, 0.1), sp.admm(RHO, PERCENT, 0.1)]:
+    for tx in [sp.rvsm(BETA, LAMB, 0.1, layout=LAYOUT),
+               sp.group_lasso(LAMB2, layout=LAYOUT),
+               sp.group_l0_split(BETA, LAMB1, 0.1, layout=LAYOUT),
+               sp.admm(RHO, PERCENT, 0.1, layout=LAYOUT)]:
       with self.assertRaisesRegex(ValueError, "parameters"):
         self.variant(tx.update)(self.updates, tx.init(self.params))
 
 
 def test_rgsm_returns_the_two_pieces_in_order():
   params = make_params()
-  before, after = sp.rgsm(BETA, LAMB1, LAMB2, 0.1)
+  before, after = sp.rgsm(BETA, LAMB1, LAMB2, 0.1, layout=LAYOUT)
   g = jax.tree.map(jnp.zeros_like, params)
   u1, _ = before.update(g, before.init(params), params)
   u2, _ = after.update(g, after.init(params), params)
@@ -253,17 +258,17 @@ def test_inject_hyperparams_with_beta_and_lambda_schedules():
   beta_s = lambda t: 0.2 + 0.1 * t
   lamb_s = lambda t: 1e-3 * (1.0 + t)
   tx = optax.inject_hyperparams(sp.rvsm)(beta=beta_s, lamb=lamb_s,
-                                         learning_rate=0.1)
+                                         learning_rate=0.1, layout=LAYOUT)
   state = tx.init(params)
   update = jax.jit(tx.update)
   for t in range(3):
     out, state = update(g, state, params)
-    ref, _ = sp.rvsm(beta_s(t), lamb_s(t), 0.1).update(
-        g, sp.rvsm(beta_s(t), lamb_s(t), 0.1).init(params), params)
+    ref_tx = sp.rvsm(beta_s(t), lamb_s(t), 0.1, layout=LAYOUT)
+    ref, _ = ref_tx.update(g, ref_tx.init(params), params)
     chex.assert_trees_all_close(out, ref, rtol=1e-5)
   # ADMM's percent as a schedule too; the state records the last one used.
   tx = optax.inject_hyperparams(sp.admm)(rho=RHO, percent=lambda t: 10.0 * t,
-                                         learning_rate=0.1)
+                                         learning_rate=0.1, layout=LAYOUT)
   state = tx.init(params)
   for t in range(3):
     _, state = jax.jit(tx.update)(g, state, params)
@@ -280,7 +285,8 @@ def test_admm_reset_inside_chain_mask_and_inject():
       optax.sgd(0.1, momentum=0.9),
       # `structure` is a string: inject_hyperparams passes it through as is.
       optax.inject_hyperparams(sp.admm)(
-          rho=RHO, percent=PERCENT, learning_rate=0.1, structure="channel"),
+          rho=RHO, percent=PERCENT, learning_rate=0.1, structure="channel",
+          layout=LAYOUT),
   )
   state = tx.init(params)
   p = params
@@ -294,7 +300,8 @@ def test_admm_reset_inside_chain_mask_and_inject():
   for k, z in tree_items(after.z).items():
     w = tree_items(p)[k]
     np.testing.assert_array_equal(
-        z, sp.admm_projection(w, PERCENT, structure="channel"))
+        z, sp.admm_projection(w, PERCENT, structure="channel",
+                              layout="MHWIO" if w.ndim == 5 else "HWIO"))
     np.testing.assert_array_equal(tree_items(after.u)[k], 0.0)
   # BatchNorm / dense are masked out of the ADMM state altogether.
   assert isinstance(after.z["BatchNorm_0"]["scale"], optax.MaskedNode)
@@ -308,13 +315,15 @@ def test_project_each_method_and_mask():
   params = make_params()
   w = params["Conv_0"]["kernel"]
   e = params["Ens"]["Conv_0"]["kernel"]
-  got = sp.project(params, "rvsm", beta=BETA, lamb=LAMB)
+  got = sp.project(params, "rvsm", beta=BETA, lamb=LAMB, layout=LAYOUT)
   np.testing.assert_array_equal(got["Conv_0"]["kernel"],
                                 np_hard(w, np.sqrt(2 * LAMB / BETA)))
-  got = sp.project(params, "rgsm", beta=BETA, lamb1=LAMB1, lamb2=LAMB2)
+  got = sp.project(params, "rgsm", beta=BETA, lamb1=LAMB1, lamb2=LAMB2,
+                   layout=LAYOUT)
   np.testing.assert_array_equal(got["Ens"]["Conv_0"]["kernel"],
                                 np_group_prox(e, LAMB1, BETA))
-  got = jax.jit(lambda p: sp.project(p, "admm", percent=30.0, rho=RHO))(params)
+  got = jax.jit(lambda p: sp.project(p, "admm", percent=30.0, rho=RHO,
+                                    layout=LAYOUT))(params)
   np.testing.assert_array_equal(got["Ens"]["Conv_0"]["kernel"],
                                 np_admm_proj(e, 30.0))
   for k, v in tree_items(got).items():
@@ -330,9 +339,10 @@ def test_project_each_method_and_mask():
   with pytest.raises(ValueError, match="Unknown sparsification"):
     sp.project(params, "l1")
   with pytest.raises(TypeError):
-    sp.project(params, "rvsm", beta=BETA, lamb=LAMB, lamb1=LAMB1)
+    sp.project(params, "rvsm", beta=BETA, lamb=LAMB, lamb1=LAMB1,
+               layout=LAYOUT)
   with pytest.raises(TypeError):
-    sp.sparse_sgd("rvsm", 0.1, beta=BETA)
+    sp.sparse_sgd("rvsm", 0.1, beta=BETA, layout=LAYOUT)
 
 
 _SHARDED_SCRIPT = textwrap.dedent("""
@@ -354,9 +364,12 @@ _SHARDED_SCRIPT = textwrap.dedent("""
     shard = lambda t: jax.tree.map(
         lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), t, specs)
     grads = jax.tree.map(lambda x: np.full_like(x, 0.01), params)
-    for method, hp in [("rvsm", dict(beta=.5, lamb=2e-3)),
-                       ("rgsm", dict(beta=.5, lamb1=2e-2, lamb2=1e-2)),
-                       ("admm", dict(rho=.3, percent=50., structure="channel")),
+    lay = ("HWIO", "MHWIO")
+    for method, hp in [("rvsm", dict(beta=.5, lamb=2e-3, layout=lay)),
+                       ("rgsm", dict(beta=.5, lamb1=2e-2, lamb2=1e-2,
+                                     layout=lay)),
+                       ("admm", dict(rho=.3, percent=50., structure="channel",
+                                     layout=lay)),
                        ]:
       tx = sp.sparse_sgd(method, 0.1, **hp)
       def run(p, g):

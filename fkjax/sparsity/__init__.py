@@ -1,13 +1,18 @@
 """RVSM, RGSM and ADMM pruning as optax transformations, with sparsity metrics.
 
-A self-contained building block (pure JAX + optax, knows no model)::
+A self-contained building block (pure JAX + optax, knows no model; works on
+the parameter trees of Flax linen and NNX, Equinox, and plain dicts)::
 
     from fkjax import sparsity
 
-    tx = sparsity.sparse_sgd("rvsm", schedule, beta=5e-2, lamb=1e-6)
+    sp = sparsity.get_sparsifier("rvsm", beta=5e-2, lamb=1e-6)
+    tx = sp.optimizer(schedule)            # SGD + weight decay + RVSM
     ...                                    # train with tx; at each epoch's end:
-    params = sparsity.project(params, "rvsm", beta=5e-2, lamb=1e-6)
-    print(sparsity.sparsity_report(params).format_table())
+    params, opt_state = sp.end_of_epoch(params, opt_state)
+    print(sp.report(sp.evaluated_params(params)).format_table())
+
+The functions (``rvsm``, ``rgsm``, ``admm``, ``sparse_sgd``, ``project``) are
+the same pieces one at a time.
 
 See ``docs/sparsity.md``.
 """
@@ -16,6 +21,8 @@ from fkjax.sparsity.admm_pruning import ADMMState
 from fkjax.sparsity.admm_pruning import admm
 from fkjax.sparsity.admm_pruning import admm_reset
 from fkjax.sparsity.chain import sparse_sgd
+from fkjax.sparsity.layouts import DEFAULT_LAYOUTS
+from fkjax.sparsity.layouts import Layout
 from fkjax.sparsity.masks import CONV_KERNELS
 from fkjax.sparsity.masks import conv_kernel_mask
 from fkjax.sparsity.masks import Mask
@@ -32,6 +39,15 @@ from fkjax.sparsity.operators import group_norms
 from fkjax.sparsity.operators import hard_threshold
 from fkjax.sparsity.operators import l0_threshold
 from fkjax.sparsity.projection import project
+from fkjax.sparsity.sparsifiers import ADMM
+from fkjax.sparsity.sparsifiers import from_config
+from fkjax.sparsity.sparsifiers import get_sparsifier
+from fkjax.sparsity.sparsifiers import METHODS
+from fkjax.sparsity.sparsifiers import NoSparsity
+from fkjax.sparsity.sparsifiers import register
+from fkjax.sparsity.sparsifiers import RGSM
+from fkjax.sparsity.sparsifiers import RVSM
+from fkjax.sparsity.sparsifiers import Sparsifier
 from fkjax.sparsity.transforms import group_l0_split
 from fkjax.sparsity.transforms import group_lasso
 from fkjax.sparsity.transforms import GroupL0SplitState
@@ -40,20 +56,30 @@ from fkjax.sparsity.transforms import rvsm
 from fkjax.sparsity.transforms import RVSMState
 
 __all__ = [
+    "ADMM",
     "ADMMSpec",
     "ADMMState",
     "CHANNEL_ZERO_TOL",
     "CONV_KERNELS",
+    "DEFAULT_LAYOUTS",
     "Group",
     "GroupL0SplitState",
     "LayerSparsity",
+    "Layout",
+    "METHODS",
     "Mask",
+    "NoSparsity",
+    "RGSM",
+    "RVSM",
     "RVSMState",
+    "Sparsifier",
     "SparsityReport",
     "admm",
     "admm_projection",
     "admm_reset",
     "conv_kernel_mask",
+    "from_config",
+    "get_sparsifier",
     "group_axes",
     "group_l0_prox",
     "group_l0_split",
@@ -63,6 +89,7 @@ __all__ = [
     "hard_threshold",
     "l0_threshold",
     "project",
+    "register",
     "rgsm",
     "rvsm",
     "sparse_sgd",

@@ -17,13 +17,15 @@ goes last in the chain. The paper's protocol re-initialises ``z = Proj(w)``,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import chex
 import jax
 import jax.numpy as jnp
 import optax
 
+from fkjax.sparsity import checks
+from fkjax.sparsity import layouts as layouts_lib
 from fkjax.sparsity import masks
 from fkjax.sparsity import operators
 from fkjax.sparsity import transforms
@@ -42,6 +44,24 @@ class ADMMSpec:
 
   structure: str
   group: Any
+  layouts: layouts_lib.Layouts = dataclasses.field(
+      default_factory=lambda: layouts_lib.normalize(None))
+
+  @property
+  def need_layout(self) -> bool:
+    # Only named channel groups need to know where the channel axes are.
+    return self.structure == "channel" and isinstance(self.group, str)
+
+  def project(self, who: str, tree: PyTree, percent: Any) -> PyTree:
+    """``Proj`` of every leaf of ``tree``, each with its layout."""
+    return layouts_lib.tree_map_with_layouts(
+        who,
+        lambda w, layout: operators.admm_projection(
+            w, percent, self.structure, self.group, layout),
+        self.layouts,
+        tree,
+        need_layout=self.need_layout,
+    )
 
 
 class ADMMState(NamedTuple):
@@ -63,51 +83,47 @@ class ADMMState(NamedTuple):
   spec: ADMMSpec
 
 
-def _project_tree(tree: PyTree, percent: Any, spec: ADMMSpec) -> PyTree:
-  return jax.tree.map(
-      lambda w: operators.admm_projection(
-          w, percent, spec.structure, spec.group
-      ),
-      tree,
-  )
-
-
 def admm(
     rho: Any,
     percent: Any,
-    learning_rate: transforms.ScalarOrSchedule,
+    learning_rate: Optional[transforms.ScalarOrSchedule],
     structure: str = "element",
     group: operators.Group = "input",
     mask: masks.Mask = masks.CONV_KERNELS,
+    layout: layouts_lib.LayoutSpec = None,
 ) -> optax.GradientTransformation:
   """ADMM pruning step; put it last in the chain, after the optimiser.
 
   Args:
-    rho: ADMM penalty ρ; may be traced.
+    rho: ADMM penalty ρ (> 0); may be traced.
     percent: percentage of each layer's entries (``structure="element"``) or
-      channel groups (``"channel"``) that ``z`` zeroes; per member for
-      member-stacked kernels.
-    learning_rate: η, a float or an optax schedule; use the optimiser's.
+      channel groups (``"channel"``) that ``z`` zeroes, in [0, 100]; per
+      member for member-stacked kernels (layout ``"MHWIO"``).
+    learning_rate: η, a float or an optax schedule: use the optimiser's. Or
+      None: the step adds the gradient ``+ρ (w − z + u)`` and goes before
+      ``optax.scale_by_learning_rate`` (see :func:`fkjax.sparsity.rvsm`).
     structure: ``"element"`` or ``"channel"``.
     group: channel grouping for ``"channel"``: ``"input"``, ``"output"``, axes.
     mask: which leaves to prune; default: conv kernels.
+    layout: the kernels' layouts (see :mod:`fkjax.sparsity.layouts`).
 
   Returns:
     An ``optax.GradientTransformation`` with an :class:`ADMMState` (inside
     ``optax.MaskedState`` when masked).
   """
-  if structure not in ("element", "channel"):
-    raise ValueError(
-        f"Unknown ADMM structure {structure!r}; expected 'element' or "
-        "'channel'."
-    )
-  spec = ADMMSpec(structure=structure, group=group)
+  checks.check_hparams("admm", rho=rho, percent=percent)
+  operators.check_structure(structure)
+  operators.check_group(group)
+  if not isinstance(group, str):
+    group = tuple(int(a) for a in group)  # hashable: ADMMSpec is static
+  spec = ADMMSpec(structure=structure, group=group,
+                  layouts=layouts_lib.normalize(layout))
 
   def init_fn(params):
     return ADMMState(
         count=jnp.zeros([], jnp.int32),
         percent=jnp.asarray(percent, jnp.float32),
-        z=_project_tree(params, percent, spec),
+        z=spec.project("admm", params, percent),
         u=jax.tree.map(jnp.zeros_like, params),
         spec=spec,
     )
@@ -118,22 +134,14 @@ def admm(
           "fkjax.sparsity.admm needs the current parameters: call "
           "`update(updates, state, params)`, with admm last in the chain."
       )
-    eta = transforms.learning_rate_at(learning_rate, state.count)
-    z = jax.tree.map(
-        lambda w, u: operators.admm_projection(
-            w + u, percent, structure, group
-        ),
-        params,
-        state.u,
-    )
+    z = spec.project("admm", jax.tree.map(jnp.add, params, state.u), percent)
     u = jax.tree.map(lambda u, w, z: u + w - z, state.u, params, z)
-    updates = jax.tree.map(
-        lambda g, w, z, u: g - (eta * rho * (w - z + u)).astype(g.dtype),
-        updates,
-        params,
-        z,
-        u,
-    )
+    if learning_rate is None:  # before the lr scaling: a gradient term
+      step = lambda g, w, z, u: g + (rho * (w - z + u)).astype(g.dtype)
+    else:
+      eta = transforms.learning_rate_at(learning_rate, state.count)
+      step = lambda g, w, z, u: g - (eta * rho * (w - z + u)).astype(g.dtype)
+    updates = jax.tree.map(step, updates, params, z, u)
     new_state = ADMMState(
         count=optax.safe_increment(state.count),
         percent=jnp.asarray(percent, jnp.float32),
@@ -144,7 +152,7 @@ def admm(
     return updates, new_state
 
   return masks.maybe_masked(
-      optax.GradientTransformation(init_fn, update_fn), mask
+      optax.GradientTransformation(init_fn, update_fn), mask, layout, "admm"
   )
 
 
@@ -170,6 +178,8 @@ def admm_reset(opt_state: PyTree, params: PyTree) -> PyTree:
     ValueError: when ``opt_state`` holds no :class:`ADMMState`.
   """
   found = []
+  by_path = {layouts_lib.path_key(p): (p, w)
+             for p, w in jax.tree_util.tree_leaves_with_path(params)}
 
   def reset(node):
     if not isinstance(node, ADMMState):
@@ -177,16 +187,31 @@ def admm_reset(opt_state: PyTree, params: PyTree) -> PyTree:
     found.append(True)
     # z mirrors params except where optax.masked put a MaskedNode; mapping over
     # z (MaskedNodes as leaves) with params as a second tree follows that.
-    z = jax.tree.map(
-        lambda old, w: old
-        if _is_masked_node(old)
-        else operators.admm_projection(
-            w, node.percent, node.spec.structure, node.spec.group
-        ).astype(old.dtype),
-        node.z,
-        params,
-        is_leaf=_is_masked_node,
-    )
+    spec = node.spec
+
+    def reset_leaf(path, old):
+      if _is_masked_node(old):
+        return old
+      if layouts_lib.path_key(path) not in by_path:
+        raise ValueError(
+            f"fkjax.sparsity.admm_reset: the ADMM state has "
+            f"{masks.path_name(path)!r}, the params do not: pass the tree "
+            "the optimiser was built on.")
+      p_path, w = by_path[layouts_lib.path_key(path)]
+      layout = spec.layouts.for_leaf(p_path, w)
+      if layout is None and spec.need_layout:
+        raise ValueError(
+            f"fkjax.sparsity.admm_reset: {masks.path_name(p_path)!r} has no "
+            f"layout ({spec.layouts.describe()}).")
+      return operators.admm_projection(
+          w, node.percent, spec.structure, spec.group, layout
+      ).astype(old.dtype)
+
+    # Params and z are matched by path, not by tree structure: under Flax
+    # NNX the optimiser state wraps each leaf in another Variable type
+    # (nnx.Optimizer's OptVariable) than the params (nnx.Param).
+    z = jax.tree_util.tree_map_with_path(
+        reset_leaf, node.z, is_leaf=_is_masked_node)
     u = jax.tree.map(jnp.zeros_like, node.u)
     return node._replace(z=z, u=u)
 

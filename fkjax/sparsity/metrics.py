@@ -3,7 +3,8 @@
 * Weight sparsity: % of exactly-zero entries among the sparsified leaves (and,
   separately, among all parameters).
 * Channel sparsity: % of channel groups whose ℓ2 norm is ``< 1e-15``, among the
-  sparsified leaves. Member-stacked kernels count one group per member.
+  sparsified leaves. Member-stacked kernels (layout ``"MHWIO"``) count one
+  group per member.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from fkjax.sparsity import layouts as layouts_lib
 from fkjax.sparsity import masks
 from fkjax.sparsity import operators
 
@@ -34,6 +36,8 @@ class LayerSparsity:
     num_channels: number of channel groups (times members, if stacked).
     channels_pruned: groups with norm ``< 1e-15``.
     channel_norms: the group norms, shape ``(*members, channels)``.
+    layout: the leaf's layout, e.g. ``"HWIO"``; empty when it has none
+      (only possible with explicit ``group`` axes).
   """
 
   name: str
@@ -43,6 +47,7 @@ class LayerSparsity:
   num_channels: int
   channels_pruned: int
   channel_norms: np.ndarray = dataclasses.field(repr=False)
+  layout: str = ""
 
 
 def _percent(num: int, den: int) -> float:
@@ -108,32 +113,50 @@ class SparsityReport:
     return "\n".join(lines)
 
 
-def _channel_norms(w: np.ndarray, group: operators.Group) -> np.ndarray:
-  axes = operators.group_axes(group, w.ndim)
-  norms = np.sqrt(np.sum(np.square(w.astype(np.float64)), axis=axes))
-  # One row of groups per member (leading axes), so histograms and counts see
-  # every member's channels.
-  lead = w.shape[: max(w.ndim - 4, 0)]
-  return norms.reshape(*lead, -1) if lead else norms.reshape(-1)
+def _channel_norms(
+    w: np.ndarray,
+    group: operators.Group,
+    layout: layouts_lib.Layout | None,
+) -> np.ndarray:
+  # `layout` is None only with explicit group axes: one flat row of groups.
+  axes = operators.group_axes(group, w.ndim, layout or "HWIO")
+  norms = np.sqrt(np.sum(np.square(w.astype(np.float64)), axis=axes,
+                         keepdims=True))
+  # One row of groups per member, so histograms and counts see every member's
+  # channels.
+  members = () if layout is None else layout.member_axes
+  front = tuple(range(len(members)))
+  norms = np.moveaxis(norms, members, front)
+  return norms.reshape(*norms.shape[: len(members)], -1)
 
 
 def sparsity_report(
     params: PyTree,
     mask: masks.Mask = masks.CONV_KERNELS,
     group: operators.Group = "input",
+    layout: layouts_lib.LayoutSpec = None,
 ) -> SparsityReport:
   """Weight and channel sparsity of ``params``, overall and per layer.
 
   Args:
-    params: a parameter tree (device or host arrays; fetched to the host).
+    params: a parameter tree (device or host arrays; fetched to the host):
+      Flax linen params, ``nnx.state(model)``, ``eqx.filter(model,
+      eqx.is_array)``, a dict.
     mask: the sparsified leaves; default: conv kernels.
     group: channel grouping for channel counts and norms.
+    layout: the kernels' layouts (see :mod:`fkjax.sparsity.layouts`).
 
   Returns:
     A :class:`SparsityReport`.
+
+  Raises:
+    ValueError: when the mask selects no leaf, or a selected leaf has no
+      layout and ``group`` is a name.
   """
+  operators.check_group(group)
+  spec = layouts_lib.normalize(layout)
   host = jax.device_get(params)
-  keep = masks.resolve_mask(mask, host)
+  keep = masks.select("sparsity_report", mask, host, spec)
   leaves = jax.tree_util.tree_leaves_with_path(host)
   keep_leaves = jax.tree.leaves(keep)
   total_zeros = total_size = 0
@@ -145,7 +168,14 @@ def sparsity_report(
     total_size += w.size
     if not is_masked:
       continue
-    norms = _channel_norms(w, group)
+    found = spec.for_leaf(path, w)
+    if found is None and isinstance(group, str):
+      raise ValueError(
+          f"fkjax.sparsity.sparsity_report: {masks.path_name(path)!r} has "
+          f"shape {w.shape}, which no layout describes ({spec.describe()}): "
+          "pass its layout with `layout=`, or explicit axes as `group`."
+      )
+    norms = _channel_norms(w, group, found)
     layers.append(
         LayerSparsity(
             name=masks.path_name(path),
@@ -155,6 +185,7 @@ def sparsity_report(
             num_channels=int(norms.size),
             channels_pruned=int(np.count_nonzero(norms < CHANNEL_ZERO_TOL)),
             channel_norms=norms,
+            layout=str(found) if found else "",
         )
     )
   return SparsityReport(

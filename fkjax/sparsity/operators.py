@@ -4,17 +4,19 @@ Every function here acts on one array, is pure and jittable, and accepts traced
 hyperparameters (so the transformations built on top of them work with
 ``optax.inject_hyperparams``).
 
-Channel groups follow Flax's ``HWIO`` convolution layout. Axes are counted from
-the end, so any leading axes (the member axis of an ``nn.vmap`` ensemble, whose
-kernels are ``(members, H, W, I, O)``) index separate groups: members are never
-folded together.
+Channel groups follow the kernel's layout (:mod:`fkjax.sparsity.layouts`),
+Flax's ``"HWIO"`` by default. Axes marked ``M`` in the layout (e.g. the member
+axis of an ensemble's ``"MHWIO"`` kernels) index separate groups and separate
+layers: members are never folded together. Nothing is inferred from the rank.
 """
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+
+from fkjax.sparsity import layouts as layouts_lib
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -23,47 +25,65 @@ ArrayLike = jax.typing.ArrayLike
 # authors' code), "output" (one group per filter), or explicit axes to reduce.
 Group = Union[str, Sequence[int]]
 
-_NAMED_GROUPS = {
-    # HWIO: an input-channel group spans H, W and all filters.
-    "input": (-4, -3, -1),
-    # HWIO: a filter spans H, W and all input channels.
-    "output": (-4, -3, -2),
-}
-
 # Numerical floor inside the group-lasso subgradient, as in the paper's code;
 # it makes the subgradient of an all-zero group exactly zero.
 GROUP_LASSO_EPS = 1e-8
 
+GROUP_NAMES = ("input", "output")
 
-def group_axes(group: Group, ndim: int) -> tuple[int, ...]:
-  """The (negative) axes one channel group of a rank-``ndim`` kernel spans.
 
-  Args:
-    group: ``"input"``, ``"output"``, or an explicit sequence of axes.
-    ndim: rank of the kernel.
-
-  Raises:
-    ValueError: for an unknown group name, or a named group on a kernel with
-      fewer than 4 dimensions (the names assume a 2-D convolution, HWIO).
-  """
+def check_group(group: Group) -> None:
+  """Raises ValueError unless ``group`` is a group name or a tuple of ints."""
   if isinstance(group, str):
-    if group not in _NAMED_GROUPS:
+    if group not in GROUP_NAMES:
       raise ValueError(
           f"Unknown channel group {group!r}; expected 'input', 'output' or a "
           "tuple of axes."
       )
-    if ndim < 4:
+    return
+  try:
+    [int(a) for a in group]
+  except (TypeError, ValueError):
+    raise ValueError(
+        f"A channel group is 'input', 'output' or a tuple of axes, got "
+        f"{group!r}."
+    ) from None
+
+
+def group_axes(
+    group: Group, ndim: int, layout: Optional[layouts_lib.LayoutLike] = "HWIO"
+) -> tuple[int, ...]:
+  """The axes one channel group of a rank-``ndim`` kernel spans.
+
+  Args:
+    group: ``"input"``, ``"output"``, or an explicit sequence of axes.
+    ndim: rank of the kernel.
+    layout: the kernel's layout, for a named group (ignored for explicit
+      axes), e.g. ``"HWIO"``, ``"OIHW"``, ``"MHWIO"``; None means ``"HWIO"``.
+
+  Returns:
+    Non-negative axes.
+
+  Raises:
+    ValueError: for an unknown group name, a named group whose layout has
+      another rank than the kernel, or an axis out of range.
+  """
+  check_group(group)
+  if isinstance(group, str):
+    layout = layouts_lib.as_layout("HWIO" if layout is None else layout)
+    if layout.ndim != ndim:
       raise ValueError(
-          f"Channel group {group!r} needs a conv kernel (H, W, I, O) with "
-          f"optional leading axes, got a rank-{ndim} array. Pass explicit axes "
-          "as `group` for other layouts."
+          f"Channel group {group!r} with layout {layout} needs a rank-"
+          f"{layout.ndim} kernel, got a rank-{ndim} array. Pass its layout "
+          "(e.g. 'MHWIO' for member-stacked kernels, 'OIHW' for Equinox), or "
+          "explicit axes as `group`."
       )
-    return _NAMED_GROUPS[group]
+    return layout.group_axes(group)
   axes = tuple(int(a) for a in group)
   for a in axes:
     if not -ndim <= a < ndim:
       raise ValueError(f"Group axis {a} out of range for a rank-{ndim} array.")
-  return axes
+  return tuple(a % ndim for a in axes)
 
 
 def _sum_of_squares(w: Array, axes: tuple[int, ...], keepdims: bool) -> Array:
@@ -105,7 +125,11 @@ def hard_threshold(w: ArrayLike, gamma: ArrayLike) -> Array:
 
 
 def group_l0_prox(
-    w: ArrayLike, lamb1: ArrayLike, beta: ArrayLike, group: Group = "input"
+    w: ArrayLike,
+    lamb1: ArrayLike,
+    beta: ArrayLike,
+    group: Group = "input",
+    layout: Optional[layouts_lib.LayoutLike] = "HWIO",
 ) -> Array:
   """Group-ℓ0 prox: keeps a channel group iff its ℓ2 norm is ``> sqrt(2λ1/β)``.
 
@@ -113,28 +137,34 @@ def group_l0_prox(
   threshold is zeroed.
 
   Args:
-    w: a conv kernel, ``(..., H, W, I, O)``.
+    w: a conv kernel.
     lamb1: group-ℓ0 weight λ1.
     beta: splitting weight β.
     group: channel grouping, see :func:`group_axes`.
+    layout: the kernel's layout, e.g. ``"HWIO"`` (Flax), ``"OIHW"``
+      (Equinox), ``"MHWIO"`` (member-stacked).
   """
   w = jnp.asarray(w)
-  sq = _sum_of_squares(w, group_axes(group, w.ndim), keepdims=True)
+  sq = _sum_of_squares(w, group_axes(group, w.ndim, layout), keepdims=True)
   # Comparing squares avoids a sqrt's rounding at exact ties.
   keep = sq > 2.0 * jnp.asarray(lamb1, sq.dtype) / beta
   return jnp.where(keep, w, jnp.zeros_like(w))
 
 
 def group_lasso_grad(
-    w: ArrayLike, lamb2: ArrayLike, group: Group = "input"
+    w: ArrayLike,
+    lamb2: ArrayLike,
+    group: Group = "input",
+    layout: Optional[layouts_lib.LayoutLike] = "HWIO",
 ) -> Array:
   """(Sub)gradient of ``λ2 Σ_g ‖w_g‖₂``: ``λ2 w_g / sqrt(‖w_g‖² + 1e-8)``.
 
   The ``1e-8`` makes the subgradient of an all-zero group zero (a valid element
-  of the subdifferential) and keeps it finite near zero.
+  of the subdifferential) and keeps it finite near zero. ``group`` and
+  ``layout`` as in :func:`group_l0_prox`.
   """
   w = jnp.asarray(w)
-  sq = _sum_of_squares(w, group_axes(group, w.ndim), keepdims=True)
+  sq = _sum_of_squares(w, group_axes(group, w.ndim, layout), keepdims=True)
   return (lamb2 * w / jnp.sqrt(sq + GROUP_LASSO_EPS)).astype(w.dtype)
 
 
@@ -151,10 +181,26 @@ def _keep_largest(scores: Array, percent: ArrayLike) -> Array:
   return ranks >= n_drop
 
 
-def _num_layer_axes(ndim: int) -> int:
-  # A conv kernel is its last 4 axes; anything before (ensemble members) indexes
-  # separate layers. Smaller arrays are one layer each.
-  return min(ndim, 4)
+def _keep_largest_per_layer(
+    scores: Array, percent: ArrayLike, member_axes: tuple[int, ...]
+) -> Array:
+  """:func:`_keep_largest` over each layer: every index of ``member_axes``."""
+  front = tuple(range(len(member_axes)))
+  moved = jnp.moveaxis(scores, member_axes, front)
+  members = moved.shape[: len(member_axes)]
+  keep = _keep_largest(moved.reshape(*members, -1), percent)
+  return jnp.moveaxis(keep.reshape(moved.shape), front, member_axes)
+
+
+STRUCTURES = ("element", "channel")
+
+
+def check_structure(structure: str) -> None:
+  if structure not in STRUCTURES:
+    raise ValueError(
+        f"Unknown ADMM structure {structure!r}; expected 'element' or "
+        "'channel'."
+    )
 
 
 def admm_projection(
@@ -162,13 +208,14 @@ def admm_projection(
     percent: ArrayLike,
     structure: str = "element",
     group: Group = "input",
+    layout: Optional[layouts_lib.LayoutLike] = None,
 ) -> Array:
   """ADMM's projection: zero the ``percent`` % smallest entries (or channels).
 
   The projection is per layer, and per member for member-stacked kernels
-  ``(members, H, W, I, O)``: each member keeps its own largest
-  ``(100 − percent)`` % magnitudes (``structure="element"``) or channel-group
-  norms (``structure="channel"``). Exactly ``⌊percent · n / 100⌋`` of the ``n``
+  (layout ``"MHWIO"``): each member keeps its own largest ``(100 − percent)``
+  % magnitudes (``structure="element"``) or channel-group norms
+  (``structure="channel"``). Exactly ``⌊percent · n / 100⌋`` of the ``n``
   entries (or groups) of each layer are zeroed.
 
   Args:
@@ -176,22 +223,27 @@ def admm_projection(
     percent: percentage to prune, in [0, 100]; may be traced.
     structure: ``"element"`` or ``"channel"``.
     group: channel grouping for ``structure="channel"``, see :func:`group_axes`.
+    layout: the kernel's layout. ``None``: the whole array is one layer, and
+      named channel groups take it as ``"HWIO"``.
   """
   w = jnp.asarray(w)
-  if structure == "element":
-    lead = w.shape[: w.ndim - _num_layer_axes(w.ndim)]
-    scores = jnp.abs(w).reshape(*lead, -1)
-    keep = _keep_largest(scores, percent).reshape(w.shape)
-  elif structure == "channel":
-    axes = group_axes(group, w.ndim)
-    sq = _sum_of_squares(w, axes, keepdims=True)
-    # The group index runs over the kept (non-reduced) axes of the last 4; the
-    # leading axes stay separate layers.
-    lead = sq.shape[: w.ndim - _num_layer_axes(w.ndim)]
-    keep = _keep_largest(sq.reshape(*lead, -1), percent).reshape(sq.shape)
+  check_structure(structure)
+  if layout is None:
+    member_axes = ()
+    layout = "HWIO"
   else:
-    raise ValueError(
-        f"Unknown ADMM structure {structure!r}; expected 'element' or "
-        "'channel'."
-    )
+    layout = layouts_lib.as_layout(layout)
+    if layout.ndim != w.ndim:
+      raise ValueError(
+          f"Layout {layout} needs a rank-{layout.ndim} kernel, got a rank-"
+          f"{w.ndim} array."
+      )
+    member_axes = layout.member_axes
+  if structure == "element":
+    keep = _keep_largest_per_layer(jnp.abs(w), percent, member_axes)
+  else:
+    sq = _sum_of_squares(w, group_axes(group, w.ndim, layout), keepdims=True)
+    # The group index runs over the kept (non-reduced) axes; member axes stay
+    # separate layers.
+    keep = _keep_largest_per_layer(sq, percent, member_axes)
   return jnp.where(keep, w, jnp.zeros_like(w))
