@@ -27,7 +27,6 @@ from fkjax import experiment as experiment_lib
 from fkjax import metric_logging
 from fkjax import parallel
 from fkjax import run_config
-from fkjax import sparsity
 from fkjax import workdir as workdir_lib
 
 
@@ -121,8 +120,7 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
       sanity_options={"nattack_chunk": config.eval.nattack_chunk,
                       "nattack_image_chunk": config.eval.nattack_image_chunk},
       progress=config.progress)
-  report = sparsity.sparsity_report(variables["params"],
-                                    group=config.sparsity.group)
+  report = experiment_lib.sparsity_report(variables["params"], config)
   results.update(step=step, weight_sparsity=report.weight_sparsity,
                  channel_sparsity=report.channel_sparsity)
   path = result_file(workdir, config)
@@ -173,8 +171,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
       experiment_lib.prng_key(config.seed, "test"),
       num_noise_draws=config.eval.num_noise_draws, progress=config.progress)
-  report = sparsity.sparsity_report(variables["params"],
-                                    group=config.sparsity.group)
+  report = experiment_lib.sparsity_report(variables["params"], config)
   results.update(
       protocol=workdir_lib.FINAL if final else config.eval.protocol,
       step=step, eot_samples=config.eval.eot_samples,
@@ -196,8 +193,9 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
         config, step=step, data=exp.dataset.description,
         checkpoint=config.eval.checkpoint, protocol=results["protocol"]))
   if plots if plots is not None else config.eval.plots:
-    results["plots"] = plots_lib.save_all(variables["params"], report,
-                                          os.path.join(workdir, "plots"))
+    results["plots"] = plots_lib.save_all(
+        variables["params"], report, os.path.join(workdir, "plots"),
+        layout=experiment_lib.kernel_layout(config))
   text = (f"test evaluation of the {config.eval.checkpoint} checkpoint "
           f"(step {step}, {results['num_examples']} images, "
           f"{exp.dataset.description}):\n{table}\n{report.format_table()}\n"

@@ -106,17 +106,19 @@ def describe_model(config: ml_collections.ConfigDict,
           f"{resolve_kernels(config).description}")
 
 
-def sparsity_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The hyperparameters of ``config.sparsity.method``, by name."""
-  s = config.sparsity
-  names = {"none": (), "rvsm": ("beta", "lamb"),
-           "rgsm": ("beta", "lamb1", "lamb2", "group"),
-           "admm": ("rho", "percent", "structure", "group")}
-  if s.method not in names:
-    raise run_config.ConfigError(
-        f"config.sparsity.method must be one of {sorted(names)}, got "
-        f"{s.method!r}")
-  return {name: s[name] for name in names[s.method]}
+def kernel_layout(config: ml_collections.ConfigDict) -> str:
+  """Layout of the model's conv kernels: an EnResNet stacks its members'
+  kernels on a leading axis."""
+  return "MHWIO" if config.model.ensemble_size > 1 else "HWIO"
+
+
+def sparsifier(config: ml_collections.ConfigDict) -> sparsity.Sparsifier:
+  """The sparsification method of ``config.sparsity``, with its
+  hyperparameters validated."""
+  try:
+    return sparsity.from_config(config.sparsity, layout=kernel_layout(config))
+  except (TypeError, ValueError) as e:
+    raise run_config.ConfigError(f"config.sparsity: {e}") from e
 
 
 def learning_rate_schedule(config: ml_collections.ConfigDict,
@@ -131,10 +133,9 @@ def learning_rate_schedule(config: ml_collections.ConfigDict,
 def create_optimizer(config: ml_collections.ConfigDict,
                      steps_per_epoch: int) -> optax.GradientTransformation:
   t = config.training
-  return sparsity.sparse_sgd(
-      config.sparsity.method, learning_rate_schedule(config, steps_per_epoch),
-      momentum=t.momentum, nesterov=t.nesterov, weight_decay=t.weight_decay,
-      **sparsity_hparams(config))
+  return sparsifier(config).optimizer(
+      learning_rate_schedule(config, steps_per_epoch), momentum=t.momentum,
+      nesterov=t.nesterov, weight_decay=t.weight_decay)
 
 
 def init_state(model, optimizer: optax.GradientTransformation,
@@ -171,11 +172,14 @@ def model_fns(model) -> tuple[Callable, Callable]:
 def eval_variables(state: dict[str, PyTree], config: ml_collections.ConfigDict
                    ) -> dict[str, PyTree]:
   """The variables evaluated: the sparse ``u`` for every method."""
-  params = state["params"]
-  if config.sparsity.method != "none":
-    params = sparsity.project(params, config.sparsity.method,
-                              **sparsity_hparams(config))
-  return {"params": params, "batch_stats": state["batch_stats"]}
+  return {"params": sparsifier(config).evaluated_params(state["params"]),
+          "batch_stats": state["batch_stats"]}
+
+
+def sparsity_report(params: PyTree, config: ml_collections.ConfigDict
+                    ) -> sparsity.SparsityReport:
+  """Weight and channel sparsity of ``params`` (the evaluated ``u``)."""
+  return sparsifier(config).report(params, group=config.sparsity.group)
 
 
 def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:

@@ -20,8 +20,9 @@ import numpy as np
 from fkjax import sparsity
 
 
-def _conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
-  mask = sparsity.conv_kernel_mask(params)
+def _conv_kernels(params: Any, layout: Any = None
+                  ) -> list[tuple[str, np.ndarray]]:
+  mask = sparsity.conv_kernel_mask(params, layout)
   out = []
   for (path, leaf), keep in zip(
       jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(mask)):
@@ -31,8 +32,10 @@ def _conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
   return out
 
 
-def weight_histogram(params: Any, path: str, bins: int = 200) -> str:
-  weights = np.concatenate([k.ravel() for _, k in _conv_kernels(params)])
+def weight_histogram(params: Any, path: str, bins: int = 200,
+                     layout: Any = None) -> str:
+  weights = np.concatenate([k.ravel() for _, k in _conv_kernels(params,
+                                                                 layout)])
   zeros = np.mean(weights == 0) * 100
   fig = Figure(figsize=(6, 4))
   ax = fig.subplots()
@@ -63,13 +66,13 @@ def channel_norm_histogram(report: sparsity.SparsityReport, path: str,
 
 
 def conv_filters_grid(params: Any, path: str, layer: int | None = None,
-                      max_filters: int = 16) -> str:
+                      max_filters: int = 16, layout: Any = None) -> str:
   """Kernels ``[:, :, i, o]`` of one conv layer, inputs by rows.
 
   A pruned input channel shows as a blank row. ``layer`` indexes the conv
   kernels in tree order; default the middle 3x3 layer.
   """
-  kernels = _conv_kernels(params)
+  kernels = _conv_kernels(params, layout)
   if layer is None:   # the middle one of the 3x3 (not 1x1) layers
     spatial = [k for k in kernels if k[1].shape[-4] > 1] or kernels
     name, kernel = spatial[len(spatial) // 2]
@@ -93,14 +96,20 @@ def conv_filters_grid(params: Any, path: str, layer: int | None = None,
 
 
 def save_all(params: Any, report: sparsity.SparsityReport,
-             directory: str) -> dict[str, str]:
-  """Writes the three figures to ``directory``; returns their paths."""
+             directory: str, layout: Any = None) -> dict[str, str]:
+  """Writes the three figures to ``directory``; returns their paths.
+
+  ``layout``: the conv kernels' layout (``"MHWIO"`` for an EnResNet's
+  member-stacked kernels; see :mod:`fkjax.sparsity.layouts`).
+  """
   os.makedirs(directory, exist_ok=True)
   return {
       "weight_histogram": weight_histogram(
-          params, os.path.join(directory, "weight_histogram.png")),
+          params, os.path.join(directory, "weight_histogram.png"),
+          layout=layout),
       "channel_norm_histogram": channel_norm_histogram(
           report, os.path.join(directory, "channel_norms.png")),
       "conv_filters": conv_filters_grid(
-          params, os.path.join(directory, "conv_filters.png")),
+          params, os.path.join(directory, "conv_filters.png"),
+          layout=layout),
   }

@@ -168,35 +168,14 @@ def validate(config: ml_collections.ConfigDict,
   positive_int("num_devices", 0)
 
 
-# The sparsifiers' hyperparameters and their valid ranges.
-_SPARSITY_RULES = {
-    "none": {},
-    "rvsm": {"beta": (0.0, True), "lamb": (0.0, False)},
-    "rgsm": {"beta": (0.0, True), "lamb1": (0.0, False),
-             "lamb2": (0.0, False)},
-    "admm": {"rho": (0.0, True)},
-}
-
-
 def _validate_sparsity(config: ml_collections.ConfigDict) -> None:
-  s = config.sparsity
-  _require(s.method in _SPARSITY_RULES, "sparsity.method", s.method,
-           f"one of {list(_SPARSITY_RULES)}")
-  for name, (low, low_open) in _SPARSITY_RULES[s.method].items():
-    v = s.get(name)
-    ok = _number(v) and (v > low if low_open else v >= low)
-    _require(ok, f"sparsity.{name}", v,
-             ("a number > 0 (beta = 0 turns the splitting off and the "
-              "projection prunes every weight)" if name == "beta" else
-              "a number > 0") if low_open else "a number >= 0")
-  if s.method in ("rgsm", "admm"):
-    _require(s.group in ("input", "output"), "sparsity.group", s.group,
-             "'input' or 'output'")
-  if s.method == "admm":
-    _require(_number(s.percent) and 0.0 <= s.percent <= 100.0,
-             "sparsity.percent", s.percent, "a percentage in [0, 100]")
-    _require(s.structure in ("element", "channel"), "sparsity.structure",
-             s.structure, "'element' or 'channel'")
+  # The sparsifier itself knows its hyperparameters and their ranges.
+  from fkjax import sparsity  # pylint: disable=import-outside-toplevel
+  try:
+    sparsity.from_config(config.sparsity)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"config.sparsity (method {config.sparsity.get('method')!r}"
+                      f"): {e}") from e
 
 
 # --------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from fkjax import experiment as experiment_lib
 from fkjax import metric_logging
 from fkjax import parallel
 from fkjax import run_config
-from fkjax import sparsity
 from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
 
@@ -155,19 +154,9 @@ def end_of_epoch(state: dict[str, PyTree], config: ml_collections.ConfigDict
   the momentum reset of ``config.training.reset_momentum``."""
   if config.training.reset_momentum:
     state = {**state, "opt_state": reset_momentum(state["opt_state"])}
-  method = config.sparsity.method
-  if method == "none":
-    return state
-  params = state["params"]
-  if method in ("rvsm", "rgsm"):
-    params = sparsity.project(params, method,
-                              **experiment_lib.sparsity_hparams(config))
-    return {**state, "params": params}
-  # ADMM: w stays dense during training; z, u restart from Proj(w), 0.
-  return {**state, "opt_state": sparsity.admm_reset(state["opt_state"],
-                                                     params)}
-
-
+  params, opt_state = experiment_lib.sparsifier(config).end_of_epoch(
+      state["params"], state["opt_state"])
+  return {**state, "params": params, "opt_state": opt_state}
 
 
 def _check_loss(value: float, bound: float, where: str, checkpointer,
@@ -328,8 +317,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
                     eval_run.sharded_eval_batches(
                         val_split, config.validation.batch_size, exp.mesh),
                     jax.random.fold_in(val_key, epoch))
-    report = sparsity.sparsity_report(evaluated["params"],
-                                      group=config.sparsity.group)
+    report = experiment_lib.sparsity_report(evaluated["params"], config)
     n_steps = max(1, state_step - skip)
     val_summary = {
         "epoch": epoch + 1,

@@ -48,7 +48,7 @@ def _assert_one_line_error(proc, *fragments, code=None):
     (["--config=configs/tiny.py", "--config.training.num_epochs=0"],
      ["config.training.num_epochs=0"], 1),
     (["--config=configs/tiny.py", "--config.sparsity.beta=0.0"],
-     ["config.sparsity.beta=0.0", "> 0"], 1),
+     ["config.sparsity", "beta=0.0", "out of range"], 1),
     (["--config=configs/tiny.py", "--config.eval.final_attacks=natural,pgd"],
      ["unknown attack"], 1),
     (["--config=configs/tiny.py", "stray"], ["unexpected arguments"], 2),

@@ -58,8 +58,9 @@ def test_invalid_sparsifier_hyperparameters(method, key, value):
   config = default.get_config(method)
   with config.sparsity.ignore_type():
     config.sparsity[key] = value
-  with pytest.raises(ConfigError, match=f"config.sparsity.{key}="):
+  with pytest.raises(ConfigError, match="config.sparsity") as e:
     run_config.validate(config)
+  assert key in str(e.value) or repr(value) in str(e.value)
 
 
 def test_build_validates_before_loading_data():
