@@ -39,9 +39,11 @@ PAPER_COLUMNS: dict[str, str] = {
     "fgsm": "A2 FGSM",
     "ifgsm20": "A3 IFGSM20",
     "cw": "A4 C&W-linf",
-    "cw_authors": "A4 C&W (authors')",
     "nattack": "A5 NAttack",
 }
+# Labels of the other columns a paper-protocol table may hold.
+COLUMN_LABELS: dict[str, str] = {**PAPER_COLUMNS,
+                                 "cw_authors": "A4 C&W (authors')"}
 
 
 def natural(apply_fn: attacks_lib.ApplyFn, variables: Any, images: jax.Array,
@@ -358,7 +360,7 @@ def format_table(results: Mapping[str, Any],
   """
   header, values = [], []
   for name, entry in results["attacks"].items():
-    header.append(PAPER_COLUMNS.get(name, name))
+    header.append(COLUMN_LABELS.get(name, name))
     values.append(f"{entry['accuracy']:.2f}")
   if sparsity is not None:
     header.append("Sparsity")

@@ -183,7 +183,7 @@ def test_per_image_vectors_and_worst_case_from_an_evaluation(setup):
 def _batch_std_model(params, images, key):
   """A linear layer with EnResNet's batch-std noise: one std per batch."""
   hidden = images.reshape(images.shape[0], -1) @ params["w"]
-  return models.inject_noise(hidden, 1.0, key, std_over="batch", impl="jnp")
+  return models.inject_noise(hidden, 1.0, key, std_over="batch")
 
 
 def _padded(num_real, num_padding, seed):

@@ -200,6 +200,31 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
     assert (workdir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
+  workdir = tmp_path / "strong"
+  shutil.copytree(runs["full"], workdir)
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={workdir}",
+       "--config.num_devices=1", "--config.eval.protocol=strong",
+       "--config.eval.strong.num_iters=3", "--config.eval.strong.num_seeds=2",
+       "--config.eval.strong.eot_samples=2",
+       "--config.eval.strong.sanity_examples=0"], cwd=REPO,
+      env=_env(runs["cache"]), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads((workdir / "eval_strong.json").read_text())
+  assert not (workdir / "eval_paper.json").exists()
+  assert result["protocol"] == "strong"
+  assert result["metadata"]["protocol"] == "strong"
+  assert result["settings"]["eot_samples"] == 2   # a noisy model
+  attacks_ = result["attacks"]
+  assert {"natural", "apgd_ce", "apgd_dlr"} <= set(attacks_)
+  worst = result["worst_case"]
+  assert len(worst["per_seed"]) == 2
+  for seed, acc in enumerate(worst["per_seed"]):
+    assert acc <= min(attacks_[a]["per_seed"][seed] for a in attacks_)
+  assert "worst case" in proc.stdout
+
+
 def test_rerunning_a_finished_run_keeps_other_results(runs, tmp_path):
   workdir = tmp_path / "finished"
   shutil.copytree(runs["full"], workdir)
