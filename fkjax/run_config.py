@@ -106,6 +106,10 @@ def validate(config: ml_collections.ConfigDict,
   positive_int("model.width")
   number("model.noise_coef", 0.0)
   choice("model.noise_std_over", ("batch", "example"))
+  if _get(config, "kernels") is not None:
+    from fkjax.kernels import selection  # pylint: disable=import-outside-toplevel
+    for key, options in selection.CHOICES.items():
+      choice("kernels." + key, ("auto", *options))
 
   t = "training."
   positive_int(t + "num_epochs")

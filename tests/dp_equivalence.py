@@ -6,12 +6,11 @@ device count is fixed when JAX starts). Prints one JSON line.
 import json
 import sys
 
-import fkjax  # noqa: F401
 import jax
 import numpy as np
 
 from configs import tiny
-from fkjax import data, experiment, parallel, train
+from fkjax import data, experiment, kernels, parallel, train
 
 
 def run(num_devices: int, num_steps: int, adversarial: bool = True):
@@ -33,6 +32,7 @@ def run(num_devices: int, num_steps: int, adversarial: bool = True):
 
 
 def main():
+  kernels.apply_xla_flags()  # as train.py does, before JAX starts
   num_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1
   adversarial = "--natural" not in sys.argv
   loss1, params1, dev1 = run(1, num_steps, adversarial)

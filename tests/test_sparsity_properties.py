@@ -1,5 +1,4 @@
 """Property tests: Theorem 1 of the paper, and RVSM/RGSM versus ADMM."""
-import fkjax  # noqa: F401  (sets XLA flags)
 import jax
 import jax.numpy as jnp
 import numpy as np

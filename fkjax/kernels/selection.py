@@ -25,6 +25,10 @@ NOISES: dict[str, Callable] = {
     "jnp": noise_jnp.inject_noise,
 }
 MEMBER_EXECUTIONS = ("batched", "sequential", "unrolled")
+# The values of each key of config.kernels besides "auto".
+CHOICES: dict[str, tuple[str, ...]] = {
+    "conv": tuple(CONVS), "noise": tuple(NOISES),
+    "member_execution": MEMBER_EXECUTIONS}
 # The choices that need fkjax's CPU library (fkjax.kernels.build).
 _NEED_LIBRARY = {"conv": "onednn", "noise": "fused"}
 
@@ -91,13 +95,11 @@ def resolve(kernel_config: Mapping[str, str] | None = None, *,
       where fkjax's CPU library cannot be built.
   """
   kernel_config = dict(kernel_config or {})
-  unknown = sorted(set(kernel_config) - {"conv", "noise", "member_execution"})
+  unknown = sorted(set(kernel_config) - set(CHOICES))
   if unknown:
     raise ValueError(f"unknown config.kernels keys {unknown}")
-  choices = {"conv": CONVS, "noise": NOISES,
-             "member_execution": MEMBER_EXECUTIONS}
-  names = {key: kernel_config.get(key, "auto") for key in choices}
-  for key, allowed in choices.items():
+  names = {key: kernel_config.get(key, "auto") for key in CHOICES}
+  for key, allowed in CHOICES.items():
     if names[key] != "auto" and names[key] not in allowed:
       raise ValueError(f"config.kernels.{key} must be 'auto' or one of "
                        f"{sorted(allowed)}, got {names[key]!r}")

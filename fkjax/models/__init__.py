@@ -1,6 +1,6 @@
 """Flax models: pre-activation ResNets and the noise-injected EnResNet.
 
-The models import nothing else from fkjax. Faster convolutions and noise
+They import nothing else from fkjax; faster convolutions and noise
 injections for them come from :func:`fkjax.kernels.resolve`.
 """
 from __future__ import annotations

@@ -28,17 +28,14 @@ class EnResNet(nn.Module):
   Every parameter and BatchNorm statistic carries a leading member axis (a
   conv kernel is ``(members, H, W, I, O)``), and the ``'params'`` and
   ``'noise'`` PRNG streams are split per member, so members are initialised
-  and perturbed independently. How the members run is a speed choice only:
+  and perturbed independently. How the members run is a speed choice only
+  (which is fastest where: :func:`fkjax.kernels.resolve`):
 
   * ``"batched"``: ``nn.vmap``, one computation over all members (their
-    convolutions become grouped convolutions). Best on GPUs.
+    convolutions become grouped convolutions).
   * ``"sequential"``: ``nn.scan`` over the members as a loop, one ordinary
-    network at a time. XLA:CPU runs grouped convolutions slowly, so this is
-    faster there, and its compile time does not grow with the number of
-    members.
-  * ``"unrolled"``: the same scan written out member after member. The
-    fastest on XLA:CPU (no loop-carried buffers), but compile time grows
-    with the number of members (``docs/performance.md``).
+    network at a time; compile time does not grow with the members.
+  * ``"unrolled"``: the same scan written out member after member.
 
   All three have the same variables (a checkpoint of one restores into the
   others) and compute the same function of them; ``"sequential"`` and
