@@ -35,9 +35,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def restore_pruned(config, workdir: str):
   """``(experiment, step, variables)``: the checkpoint eval.py evaluates.
 
-  The only use of fkjax.train here (and in benchmarks/bench_slim.py): the
-  experiment built from the config, its checkpoint restored, the variables
-  evaluated (the sparse ``u`` of RVSM/RGSM).
+  The only use of fkjax.train here: the experiment built from the config,
+  its checkpoint restored, the variables evaluated (the sparse ``u`` of
+  RVSM/RGSM).
   """
   from fkjax import checkpoint as ckpt_lib
   from fkjax import train

@@ -39,6 +39,8 @@ flags.DEFINE_string("impls", "xla,onednn", "Implementations to time.")
 flags.DEFINE_string("latency_batches", "1,128", "Forward-pass batch sizes.")
 flags.DEFINE_integer("attack_batch", 128, "IFGSM^20 batch size.")
 flags.DEFINE_integer("repeats", 5, "Timed runs of each measurement.")
+flags.DEFINE_string("multiples", "1,8",
+                    "Slim variants: fkjax.slim.slim's `multiple` for each.")
 flags.DEFINE_string("out", None, "Optional JSON file for the results.")
 config_flags.DEFINE_config_file(
     "config", None, "Config file the model was trained with.",
@@ -83,15 +85,20 @@ def main(argv):
   import jax.numpy as jnp
   import numpy as np
 
-  import export
   from benchmarks import bench_train
+  from fkjax import checkpoint as ckpt_lib
   from fkjax import data
   from fkjax import models
   from fkjax import slim
   from fkjax import train
 
   config = FLAGS.config
-  exp, step, variables = export.restore_pruned(config, FLAGS.workdir)
+  # The checkpoint eval.py evaluates, as export.py restores it.
+  exp = train.Experiment.build(config)
+  checkpointer = ckpt_lib.Checkpointer(FLAGS.workdir, must_exist=True)
+  step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  checkpointer.close()
+  variables = train.eval_variables(state, config)
   m = config.model
   add_noise = FLAGS.noise
   batches = [int(b) for b in FLAGS.latency_batches.split(",") if b]
@@ -103,13 +110,21 @@ def main(argv):
   key = jax.random.key(config.seed + 2)
   ifgsm = train.attack_suite("ifgsm20", config)["ifgsm20"]
 
-  small0, _ = slim.slim(exp.model, variables, noise=add_noise)
-  costs = slim.cost_report(slim.specs_of(small0), test.images.shape[1:3])
-  totals = slim.totals(costs)
-  print(slim.format_costs(costs))
-  results = {"workdir": FLAGS.workdir, "step": step, "noise": add_noise,
-             "device": jax.devices()[0].device_kind, "costs": totals,
+  multiples = [int(k) for k in FLAGS.multiples.split(",") if k]
+  label_of = lambda k: "slim" if k == 1 else f"slim x{k}"
+  results = {"workdir": FLAGS.workdir, "step": int(step), "noise": add_noise,
+             "device": jax.devices()[0].device_kind, "costs": {},
              "impls": {}}
+  for k in multiples:
+    small0, _ = slim.slim(exp.model, variables, noise=add_noise, multiple=k)
+    costs = slim.cost_report(slim.specs_of(small0), test.images.shape[1:3])
+    results["costs"][label_of(k)] = slim.totals(costs)
+    if k == multiples[0]:
+      print(slim.format_costs(costs))
+  for label, t in results["costs"].items():
+    print(f"{label}: parameters {t['params_before']:,} -> "
+          f"{t['params_after']:,}, multiply-adds per image "
+          f"{t['macs_before']:,} -> {t['macs_after']:,}")
 
   for name, (kwargs, conv, inject) in _implementations(
       FLAGS.impls.split(",")).items():
@@ -119,9 +134,10 @@ def main(argv):
         noise_coef=m.noise_coef, noise_std_over=m.noise_std_over,
         normalize=m.normalize, member_execution=train.member_execution(config),
         **kwargs)
-    small, small_vars = slim.slim(original, variables, noise=add_noise,
-                                  conv=conv, inject=inject)
-    nets = {"original": (original, variables), "slim": (small, small_vars)}
+    nets = {"original": (original, variables)}
+    for k in multiples:
+      nets[label_of(k)] = slim.slim(original, variables, noise=add_noise,
+                                    multiple=k, conv=conv, inject=inject)
     row = {}
     forwards, attacks = {}, {}
     for label, (net, v) in nets.items():
@@ -148,8 +164,9 @@ def main(argv):
       }
     times = bench_train.interleaved({**forwards, **attacks}, FLAGS.repeats,
                                     warmup=1)
-    res = {"max_logit_difference": float(np.max(np.abs(
-        row["original"]["logits"] - row["slim"]["logits"])))}
+    res = {"max_logit_difference": max(float(np.max(np.abs(
+        row["original"]["logits"] - row[label]["logits"])))
+                                         for label in nets)}
     for label in nets:
       res[label] = {
           "natural_accuracy": row[label]["natural_accuracy"],

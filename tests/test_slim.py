@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from benchmarks import bench_train
 from fkjax import attacks
 from fkjax import slim as slim_lib
 from fkjax import sparsity
@@ -49,31 +50,26 @@ def make(members=1, skip=True, coef=0.0, execution="batched", depth=14):
                       member_execution=execution)
 
 
-_INITS = {}
-
-
 def random_variables(model, x, seed=0):
-  """Variables with non-trivial BatchNorm parameters and statistics."""
-  kw = getattr(model, "member_kwargs", None) or {
-      "depth": model.depth, "skip": model.skip}
-  structure = (getattr(model, "num_members", 1), kw["depth"], kw["skip"])
-  if structure not in _INITS:
-    _INITS[structure] = jax.jit(model.init)(KEYS, x[:1])
-  v = jax.tree.map(np.array, _INITS[structure])
+  """Variables of ``model`` drawn at random, BatchNorm included.
+
+  Drawn on the host from the parameter shapes (no compiled init): conv
+  kernels He-normal, non-trivial BatchNorm parameters and statistics.
+  """
+  shapes = jax.eval_shape(model.init, KEYS, x[:1])
   rng = np.random.default_rng(seed)
 
-  def randomize(tree, name, low, high):
-    for k, sub in tree.items():
-      if isinstance(sub, dict):
-        randomize(sub, name, low, high)
-      elif k == name and sub.ndim <= 2:  # BatchNorm vectors (+ member axis)
-        sub[...] = rng.uniform(low, high, sub.shape)
+  def draw(path, leaf):
+    name = str(getattr(path[-1], "key", path[-1]))
+    if name == "kernel":
+      fan = np.prod(leaf.shape[-4:-2]) * leaf.shape[-1] if len(
+          leaf.shape) >= 4 else leaf.shape[-2]
+      return rng.normal(0, np.sqrt(2 / fan), leaf.shape).astype(np.float32)
+    low, high = {"scale": (0.5, 1.5), "var": (0.5, 2.0)}.get(name,
+                                                            (-0.3, 0.3))
+    return rng.uniform(low, high, leaf.shape).astype(np.float32)
 
-  randomize(v["params"], "scale", 0.5, 1.5)
-  randomize(v["params"], "bias", -0.3, 0.3)
-  randomize(v["batch_stats"], "mean", -0.3, 0.3)
-  randomize(v["batch_stats"], "var", 0.5, 2.0)
-  return v
+  return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def node(tree, path, member):
@@ -223,7 +219,7 @@ def test_hand_pruned_parameter_count():
 @pytest.mark.parametrize("skip,execution", [(True, "batched"),
                                             (False, "sequential")])
 def test_hand_pruned_ensemble_same_logits(images, skip, execution):
-  model = make(members=2, skip=skip, coef=0.2, execution=execution)
+  model = make(members=2, skip=skip, coef=0.2, execution=execution, depth=8)
   v = prune_b(prune_a(random_variables(model, images, seed=1), member=0),
               member=1)
   small, small_vars, det, _ = assert_same_function(model, v, images)
@@ -248,10 +244,14 @@ def _all_but_stem(params):
 
 
 def _train_rgsm(model, x, steps=3, lamb1=1.0):
-  """A few natural-training steps with RGSM, then the projection to u."""
+  """A few natural-training steps with RGSM.
+
+  Returns the trained variables and ``project(lamb)``, the sparse ``u`` the
+  paper evaluates, for a given lambda1.
+  """
   v = random_variables(model, x)
-  hparams = dict(beta=1.0, lamb1=lamb1, lamb2=1e-3, mask=_all_but_stem)
-  tx = sparsity.sparse_sgd("rgsm", 0.05, **hparams)
+  hparams = dict(beta=1.0, lamb2=1e-3, mask=_all_but_stem)
+  tx = sparsity.sparse_sgd("rgsm", 0.05, lamb1=lamb1, **hparams)
   params, stats = v["params"], v["batch_stats"]
   opt_state = tx.init(params)
   labels = jnp.arange(x.shape[0]) % 10
@@ -260,8 +260,7 @@ def _train_rgsm(model, x, steps=3, lamb1=1.0):
   def step(params, stats, opt_state):
     def loss(p):
       out, new = model.apply({"params": p, "batch_stats": stats}, x,
-                             train=True, rngs={"noise": jax.random.key(5)},
-                             mutable=["batch_stats"])
+                             train=True, mutable=["batch_stats"])
       return optax.softmax_cross_entropy_with_integer_labels(
           out, labels).mean(), new["batch_stats"]
     grads, stats = jax.grad(loss, has_aux=True)(params)
@@ -270,8 +269,9 @@ def _train_rgsm(model, x, steps=3, lamb1=1.0):
 
   for _ in range(steps):
     params, stats, opt_state = step(params, stats, opt_state)
-  params = sparsity.project(params, "rgsm", **hparams)
-  return {"params": params, "batch_stats": stats}
+  return lambda lamb: {
+      "params": sparsity.project(params, "rgsm", lamb1=lamb, **hparams),
+      "batch_stats": stats}
 
 
 def _nonzero_input_groups(kernel) -> int:
@@ -281,16 +281,18 @@ def _nonzero_input_groups(kernel) -> int:
 _TRAINED = {}
 
 
-@pytest.mark.parametrize("members,skip", [(2, True), (1, True), (2, False),
-                                          (1, False)])
+@pytest.mark.parametrize("members,skip", [(1, True), (2, True), (1, False),
+                                          (2, False)])
 def test_rgsm_trained_same_logits_and_surviving_groups(images, members, skip):
   if skip not in _TRAINED:
-    _TRAINED[skip] = _train_rgsm(
-        make(members=2, skip=skip, coef=0.1, depth=8, execution="sequential"),
-        images)
-  v = _TRAINED[skip]
-  if members == 1:  # the first member, as a ResNet
-    v = jax.tree.map(lambda a: a[0], {k: t["members"] for k, t in v.items()})
+    _TRAINED[skip] = _train_rgsm(make(skip=skip, depth=8), images)
+  project = _TRAINED[skip]
+  if members == 1:
+    v = project(1.0)
+  else:
+    # Two members pruned at two thresholds: different widths.
+    v = jax.tree.map(lambda *a: jnp.stack(a), project(1.0), project(1.1))
+    v = {k: {"members": t} for k, t in v.items()}
   model = make(members=members, skip=skip, coef=0.1 if members > 1 else 0.0,
                depth=8, execution="batched" if skip else "sequential")
   report = sparsity.sparsity_report(v["params"])
@@ -319,8 +321,10 @@ def test_no_zero_channel_slims_to_itself(images, members):
   v = random_variables(model, images)
   small, small_vars = slim_lib.slim(model, v, noise=False)
   for m, spec in enumerate(slim_lib.specs_of(small)):
-    costs = slim_lib.layer_costs(spec)
+    costs = slim_lib.layer_costs(spec, (32, 32))
     assert all(c.shape_before == c.shape_after for c in costs)
+    # the multiply-adds the training benchmark counts for ResNet8
+    assert slim_lib.totals(costs)["macs_after"] == bench_train.forward_macs(8)
     assert spec.stem.index is None and not spec.stem.has_const
     original = jax.tree.map(lambda a: a[m], {
         "params": v["params"]["members"],
@@ -382,3 +386,22 @@ def test_train_mode_is_refused(images):
   small, small_vars = slim_lib.slim(model, random_variables(model, images))
   with pytest.raises(ValueError, match="inference"):
     small.apply(small_vars, images, train=True)
+
+
+def test_rounded_widths_same_logits(images):
+  """``multiple`` keeps channels through zero weights: widths round up."""
+  model = make(coef=0.2, depth=8)
+  v = prune_a(random_variables(model, images))
+  small, small_vars = slim_lib.slim(model, v, multiple=4)
+  key = jax.random.key(11)
+  np.testing.assert_allclose(logits(small, small_vars, images, key),
+                             logits(model, v, images, key),
+                             rtol=1e-5, atol=1e-5)
+  exact, _ = slim_lib.slim(model, v)
+  for c_round, c_exact in zip(slim_lib.layer_costs(small.spec),
+                              slim_lib.layer_costs(exact.spec)):
+    for rounded, minimal, full in zip(c_round.shape_after,
+                                      c_exact.shape_after,
+                                      c_round.shape_before):
+      assert rounded >= minimal
+      assert rounded == full or rounded % 4 == 0

@@ -89,8 +89,23 @@ def _bn_constant(bn: dict[str, np.ndarray]) -> np.ndarray:
                     f32(0))
 
 
+def _round_up(mask: np.ndarray, pool: np.ndarray, multiple: int
+              ) -> np.ndarray:
+  """``mask`` plus the first channels of ``pool`` it lacks, to a multiple.
+
+  All of ``pool`` when fewer than ``multiple`` channels would be left out.
+  """
+  count, available = int(mask.sum()), int(pool.sum())
+  target = min(available, -(-count // multiple) * multiple)
+  if available - target < multiple:
+    target = available
+  out = mask.copy()
+  out[np.flatnonzero(pool & ~mask)[:max(0, target - count)]] = True
+  return out
+
+
 def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
-                keep_noise: bool = True
+                keep_noise: bool = True, multiple: int = 1
                 ) -> tuple[NetSpec, dict[str, PyTree]]:
   """Slims one :class:`PreActResNet`'s variables.
 
@@ -101,6 +116,8 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
     keep_noise: keep the noise injection (and hence every channel of the
       tensors it goes into); False builds a deterministic network, the
       original with ``add_noise=False``.
+    multiple: round every width up to a multiple of this, with channels
+      computed but read through zero weights (see :func:`fkjax.slim.slim`).
 
   Returns:
     ``(spec, variables)`` of a :class:`fkjax.slim.SlimResNet`.
@@ -200,6 +217,17 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
       break
     keep = new
 
+  # What each reader gathers: the channels it uses, and with rounding, kept
+  # channels it reads through zero weights.
+  reads = dict(used)
+  if multiple > 1:
+    for name, space in spaces.items():
+      if not space.noised:
+        keep[name] = _round_up(keep[name], np.ones(space.size, bool),
+                               multiple)
+    for path, layer in layers.items():
+      reads[path] = _round_up(used[path], keep[layer.inp], multiple)
+
   out_params: dict[str, Any] = {}
   out_stats: dict[str, Any] = {}
   kept_ids = {name: np.flatnonzero(k) for name, k in keep.items()}
@@ -219,7 +247,7 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
   def norm(path: str, readers: list[str]) -> tuple[NormSpec, np.ndarray]:
     """The BatchNorm over the channels its readers use."""
     inp = layers[readers[0]].inp
-    ids = np.flatnonzero(np.any([used[r] for r in readers], axis=0))
+    ids = np.flatnonzero(np.any([reads[r] for r in readers], axis=0))
     bn = bns[path]
     set_tree(out_params, f"{path}/scale", bn["scale"][ids])
     set_tree(out_params, f"{path}/bias", bn["bias"][ids])
@@ -232,9 +260,9 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
     """A reader convolution given the channels ``given`` of its input."""
     layer = layers[path]
     k = layer.kernel
-    in_ids = np.flatnonzero(used[path])
+    in_ids = np.flatnonzero(reads[path])
     out_ids = kept_ids[layer.out]
-    set_tree(out_params, f"{path}/kernel", k[:, :, in_ids][..., out_ids])
+    set_tree(out_params, f"{path}/kernel", _kernel(path, in_ids, out_ids))
     folded = _folded(path, out_ids)
     if folded is not None:
       set_tree(out_params, f"{path}/const_kernel", folded)
@@ -243,6 +271,13 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
                     in_channels=in_ids, out_channels=out_ids,
                     index=positions(in_ids, given),
                     has_const=folded is not None)
+
+  def _kernel(path: str, in_ids: np.ndarray, out_ids: np.ndarray
+              ) -> np.ndarray:
+    """The kernel's rows ``in_ids``, zero where the channel is not used."""
+    w = layers[path].kernel[:, :, in_ids][..., out_ids].copy()
+    w[:, :, ~used[path][in_ids]] = 0  # constant (folded) or rounding
+    return w
 
   def _folded(path: str, out_ids: np.ndarray) -> np.ndarray | None:
     """Sum over constant inputs of ``k_c * W[:, :, c, kept]``, or None."""
@@ -269,7 +304,7 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
         name=name, bn1=bn1, conv1=conv(f"{name}/conv1", pre), bn2=bn2,
         conv2=conv(f"{name}/conv2", mid), shortcut=shortcut))
   bn_final, feats = norm("bn_final", ["head"])
-  head_ids = np.flatnonzero(used["head"])
+  head_ids = np.flatnonzero(reads["head"])
   w = head["kernel"]
   bias = head["bias"].astype(np.float64)
   cs = np.flatnonzero(const["head"])
@@ -277,7 +312,8 @@ def slim_member(config: dict[str, Any], params: PyTree, batch_stats: PyTree,
     # The mean over positions of a constant is that constant.
     bias = bias + const_value["head"][cs].astype(np.float64) @ w[cs].astype(
         np.float64)
-  set_tree(out_params, "head/kernel", w[head_ids])
+  set_tree(out_params, "head/kernel", _kernel("head", head_ids,
+                                              np.arange(w.shape[1]))[0, 0])
   set_tree(out_params, "head/bias", bias.astype(head["bias"].dtype))
   head_spec = DenseSpec(in_full=w.shape[0], in_channels=head_ids,
                         features=w.shape[1],

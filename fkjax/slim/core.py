@@ -29,7 +29,7 @@ def _member_config(model: nn.Module) -> dict[str, Any]:
 
 
 def slim(model: nn.Module, variables: PyTree, *, noise: bool = True,
-         conv=lax.conv_general_dilated, inject=None
+         multiple: int = 1, conv=lax.conv_general_dilated, inject=None
          ) -> tuple[SlimResNet | SlimEnResNet, dict[str, PyTree]]:
   """A smaller dense network computing what a channel-pruned one computes.
 
@@ -53,6 +53,12 @@ def slim(model: nn.Module, variables: PyTree, *, noise: bool = True,
       and only the convolutions' inputs and the blocks' inner channels
       shrink. ``False`` builds the deterministic network (the original with
       ``add_noise=False``), whose residual streams shrink too.
+    multiple: round every width up to a multiple of this (and keep a
+      layer whole when fewer than ``multiple`` channels would go): the
+      extra channels are computed and read through zero weights, so the
+      function is the same. Convolutions with odd channel counts, and the
+      gathers in front of a layer that reads a subset, cost more per
+      multiply-add on CPUs; 1 removes every channel it can.
     conv, inject: the convolution and noise injection of the slim model
       (see :class:`SlimResNet`); they change speed, not values.
 
@@ -65,14 +71,16 @@ def slim(model: nn.Module, variables: PyTree, *, noise: bool = True,
   config = _member_config(model)
   params, stats = variables["params"], variables.get("batch_stats", {})
   if not hasattr(model, "num_members"):
-    spec, v = analysis.slim_member(config, params, stats, keep_noise=noise)
+    spec, v = analysis.slim_member(config, params, stats, keep_noise=noise,
+                                   multiple=multiple)
     return SlimResNet(spec, conv, inject), v
   n = model.num_members
   specs, member_vars = [], {"params": {}, "batch_stats": {}}
   for m in range(n):
     take = lambda tree, m=m: jax.tree.map(lambda a: a[m], tree)
     spec, v = analysis.slim_member(config, take(params["members"]),
-                                   take(stats["members"]), keep_noise=noise)
+                                   take(stats["members"]), keep_noise=noise,
+                                   multiple=multiple)
     specs.append(spec)
     member_vars["params"][f"member_{m}"] = v["params"]
     member_vars["batch_stats"][f"member_{m}"] = v["batch_stats"]

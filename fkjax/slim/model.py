@@ -17,6 +17,7 @@ channel of a noise-injected tensor (its ``std`` is the noise scale).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import flax.linen as nn
@@ -38,7 +39,33 @@ MEMBER_EXECUTIONS = ("batched", "sequential", "unrolled")
 def _take(x: jax.Array, index: Sequence[int] | None) -> jax.Array:
   if index is None:
     return x
+  return _gather(x, tuple(index), x.shape[-1])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gather(x: jax.Array, index: tuple[int, ...], channels: int
+            ) -> jax.Array:
+  """``x[..., index]`` for distinct static channel indices."""
+  del channels
   return x[..., np.asarray(index, np.int32)]
+
+
+def _gather_fwd(x, index, channels):
+  return _gather(x, index, channels), None
+
+
+def _gather_bwd(index, channels, residuals, g):
+  del residuals
+  # The transpose of a gather is a scatter-add, which XLA:CPU runs slowly
+  # (an attack's input gradient would cost more than the channels saved);
+  # with distinct indices it is a gather from g plus a zero channel.
+  inverse = np.full(channels, len(index), np.int32)
+  inverse[np.asarray(index)] = np.arange(len(index))
+  padded = jnp.concatenate([g, jnp.zeros((*g.shape[:-1], 1), g.dtype)], -1)
+  return (padded[..., inverse],)
+
+
+_gather.defvjp(_gather_fwd, _gather_bwd)
 
 
 def _out_size(n: int, size: int, strides: int) -> int:
