@@ -161,11 +161,12 @@ class SlimResNet(nn.Module):
     if s.mean is not None:
       x = (x - jnp.asarray(s.mean, x.dtype)) / jnp.asarray(s.std, x.dtype)
     x = SlimConv(s.stem, self.conv, name="stem")(x)
-    noisy = bool(s.noise_coef) and add_noise
+    coef = s.noise_coef if add_noise else 0.0
+    inject = self.inject or inject_noise
     for i, b in enumerate(s.blocks):
       key = None if noise_keys is None else noise_keys[i]
-      x = _SlimBlock(b, self.conv, self.inject or inject_noise,
-                     name=b.name)(x, s.noise_coef if noisy else 0.0, s.noise_std_over, key)
+      x = _SlimBlock(b, self.conv, inject, name=b.name)(
+          x, coef, s.noise_std_over, key)
     x = _bn_relu(x, s.bn_final.index, "bn_final")
     x = _take(jnp.mean(x, axis=(1, 2)), s.head.index)
     return _Head(s.head.features, name="head")(x)
