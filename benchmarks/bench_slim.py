@@ -1,0 +1,197 @@
+"""Inference latency and IFGSM^20 throughput of a pruned model, before and
+after :func:`fkjax.slim.slim` (docs/slim.md).
+
+  python -m benchmarks.bench_slim --config=configs/cpu.py --workdir=/tmp/run
+  python -m benchmarks.bench_slim --config=... --workdir=... --noise=false \
+      --impls=xla --latency_batches=1,128 --attack_batch=128 --out=slim.json
+
+Restores the checkpoint eval.py evaluates (as export.py does), slims it, and
+for each implementation (``xla``: XLA convolutions with fkjax's explicit
+gradients and the jnp noise; ``onednn``: fkjax's oneDNN convolutions and
+fused noise, CPU only) times the original and the slim network alike:
+
+* latency: one jitted forward pass (eval mode, noise on unless
+  ``--noise=false``) per batch size, median over ``--repeats``;
+* IFGSM^20: the attack of the paper's A3 (``fkjax.evaluate``'s settings) on
+  ``--attack_batch`` test images, images per second.
+
+It also prints the parameters and multiply-adds, the largest logit
+difference, and the natural and IFGSM^20 accuracy of both under the same
+keys. A measurement, not a test: nothing is asserted.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
+flags.DEFINE_bool("noise", True, "Keep the noise injection.")
+flags.DEFINE_string("impls", "xla,onednn", "Implementations to time.")
+flags.DEFINE_string("latency_batches", "1,128", "Forward-pass batch sizes.")
+flags.DEFINE_integer("attack_batch", 128, "IFGSM^20 batch size.")
+flags.DEFINE_integer("repeats", 5, "Timed runs of each measurement.")
+flags.DEFINE_string("multiples", "1,8",
+                    "Slim variants: fkjax.slim.slim's `multiple` for each.")
+flags.DEFINE_string("out", None, "Optional JSON file for the results.")
+config_flags.DEFINE_config_file(
+    "config", None, "Config file the model was trained with.",
+    lock_config=True)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _implementations(names):
+  """name -> (original model kwargs, slim conv, slim inject)."""
+  from fkjax.models import conv as conv_lib
+  out = {}
+  for name in names:
+    if name == "xla":
+      out[name] = ({"conv": "explicit_grad", "noise_impl": "jnp"},
+                   conv_lib.conv_general_dilated, None)
+    elif name == "onednn":
+      from fkjax import onednn
+      reason = onednn.unavailable_reason()
+      if reason is not None:
+        logging.warning("skipping onednn: %s", reason)
+        continue
+      from fkjax.onednn import noise_inject
+
+      def fused(out, coef, key, std_over):
+        if not noise_inject.supports(out, key):
+          from fkjax.slim.model import inject_noise
+          return inject_noise(out, coef, key, std_over)
+        return noise_inject.inject_noise(out, coef, key,
+                                         per_example=std_over == "example")
+      out[name] = ({"conv": "onednn", "noise_impl": "fused"},
+                   onednn.conv_general_dilated, fused)
+    else:
+      raise ValueError(f"unknown implementation {name!r}")
+  return out
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from benchmarks import bench_train
+  from fkjax import checkpoint as ckpt_lib
+  from fkjax import data
+  from fkjax import models
+  from fkjax import slim
+  from fkjax import train
+
+  config = FLAGS.config
+  # The checkpoint eval.py evaluates, as export.py restores it.
+  exp = train.Experiment.build(config)
+  checkpointer = ckpt_lib.Checkpointer(FLAGS.workdir, must_exist=True)
+  step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  checkpointer.close()
+  variables = train.eval_variables(state, config)
+  m = config.model
+  add_noise = FLAGS.noise
+  batches = [int(b) for b in FLAGS.latency_batches.split(",") if b]
+  n = max(batches + [FLAGS.attack_batch])
+  test = exp.dataset.test
+  reps = -(-n // len(test.labels))  # repeat the test set if it is short
+  images = jnp.asarray(np.concatenate([data.to_float(test.images)] * reps)[:n])
+  labels = jnp.asarray(np.concatenate([test.labels] * reps)[:n])
+  key = jax.random.key(config.seed + 2)
+  ifgsm = train.attack_suite("ifgsm20", config)["ifgsm20"]
+
+  multiples = [int(k) for k in FLAGS.multiples.split(",") if k]
+  label_of = lambda k: "slim" if k == 1 else f"slim x{k}"
+  results = {"workdir": FLAGS.workdir, "step": int(step), "noise": add_noise,
+             "device": jax.devices()[0].device_kind, "costs": {},
+             "impls": {}}
+  for k in multiples:
+    small0, _ = slim.slim(exp.model, variables, noise=add_noise, multiple=k)
+    costs = slim.cost_report(slim.specs_of(small0), test.images.shape[1:3])
+    results["costs"][label_of(k)] = slim.totals(costs)
+    if k == multiples[0]:
+      print(slim.format_costs(costs))
+  for label, t in results["costs"].items():
+    print(f"{label}: parameters {t['params_before']:,} -> "
+          f"{t['params_after']:,}, multiply-adds per image "
+          f"{t['macs_before']:,} -> {t['macs_after']:,}")
+
+  for name, (kwargs, conv, inject) in _implementations(
+      FLAGS.impls.split(",")).items():
+    original = models.create_model(
+        depth=m.depth, num_classes=exp.dataset.num_classes,
+        ensemble_size=m.ensemble_size, width=m.width, skip=m.skip,
+        noise_coef=m.noise_coef, noise_std_over=m.noise_std_over,
+        normalize=m.normalize, member_execution=train.member_execution(config),
+        **kwargs)
+    nets = {"original": (original, variables)}
+    for k in multiples:
+      nets[label_of(k)] = slim.slim(original, variables, noise=add_noise,
+                                    multiple=k, conv=conv, inject=inject)
+    row = {}
+    forwards, attacks = {}, {}
+    for label, (net, v) in nets.items():
+      def apply_fn(v, x, k, net=net):
+        return net.apply(v, x, train=False, add_noise=add_noise,
+                         rngs={"noise": k})
+      forward = jax.jit(apply_fn)
+      for b in batches:
+        forwards[(label, b)] = functools.partial(
+            lambda f, v, b: f(v, images[:b], key).block_until_ready(),
+            forward, v, b)
+      attack = jax.jit(functools.partial(ifgsm, apply_fn))
+      x, y = images[:FLAGS.attack_batch], labels[:FLAGS.attack_batch]
+      attacks[label] = functools.partial(
+          lambda a, v: a(v, x, y, key).block_until_ready(), attack, v)
+      adv = attack(v, x, y, key)
+      clean_logits = forward(v, x, key)
+      row[label] = {
+          "logits": np.asarray(clean_logits),
+          "natural_accuracy": float(100 * jnp.mean(
+              jnp.argmax(clean_logits, -1) == y)),
+          "ifgsm20_accuracy": float(100 * jnp.mean(
+              jnp.argmax(forward(v, adv, key), -1) == y)),
+      }
+    times = bench_train.interleaved({**forwards, **attacks}, FLAGS.repeats,
+                                    warmup=1)
+    res = {"max_logit_difference": max(float(np.max(np.abs(
+        row["original"]["logits"] - row[label]["logits"])))
+                                         for label in nets)}
+    for label in nets:
+      res[label] = {
+          "natural_accuracy": row[label]["natural_accuracy"],
+          "ifgsm20_accuracy": row[label]["ifgsm20_accuracy"],
+          "latency_ms": {b: 1e3 * statistics.median(times[(label, b)])
+                         for b in batches},
+          "ifgsm20_images_per_s": FLAGS.attack_batch / statistics.median(
+              times[label]),
+      }
+    results["impls"][name] = res
+    print(f"\n[{name}] max |logit difference| "
+          f"{res['max_logit_difference']:.3g}")
+    print(f"{'':10s}" + "".join(f"{'ms @ batch ' + str(b):>16s}"
+                                for b in batches)
+          + f"{'IFGSM20 img/s':>16s}{'natural %':>12s}{'IFGSM20 %':>12s}")
+    for label in nets:
+      r = res[label]
+      print(f"{label:10s}" + "".join(f"{r['latency_ms'][b]:16.1f}"
+                                     for b in batches)
+            + f"{r['ifgsm20_images_per_s']:16.1f}"
+            + f"{r['natural_accuracy']:12.1f}{r['ifgsm20_accuracy']:12.1f}")
+  if FLAGS.out:
+    with open(FLAGS.out, "w") as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

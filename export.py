@@ -1,0 +1,99 @@
+"""Exports a trained, channel-pruned checkpoint as a smaller dense network.
+
+  python export.py --config=configs/cpu.py --workdir=/tmp/run
+  python export.py --config=configs/default.py:rgsm --workdir=... \
+      --out=/tmp/run/slim_nonoise --noise=false
+
+Use the config the model was trained with. Writes ``<out>`` (default
+``<workdir>/slim``): ``architecture.json`` (every layer's kept channels),
+``variables/`` (orbax) and ``costs.json`` (parameters and multiply-adds per
+layer, before and after), prints the cost table, and checks on test images
+that the saved model, loaded back, gives the checkpoint's logits (same noise
+key). Load it with ``fkjax.slim.load_slim(out)`` (docs/slim.md).
+"""
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
+flags.DEFINE_string("out", None, "Output directory (default <workdir>/slim).")
+flags.DEFINE_bool("noise", True,
+                  "Keep the noise injection (exact, noised tensors keep their "
+                  "width); false: the deterministic network (add_noise=False).")
+flags.DEFINE_integer("check_examples", 250,
+                     "Test images the logits are compared on (0: none).")
+config_flags.DEFINE_config_file(
+    "config", None, "Config file the model was trained with.",
+    lock_config=True)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def restore_pruned(config, workdir: str):
+  """``(experiment, step, variables)``: the checkpoint eval.py evaluates.
+
+  The only use of fkjax.train here: the experiment built from the config,
+  its checkpoint restored, the variables evaluated (the sparse ``u`` of
+  RVSM/RGSM).
+  """
+  from fkjax import checkpoint as ckpt_lib
+  from fkjax import train
+  exp = train.Experiment.build(config)
+  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
+  step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  checkpointer.close()
+  return exp, int(step), train.eval_variables(state, config)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  import dataclasses
+  import json
+  import os
+
+  import jax
+  import numpy as np
+
+  from fkjax import slim
+
+  config = FLAGS.config
+  exp, step, variables = restore_pruned(config, FLAGS.workdir)
+  small, small_vars = slim.slim(exp.model, variables, noise=FLAGS.noise)
+
+  out = FLAGS.out or os.path.join(FLAGS.workdir, "slim")
+  out = slim.save_slim(out, small, small_vars, source=os.path.abspath(
+      FLAGS.workdir), checkpoint=config.eval.checkpoint, step=int(step))
+  specs = slim.specs_of(small)
+  image_size = exp.dataset.test.images.shape[1:3]
+  costs = slim.cost_report(specs, image_size)
+  with open(os.path.join(out, "costs.json"), "w") as f:
+    json.dump({"image_size": list(image_size), "totals": slim.totals(costs),
+               "layers": [dataclasses.asdict(c) for c in costs]}, f, indent=1)
+  print(f"slim model of the {config.eval.checkpoint} checkpoint (step "
+        f"{step}) written to {out}\n" + slim.format_costs(costs))
+
+  n = min(FLAGS.check_examples, len(exp.dataset.test.labels))
+  if n:
+    from fkjax import data
+    images = data.to_float(exp.dataset.test.images[:n])
+    key = jax.random.key(config.seed + 2)
+    apply_fn, loaded = slim.load_slim(out)
+    add_noise = FLAGS.noise
+    original = jax.jit(lambda v, x, k: exp.model.apply(
+        v, x, train=False, add_noise=add_noise, rngs={"noise": k}))(
+            variables, images, key)
+    mine = jax.jit(apply_fn)(loaded, images, key)
+    diff = float(np.max(np.abs(np.asarray(original) - np.asarray(mine))))
+    agree = float(np.mean(np.argmax(original, -1) == np.argmax(mine, -1)))
+    print(f"check on {n} test images (noise {'on' if add_noise else 'off'}, "
+          f"same key): max |logit difference| {diff:.3g}, same prediction "
+          f"for {100 * agree:.1f}%")
+
+
+if __name__ == "__main__":
+  app.run(main)
