@@ -203,6 +203,8 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
 def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
   workdir = tmp_path / "strong"
   shutil.copytree(runs["full"], workdir)
+  paper = workdir / "eval_paper.json"
+  paper.write_text('{"kept": true}')
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={workdir}",
        "--config.num_devices=1", "--config.eval.protocol=strong",
@@ -212,7 +214,7 @@ def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
       env=_env(runs["cache"]), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr
   result = json.loads((workdir / "eval_strong.json").read_text())
-  assert not (workdir / "eval_paper.json").exists()
+  assert paper.read_text() == '{"kept": true}'   # the other protocol's
   assert result["protocol"] == "strong"
   assert result["metadata"]["protocol"] == "strong"
   assert result["settings"]["eot_samples"] == 2   # a noisy model
