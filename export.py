@@ -1,22 +1,24 @@
 """Exports a trained, channel-pruned checkpoint as a smaller dense network.
 
-  python export.py --config=configs/cpu.py --workdir=/tmp/run
-  python export.py --config=configs/default.py:rgsm --workdir=... \
-      --out=/tmp/run/slim_nonoise --noise=false
+  python export.py --workdir=/tmp/run
+  python export.py --workdir=... --out=/tmp/run/slim_nonoise --noise=false
 
-Use the config the model was trained with. Writes ``<out>`` (default
+The run's own ``config.json`` says what is exported (as for eval.py,
+``--config.eval.checkpoint=latest`` and other evaluation keys may be
+overridden). Writes ``<out>`` (default
 ``<workdir>/slim``): ``architecture.json`` (every layer's kept channels),
 ``variables/`` (orbax) and ``costs.json`` (parameters and multiply-adds per
 layer, before and after), prints the cost table, and checks on test images
 that the saved model, loaded back, gives the checkpoint's logits (same noise
 key). Load it with ``fkjax.slim.load_slim(out)`` (docs/slim.md).
 """
-from absl import app
+import os
+
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
+from fkjax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
@@ -27,41 +29,51 @@ flags.DEFINE_bool("noise", True,
 flags.DEFINE_integer("check_examples", 250,
                      "Test images the logits are compared on (0: none).")
 config_flags.DEFINE_config_file(
-    "config", None, "Config file the model was trained with.",
-    lock_config=True)
-flags.mark_flags_as_required(["config", "workdir"])
+    "config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           "configs", "default.py"),
+    "Optional: the config file the run was trained with (checked against "
+    "the run's config.json).", lock_config=False)
+flags.mark_flags_as_required(["workdir"])
 
 
 def restore_pruned(config, workdir: str):
   """``(experiment, step, variables)``: the checkpoint eval.py evaluates.
 
-  The only use of fkjax.train here: the experiment built from the config,
+  The only use of fkjax's training code here: the experiment built from the config,
   its checkpoint restored, the variables evaluated (the sparse ``u`` of
   RVSM/RGSM).
   """
   from fkjax import checkpoint as ckpt_lib
-  from fkjax import train
-  exp = train.Experiment.build(config)
+  from fkjax import experiment
   checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
-  step, state = exp.restore(checkpointer, config.eval.checkpoint)
-  checkpointer.close()
-  return exp, int(step), train.eval_variables(state, config)
+  try:
+    exp = experiment.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  finally:
+    checkpointer.close()
+  return exp, int(step), experiment.eval_variables(state, config)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    cli.fail(f"unexpected arguments: {argv[1:]} (flags take the form "
+             "--name=value)", code=2)
+  from fkjax import run_config
+  config = run_config.config_for_eval(
+      FLAGS.workdir, cli.loaded_config(FLAGS.config),
+      config_flags.get_override_values(FLAGS["config"]),
+      config_given=FLAGS["config"].present)
+  run_config.validate(config)
+  from fkjax import kernels
+  kernels.apply_xla_flags()  # before JAX starts its backend
   logging.set_verbosity(logging.WARNING)
   import dataclasses
   import json
-  import os
-
   import jax
   import numpy as np
 
   from fkjax import slim
 
-  config = FLAGS.config
   exp, step, variables = restore_pruned(config, FLAGS.workdir)
   small, small_vars = slim.slim(exp.model, variables, noise=FLAGS.noise)
 
@@ -81,7 +93,7 @@ def main(argv):
   if n:
     from fkjax import data
     images = data.to_float(exp.dataset.test.images[:n])
-    key = jax.random.key(config.seed + 2)
+    key = jax.random.key(config.seed)
     apply_fn, loaded = slim.load_slim(out)
     add_noise = FLAGS.noise
     original = jax.jit(lambda v, x, k: exp.model.apply(
@@ -96,4 +108,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

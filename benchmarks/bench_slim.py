@@ -48,32 +48,21 @@ config_flags.DEFINE_config_file(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _implementations(names):
+def _implementations(names, ensemble_size):
   """name -> (original model kwargs, slim conv, slim inject)."""
-  from fkjax.models import conv as conv_lib
+  from fkjax import kernels  # pylint: disable=import-outside-toplevel
+  choices = {"xla": {"conv": "explicit_grad", "noise": "jnp"},
+             "onednn": {"conv": "onednn", "noise": "fused"}}
   out = {}
   for name in names:
-    if name == "xla":
-      out[name] = ({"conv": "explicit_grad", "noise_impl": "jnp"},
-                   conv_lib.conv_general_dilated, None)
-    elif name == "onednn":
-      from fkjax import onednn
-      reason = onednn.unavailable_reason()
-      if reason is not None:
-        logging.warning("skipping onednn: %s", reason)
-        continue
-      from fkjax.onednn import noise_inject
-
-      def fused(out, coef, key, std_over):
-        if not noise_inject.supports(out, key):
-          from fkjax.slim.model import inject_noise
-          return inject_noise(out, coef, key, std_over)
-        return noise_inject.inject_noise(out, coef, key,
-                                         per_example=std_over == "example")
-      out[name] = ({"conv": "onednn", "noise_impl": "fused"},
-                   onednn.conv_general_dilated, fused)
-    else:
+    if name not in choices:
       raise ValueError(f"unknown implementation {name!r}")
+    try:
+      resolved = kernels.resolve(choices[name], ensemble_size=ensemble_size)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("skipping %s: %s", name, e)
+      continue
+    out[name] = (resolved.model_kwargs, resolved.conv, resolved.inject_noise)
   return out
 
 
@@ -90,15 +79,16 @@ def main(argv):
   from fkjax import data
   from fkjax import models
   from fkjax import slim
-  from fkjax import train
+  from fkjax import eval_run
+  from fkjax import experiment
 
   config = FLAGS.config
   # The checkpoint eval.py evaluates, as export.py restores it.
-  exp = train.Experiment.build(config)
+  exp = experiment.Experiment.build(config)
   checkpointer = ckpt_lib.Checkpointer(FLAGS.workdir, must_exist=True)
   step, state = exp.restore(checkpointer, config.eval.checkpoint)
   checkpointer.close()
-  variables = train.eval_variables(state, config)
+  variables = experiment.eval_variables(state, config)
   m = config.model
   add_noise = FLAGS.noise
   batches = [int(b) for b in FLAGS.latency_batches.split(",") if b]
@@ -108,7 +98,7 @@ def main(argv):
   images = jnp.asarray(np.concatenate([data.to_float(test.images)] * reps)[:n])
   labels = jnp.asarray(np.concatenate([test.labels] * reps)[:n])
   key = jax.random.key(config.seed + 2)
-  ifgsm = train.attack_suite("ifgsm20", config)["ifgsm20"]
+  ifgsm = eval_run.attack_suite("ifgsm20", config)["ifgsm20"]
 
   multiples = [int(k) for k in FLAGS.multiples.split(",") if k]
   label_of = lambda k: "slim" if k == 1 else f"slim x{k}"
@@ -127,13 +117,12 @@ def main(argv):
           f"{t['macs_before']:,} -> {t['macs_after']:,}")
 
   for name, (kwargs, conv, inject) in _implementations(
-      FLAGS.impls.split(",")).items():
+      FLAGS.impls.split(","), m.ensemble_size).items():
     original = models.create_model(
         depth=m.depth, num_classes=exp.dataset.num_classes,
         ensemble_size=m.ensemble_size, width=m.width, skip=m.skip,
         noise_coef=m.noise_coef, noise_std_over=m.noise_std_over,
-        normalize=m.normalize, member_execution=train.member_execution(config),
-        **kwargs)
+        normalize=m.normalize, **kwargs)
     nets = {"original": (original, variables)}
     for k in multiples:
       nets[label_of(k)] = slim.slim(original, variables, noise=add_noise,

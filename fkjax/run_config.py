@@ -132,6 +132,7 @@ def validate(config: ml_collections.ConfigDict,
   number("attack.step_size", 0.0, 1.0, low_open=True)
   positive_int("attack.num_steps", 0)
   choice("attack.bn_mode", ("update", "train", "eval"))
+  positive_int("attack.unroll")
 
   _validate_sparsity(config)
 

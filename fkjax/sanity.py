@@ -121,7 +121,7 @@ def _pgd(epsilon, num_steps, eot_samples, check_draws):
       attacks_lib.pgd, epsilon=epsilon,
       step_size=attacks_lib.sweep_step_size(epsilon, num_steps),
       num_steps=num_steps, random_start=True, loss="ce",
-      eot_samples=eot_samples, unroll=False, return_best=True,
+      eot_samples=eot_samples, unroll=1, return_best=True,
       check_draws=check_draws)
 
 

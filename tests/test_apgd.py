@@ -197,7 +197,7 @@ def test_apgd_at_least_as_strong_as_pgd_with_the_same_budget():
   key = jax.random.key(2)
   pgd = jax.jit(functools.partial(
       attacks.pgd, f, num_steps=20, random_start=True, return_best=True,
-      check_draws=0, unroll=False))(params, images, labels, key)
+      check_draws=0, unroll=1))(params, images, labels, key)
   apgd, info = jax.jit(functools.partial(
       attacks.apgd, f, num_iters=20, check_draws=0, return_info=True))(
           params, images, labels, key)

@@ -157,8 +157,8 @@ def test_fgsm_matches_closed_form_on_binary_linear_classifier():
 _CONSTRAINT_ATTACKS = {
     "fgsm": functools.partial(attacks.fgsm),
     "fgsm_eps": functools.partial(attacks.fgsm, epsilon=0.05),
-    "pgd_unrolled": functools.partial(attacks.pgd, num_steps=3),
-    "pgd_scan": functools.partial(attacks.pgd, num_steps=3, unroll=False,
+    "pgd_unrolled": functools.partial(attacks.pgd, num_steps=3, unroll=3),
+    "pgd_scan": functools.partial(attacks.pgd, num_steps=3, unroll=1,
                                   random_start=False),
     "cw_scan2": functools.partial(attacks.cw_linf, num_steps=3, unroll=2,
                                   eot_samples=2),
@@ -191,7 +191,10 @@ def test_loop_forms_agree(random_convnet):
   run = lambda unroll: jax.jit(functools.partial(
       attacks.pgd, _convnet, num_steps=3, unroll=unroll))(
           params, images, labels, key)
-  np.testing.assert_allclose(run(True), run(False), atol=1e-6)
+  np.testing.assert_allclose(run(3), run(1), atol=1e-6)
+  np.testing.assert_allclose(run(2), run(1), atol=1e-6)
+  with pytest.raises(ValueError, match="unroll must be an int"):
+    run(True)
 
 
 def test_cw_margin_any_number_of_classes():
@@ -214,8 +217,8 @@ def test_attacks_never_increase_accuracy_and_pgd_beats_fgsm(trained_mlp):
       jax.jit(functools.partial(attack, _mlp))(params, images, labels, key),
       labels)
   fgsm = run(attacks.fgsm)
-  pgd = run(functools.partial(attacks.pgd, num_steps=10, unroll=False))
-  cw = run(functools.partial(attacks.cw_linf, num_steps=10, unroll=False))
+  pgd = run(functools.partial(attacks.pgd, num_steps=10, unroll=1))
+  cw = run(functools.partial(attacks.cw_linf, num_steps=10, unroll=1))
   nattack = run(functools.partial(attacks.nattack, population=50,
                                   max_iters=30))
   assert clean > 0.5
@@ -297,7 +300,7 @@ def test_nattack_fools_gradient_masked_model_where_pgd_fails(fragile_linear):
   key = jax.random.key(8)
   assert _accuracy(masked, params, images, labels) == 1.0
   x_pgd = jax.jit(functools.partial(attacks.pgd, masked, num_steps=20,
-                                    unroll=False))(params, images, labels, key)
+                                    unroll=1))(params, images, labels, key)
   x_nes = jax.jit(functools.partial(attacks.nattack, masked, max_iters=100))(
       params, images, labels, key)
   assert _accuracy(masked, params, x_pgd, labels) == 1.0
@@ -432,7 +435,7 @@ def _slab_model(alpha):
   return slab, images, jnp.zeros(8, jnp.int32)
 
 
-@pytest.mark.parametrize("unroll", [True, False])
+@pytest.mark.parametrize("unroll", [5, 1])
 def test_pgd_best_so_far_returns_an_iterate_that_fooled_the_model(unroll):
   alpha = 1 / 255
   slab, images, labels = _slab_model(alpha)
@@ -497,5 +500,5 @@ def test_cw_authors_scales_its_perturbation_instead_of_projecting():
   assert delta.max() < 8 / 255
   accuracy = lambda z: float(jnp.mean(jnp.argmax(apply_fn(params, z, None),
                                                   -1) == y))
-  cw = attacks.cw_linf(apply_fn, params, x, y, key, unroll=False)
+  cw = attacks.cw_linf(apply_fn, params, x, y, key, unroll=1)
   assert accuracy(x_adv) > accuracy(cw)

@@ -86,16 +86,16 @@ def test_attack_updating_batch_stats_matches_pgd_and_torch_semantics():
   x_adv, stats = train.pgd_updating_batch_stats(model, variables, x, y, key,
                                                 **kw)
   _, train_apply = experiment.model_fns(model)
-  reference = attacks.pgd(train_apply, variables, x, y, key, unroll=False,
+  reference = attacks.pgd(train_apply, variables, x, y, key, unroll=1,
                           **kw)
   np.testing.assert_allclose(x_adv, reference, atol=1e-6)
   # Running averages after 3 forward passes in train mode, one per step, at
   # the iterates the attack visited (the last one is not evaluated).
   manual = variables["batch_stats"]
-  start = attacks.pgd(train_apply, variables, x, y, key, unroll=False,
+  start = attacks.pgd(train_apply, variables, x, y, key, unroll=1,
                       **{**kw, "num_steps": 0})
   iterates = [start] + [attacks.pgd(train_apply, variables, x, y, key,
-                                    unroll=False, **{**kw, "num_steps": k})
+                                    unroll=1, **{**kw, "num_steps": k})
                         for k in (1, 2)]
   for xi in iterates:
     _, new = model.apply({"params": variables["params"],

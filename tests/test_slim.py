@@ -46,8 +46,7 @@ def images():
 
 def make(members=1, skip=True, coef=0.0, execution="batched", depth=14):
   return create_model(depth=depth, ensemble_size=members, skip=skip,
-                      noise_coef=coef, conv="xla", noise_impl="jnp",
-                      member_execution=execution)
+                      noise_coef=coef, member_execution=execution)
 
 
 def random_variables(model, x, seed=0):
@@ -364,7 +363,7 @@ def test_same_robust_accuracy_under_the_same_attack(images):
   v = prune_a(random_variables(model, images))
   small, small_vars = slim_lib.slim(model, v)
   labels = jnp.argmax(logits(model, v, images, jax.random.key(0)), -1)
-  pgd = functools.partial(attacks.pgd, num_steps=3, unroll=False)
+  pgd = functools.partial(attacks.pgd, num_steps=3, unroll=1)
 
   def attack(m, variables):
     apply_fn = lambda var, x, key: m.apply(var, x, rngs={"noise": key})

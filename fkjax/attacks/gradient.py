@@ -76,7 +76,7 @@ def pgd(apply_fn: common.ApplyFn,
         random_start: bool = True,
         loss: str = "ce",
         eot_samples: int = 1,
-        unroll: bool | int = True,
+        unroll: int = 1,
         return_best: bool = False,
         check_draws: int = 1) -> jax.Array:
   """Projected gradient descent in l_inf (IFGSM^M of the paper).
@@ -98,10 +98,11 @@ def pgd(apply_fn: common.ApplyFn,
       the box) instead of from ``images``.
     loss: ``"ce"`` (IFGSM/PGD), ``"cw"`` (C&W margin) or ``"dlr"``, static.
     eot_samples: noise draws each gradient is averaged over (static).
-    unroll: ``True`` writes the steps out in the trace: fastest to run on
-      XLA:CPU but compile time grows with ``num_steps``. ``False`` or an int
-      ``n`` uses a ``lax.scan`` unrolled ``n`` times (``False`` = 1): compiles
-      once whatever ``num_steps`` is. Static.
+    unroll: steps written out per ``lax.scan`` iteration (static int >= 1).
+      1 (the default) compiles once whatever ``num_steps`` is;
+      ``unroll >= num_steps`` writes every step out in the trace (fastest
+      to run on XLA:CPU with some convolutions, but compile time grows with
+      ``num_steps``).
     return_best: ``False`` (the training attack) returns the final iterate.
       ``True`` (evaluation) checks every iterate from the start on and
       returns, for each image, the highest-loss iterate that fooled the
@@ -136,13 +137,20 @@ def pgd(apply_fn: common.ApplyFn,
                               loss=loss, eot_samples=eot_samples)
     return common.project(x + step_size * jnp.sign(grad), images, epsilon)
 
-  if unroll is True:
+  _check_unroll(unroll)
+  if unroll >= num_steps:
     for i in range(num_steps):
       x_adv = step(x_adv, step_keys[i])
     return x_adv
   x_adv, _ = jax.lax.scan(lambda x, k: (step(x, k), None), x_adv, step_keys,
-                          unroll=max(1, int(unroll)))
+                          unroll=unroll)
   return x_adv
+
+
+def _check_unroll(unroll: int) -> None:
+  if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 1:
+    raise ValueError(f"unroll must be an int >= 1 (steps written out per "
+                     f"scan iteration), got {unroll!r}")
 
 
 def _pgd_best(apply_fn, variables, images, labels, key, *, epsilon,
@@ -181,13 +189,14 @@ def _pgd_best(apply_fn, variables, images, labels, key, *, epsilon,
   best = (x, jnp.full(labels.shape, -jnp.inf, jnp.float32),
           jnp.zeros(labels.shape, jnp.bool_))
   carry = (x, best)
-  if unroll is True:
+  _check_unroll(unroll)
+  if unroll >= num_steps:
     for i in range(num_steps):
       carry, _ = step(carry, (step_keys[i], check_keys[i]))
-  elif num_steps > 0:
+  else:
     carry, _ = jax.lax.scan(step, carry,
                             (step_keys[:num_steps], check_keys[:num_steps]),
-                            unroll=max(1, int(unroll)))
+                            unroll=unroll)
   x, best = carry
   # The final iterate needs no check of its own: it is returned whenever no
   # earlier iterate fooled the model, and the evaluation judges it anyway.
@@ -206,7 +215,7 @@ def cw_linf(apply_fn: common.ApplyFn,
             num_steps: int = 20,
             random_start: bool = True,
             eot_samples: int = 1,
-            unroll: bool | int = True,
+            unroll: int = 1,
             return_best: bool = False,
             check_draws: int = 1) -> jax.Array:
   """C&W attack in l_inf: ``pgd`` on the margin ``max_{j != y} z_j - z_y``.

@@ -130,8 +130,8 @@ class SlimResNet(nn.Module):
   Attributes:
     spec: the architecture (:func:`fkjax.slim.slim` builds it).
     conv: the convolution, ``lax.conv_general_dilated``'s signature; e.g.
-      ``fkjax.onednn.conv_general_dilated`` on CPU or
-      ``fkjax.models.conv.conv_general_dilated`` for fast attack loops.
+      ``fkjax.kernels.onednn_conv.conv_general_dilated`` on CPU or
+      ``fkjax.kernels.explicit_grad_conv.conv_general_dilated`` for fast attack loops.
     inject: the noise injection, ``inject(out, coef, key, std_over)``;
       ``None`` is :func:`inject_noise`. Another implementation must draw the
       same normals to give the same function.
