@@ -182,6 +182,25 @@ def sparsity_report(params: PyTree, config: ml_collections.ConfigDict
   return sparsifier(config).report(params, group=config.sparsity.group)
 
 
+def near_zero_shares(params: PyTree, config: ml_collections.ConfigDict,
+                     tol: float = 1e-3) -> dict[str, float]:
+  """% of conv weights with ``|w| < tol`` and of channel groups with norm
+  ``< tol``: the paper's Sec. 3 measure, and a reading of sparsity that
+  does not need exact zeros (ADMM's dense ``w``)."""
+  report = sparsity_report(params, config)
+  mask = sparsity.conv_kernel_mask(params, kernel_layout(config))
+  small = total = 0
+  for leaf, keep in zip(jax.tree.leaves(params), jax.tree.leaves(mask)):
+    if keep:
+      w = np.asarray(leaf)
+      small += int(np.sum(np.abs(w) < tol))
+      total += w.size
+  norms = report.channel_norms()
+  return {"weights_below_1e-3": 100.0 * small / max(total, 1),
+          "channels_below_1e-3": 100.0 * float(np.mean(norms < tol))
+                                 if norms.size else 0.0}
+
+
 def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:
   d = config.dataset
   return data_lib.load_dataset(

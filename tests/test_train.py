@@ -361,3 +361,30 @@ def test_two_process_run_on_localhost_matches_one_device(runs):
             for w in (runs["full"], workdir)]
   np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
   assert (workdir / "checkpoints" / "12").is_dir()
+
+
+def test_admm_results_report_both_readings(tmp_path):
+  workdir = tmp_path / "admm"
+  runs = {"cache": tmp_path / "cache"}
+  trained = subprocess.run(
+      [sys.executable, "train.py", "--config=configs/tiny.py:admm",
+       f"--workdir={workdir}", "--config.num_devices=1",
+       "--config.training.num_epochs=1", "--config.eval.final_attacks="],
+      cwd=REPO, env=_env(runs["cache"]), capture_output=True, text=True,
+      timeout=600)
+  assert trained.returncode == 0, trained.stderr
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={workdir}",
+       "--config.eval.attacks=natural", "--config.eval.plots=false"],
+      cwd=REPO, env=_env(runs["cache"]), capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads((workdir / "eval_paper.json").read_text())
+  percent = tiny.get_config("admm").sparsity.percent
+  # u: exactly the target share of zeros; w: dense during training
+  assert result["weight_sparsity"] == pytest.approx(percent, abs=1.0)
+  dense = result["admm_dense_w"]
+  assert dense["weight_sparsity"] < 1.0
+  assert 0.0 <= dense["attacks"]["natural"]["accuracy"] <= 100.0
+  assert result["near_zero"]["weights_below_1e-3"] >= percent - 1.0
+  assert "ADMM, the dense w" in proc.stdout
