@@ -322,3 +322,50 @@ def test_table7_runs_on_a_cifar100_release(tiny):
   assert "CIFAR-100" in run["data"] and "cifar_binary" in run["data"]
   assert f"--config.dataset.data_dir={data_dir}" in run["commands"]["train"]
   assert data["rows"][0]["paper"]["A1"] == 46.02
+
+
+def _fake_run_files(run, rng):
+  """The files a finished run leaves, with made-up weights."""
+  from fkjax.reproduce import analysis   # pylint: disable=import-outside-toplevel
+  os.makedirs(run.workdir)
+  w = {"conv": {"kernel": rng.normal(0, 0.05, (3, 3, 64, 64))},
+       "stem": {"kernel": rng.normal(0, 0.1, (3, 3, 3, 16))}}
+  u = {"conv": {"kernel": np.where(np.abs(w["conv"]["kernel"]) < 0.02, 0.0,
+                                   w["conv"]["kernel"])},
+       "stem": w["stem"]}
+  summary, arrays = analysis.analyze_params(w, u)
+  np.savez(os.path.join(run.workdir, "analysis.npz"), **arrays)
+  for name, data in (("analysis.json", summary),
+                     (runner.RUN_RECORD, {"done": True})):
+    Path(run.workdir, name).write_text(json.dumps(data))
+  return summary
+
+
+@pytest.mark.parametrize("table", ["sec3", "table4"])
+def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
+  from fkjax.reproduce import figures   # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  runs = runner.plan(tables.TABLES[table], scales.SCALES["tiny"],
+                     root=str(tmp_path))
+  summary = [_fake_run_files(run, rng) for run in runs][0]
+  # 1e-3 of a N(0, 0.05) kernel: about 1.6% of its weights
+  assert 1.0 < summary["w"]["small_share"] < 2.5
+  assert summary["u"]["zero_share"] > summary["w"]["zero_share"] == 0.0
+  assert summary["figure_layer"] == "conv/kernel"
+  for kind in tables.TABLES[table].figures:
+    path = tmp_path / f"{kind}.png"
+    assert figures.draw(kind, runs, {}, str(path)) == str(path)
+    assert path.stat().st_size > 1000
+
+
+def test_lambda_sweep_figure(tmp_path):
+  from fkjax.reproduce import figures   # pylint: disable=import-outside-toplevel
+  data = {"metrics": tables.METRICS, "rows": [
+      {"label": {"Net": net}, "overrides": {"sparsity.lamb1": lamb},
+       "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}
+                   for m in ("A1", "A2", "A3", "A4", "channel_sparsity")}}
+      for net in ("En2ResNet20", "ResNet38") for lamb in (0.05, 0.1)]}
+  path = tmp_path / "sweep.png"
+  assert figures.lambda_sweep(data, str(path)) == str(path)
+  assert figures.lambda_sweep({"metrics": {}, "rows": []},
+                              str(tmp_path / "none.png")) is None

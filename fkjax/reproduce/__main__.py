@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from typing import Any
 
 from fkjax.reproduce import runner as runner_lib
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.dry_run:
     return _dry_run(plans)
 
+  failed = 0
   if not args.report_only:
     from absl import logging  # pylint: disable=import-outside-toplevel
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
@@ -122,7 +124,17 @@ def main(argv: list[str] | None = None) -> int:
       for i, run in enumerate(todo, 1):
         runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
                        f"{run.seed} ({runner_lib.status_of(run)})")
-        record = runner_lib.execute(run, interactive=sys.stdout.isatty())
+        try:
+          record = runner_lib.execute(run, interactive=sys.stdout.isatty())
+        except Exception as e:  # pylint: disable=broad-except
+          # One failed run (a diverged training, say) must not stop the
+          # table: it is reported as failed and rerun next time.
+          failed += 1
+          runner_lib.record_failure(run, e)
+          runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                         f"{run.seed} FAILED: {type(e).__name__}: {e}")
+          traceback.print_exc()
+          continue
         metrics = ", ".join(f"{k} {v:.2f}" for k, v in
                             record["metrics"].items() if k in table.metrics)
         runner_lib.log(
@@ -131,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{metrics}")
         _write_table(table, scale, reported, args.results)
     _write_table(table, scale, reported, args.results)
+  if failed:
+    runner_lib.log(f"{failed} run(s) failed; rerun the same command to retry "
+                   "them (finished runs are skipped)")
+    return 1
   return 0
 
 

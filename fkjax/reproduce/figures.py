@@ -78,21 +78,24 @@ def filters(runs: list[runner_lib.Run], path: str) -> str | None:
   if not chosen:
     return None
   n = len(chosen)
+  kernels = {name: _npz(run)["figure_layer_kernel"][:, :, :16, :16]
+             for name, run in chosen.items()}   # (3, 3, in, out)
+  # one colour scale for all panels: the paper compares magnitudes
+  vmax = max(float(np.abs(k).max()) for k in kernels.values()) or 1.0
   fig, axes = plt.subplots(1, n, figsize=(5 * n, 5), squeeze=False)
-  for ax, run in zip(axes[0], chosen.values()):
-    kernel = _npz(run)["figure_layer_kernel"]   # (3, 3, in, out)
-    k = kernel[:, :, :16, :16]
+  for ax, (name, run) in zip(axes[0], chosen.items()):
+    k = kernels[name]
     # 16 x 16 tiles of 3x3 kernels, one pixel apart
     tiles = np.full((16 * 4, 16 * 4), np.nan)
     for i in range(k.shape[2]):
       for o in range(k.shape[3]):
         tiles[i * 4:i * 4 + 3, o * 4:o * 4 + 3] = k[:, :, i, o]
-    vmax = float(np.nanmax(np.abs(tiles))) or 1.0
     ax.imshow(tiles, cmap="seismic", vmin=-vmax, vmax=vmax)
     stats = files.load_json(
         os.path.join(run.workdir, "analysis.json")) or {}
     ax.set_title(f"{_title(run)}\n{stats.get('figure_layer', '')} "
-                 "(16 inputs x 16 filters)", fontsize=8)
+                 f"(16 inputs x 16 filters, colour scale +-{vmax:.3g})",
+                 fontsize=8)
     ax.axis("off")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
@@ -111,16 +114,18 @@ def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
     readings = [("u", "tab:orange")]
     if run.config.sparsity.method == "admm":
       readings.insert(0, ("w", "tab:blue"))
+    # the zoom: the smallest tenth of the range of the norms
+    zoom = 0.1 * max(float(data[f"{t}_channel_norms"].max(initial=0.0))
+                     for t, _ in readings) or 0.1
     for tag, color in readings:
       norms = data[f"{tag}_channel_norms"].ravel()
       pruned = int(np.sum(norms < 1e-15))
       label = f"{tag}: {pruned}/{norms.size} channels < 1e-15"
       ax_all.hist(norms, bins=80, color=color, alpha=0.6, label=label)
-      small = norms[norms < 0.1]
-      ax_zoom.hist(small, bins=50, range=(0, 0.1), color=color, alpha=0.6,
-                   label=label)
+      ax_zoom.hist(norms[norms < zoom], bins=50, range=(0, zoom),
+                   color=color, alpha=0.6, label=label)
     ax_all.set_title(f"{_title(run)}: channel norms", fontsize=9)
-    ax_zoom.set_title("zoom: norms < 0.1", fontsize=9)
+    ax_zoom.set_title(f"zoom: norms < {zoom:.3g}", fontsize=9)
     ax_all.legend(fontsize=7)
     ax_zoom.legend(fontsize=7)
   fig.tight_layout()

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import shlex
-import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -249,12 +248,20 @@ class Progress:
     return result
 
 
+def _computed(config: ml_collections.ConfigDict, with_eval: bool
+              ) -> dict[str, Any]:
+  """The keys that change what a stage computes: all but the environment
+  keys (where data live, progress output, ...), and ``eval.*`` if asked."""
+  return {k: v for k, v in run_config.flatten(run_config.as_dict(config))
+          .items() if not run_config.is_environment_key(k)
+          or (with_eval and k.startswith("eval."))}
+
+
 def _fingerprint(data: Any) -> str:
   blob = json.dumps(data, sort_keys=True, default=str).encode()
   return hashlib.sha256(blob).hexdigest()[:16]
 
 
-_load_json = files.load_json
 
 
 # --------------------------------------------------------------------------
@@ -277,7 +284,7 @@ def check_workdir(run: Run) -> None:
 
 def _train_done(run: Run) -> bool:
   if run.config.eval.final_attacks:
-    return _load_json(os.path.join(run.workdir, "eval_final.json")) is not None
+    return files.load_json(os.path.join(run.workdir, "eval_final.json")) is not None
   from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
   epochs = [r.get("epoch") for r in metric_logging.read_metrics(run.workdir)]
   return run.config.training.num_epochs in epochs
@@ -296,10 +303,10 @@ def execute(run: Run, *, interactive: bool = False) -> dict[str, Any]:
   check_workdir(run)
   os.makedirs(run.workdir, exist_ok=True)
   progress = Progress(run.workdir)
+  progress.data.pop("error", None)
   experiment.enable_compilation_cache(config)
-  cfg_dict = run_config.as_dict(run.config)
-  train_fp = _fingerprint({k: v for k, v in cfg_dict.items() if k != "eval"})
-  eval_fp = _fingerprint(cfg_dict)
+  train_fp = _fingerprint(_computed(run.config, with_eval=False))
+  eval_fp = _fingerprint(_computed(run.config, with_eval=True))
   exp_cache: dict[str, Any] = {}
 
   def exp():
@@ -313,22 +320,23 @@ def execute(run: Run, *, interactive: bool = False) -> dict[str, Any]:
     progress.timed("train", train_fp,
                    lambda: train.train_and_evaluate(config, run.workdir))
   main_path = os.path.join(run.workdir, run.eval_result)
-  if not (progress.done("eval", eval_fp) and _load_json(main_path)):
+  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
     log(f"{what}: evaluating ({config.eval.attacks})")
     progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
         config, run.workdir, exp=exp()))
   for extra in run.extra_evals:
     stage = f"eval_{extra.protocol}"
     cfg = _with(config, extra.overrides)
-    fp = _fingerprint(run_config.as_dict(_with(run.config, extra.overrides)))
+    fp = _fingerprint(_computed(_with(run.config, extra.overrides),
+                                with_eval=True))
     path = os.path.join(run.workdir, extra.result_file)
-    if not (progress.done(stage, fp) and _load_json(path)):
+    if not (progress.done(stage, fp) and files.load_json(path)):
       log(f"{what}: extra evaluation {extra.protocol} "
           f"({cfg.eval.attacks}, {cfg.eval.num_examples or 'all'} images)")
       progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
           cfg, run.workdir, exp=exp()))
   apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
-  if not (progress.done("analysis", eval_fp) and _load_json(apath)):
+  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
     progress.timed("analysis", eval_fp,
                    lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
   record = make_record(run, progress.data)
@@ -342,7 +350,7 @@ def metrics_of(workdir: str, eval_result: str,
                extra: Iterable[ExtraEvalRun] = ()) -> dict[str, float]:
   """The metric columns of a finished run (see ``tables.METRICS``)."""
   out: dict[str, float] = {}
-  main = _load_json(os.path.join(workdir, eval_result)) or {}
+  main = files.load_json(os.path.join(workdir, eval_result)) or {}
   for column, attack in tables_lib.ATTACK_OF.items():
     entry = main.get("attacks", {}).get(attack)
     if entry is not None:
@@ -351,12 +359,12 @@ def metrics_of(workdir: str, eval_result: str,
     out["sparsity"] = main["weight_sparsity"]
     out["channel_sparsity"] = main["channel_sparsity"]
   for e in extra:
-    data = _load_json(os.path.join(workdir, e.result_file)) or {}
+    data = files.load_json(os.path.join(workdir, e.result_file)) or {}
     for column, attack in tables_lib.ATTACK_OF.items():
       entry = data.get("attacks", {}).get(attack)
       if entry is not None and column not in out:
         out[column] = entry["accuracy"]
-  stats = _load_json(os.path.join(workdir, "analysis.json"))
+  stats = files.load_json(os.path.join(workdir, "analysis.json"))
   if stats:
     out["small_share"] = stats["w"]["small_share"]
     out["w_sparsity"] = stats["w"]["zero_share"]
@@ -376,7 +384,7 @@ def commands_of(run: Run) -> dict[str, str]:
 
 def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
   stages = progress.get("stages", {})
-  main = _load_json(os.path.join(run.workdir, run.eval_result)) or {}
+  main = files.load_json(os.path.join(run.workdir, run.eval_result)) or {}
   return {
       "table": run.owner_table,
       "row": run.owner_row.name,
@@ -397,11 +405,21 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
   }
 
 
+def record_failure(run: Run, error: BaseException) -> None:
+  """Notes in the run's progress file that its last attempt failed."""
+  progress = Progress(run.workdir)
+  progress.data["error"] = f"{type(error).__name__}: {error}"
+  progress._save()   # pylint: disable=protected-access
+
+
 def status_of(run: Run) -> str:
-  """``done``, ``epoch i/n`` (partial) or ``not started``."""
-  record = _load_json(os.path.join(run.workdir, RUN_RECORD))
+  """``done``, ``failed: ...``, ``trained i/n epochs`` or ``not started``."""
+  record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
   if record and record.get("done"):
     return "done"
+  progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
+  if progress.get("error"):
+    return f"failed ({progress['error'][:200]})"
   path = os.path.join(run.workdir, "metrics.jsonl")
   if os.path.exists(path):
     from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
