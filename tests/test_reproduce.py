@@ -20,6 +20,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from fkjax import run_config
 from fkjax.reproduce import runner
 from fkjax.reproduce import scales
 from fkjax.reproduce import tables
@@ -104,11 +105,23 @@ def test_sec3_shares_are_the_papers():
   assert sec3.row("resnet20_at").paper["small_share"] == 3.64
 
 
-@pytest.mark.parametrize("scale", sorted(scales.SCALES))
+def _scales():
+  """Every scale, and every scale under every variant."""
+  out = dict(scales.SCALES)
+  for variant in scales.VARIANTS:
+    for name, scale in scales.SCALES.items():
+      out[f"{name}-{variant}"] = scales.with_variant(scale, variant)
+  return out
+
+
+SCALES = _scales()
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
 def test_every_row_builds_and_shared_rows_match_their_owner(scale):
   seen = {}
   for table in tables.TABLES.values():
-    runs = runner.plan(table, scales.SCALES[scale], root="w", seeds=1)
+    runs = runner.plan(table, SCALES[scale], root="w", seeds=1)
     assert [r.row.name for r in runs] == [r.name for r in table.rows]
     for run in runs:
       # a shared row runs in its owner's workdir, with the owner's config
@@ -117,6 +130,7 @@ def test_every_row_builds_and_shared_rows_match_their_owner(scale):
         assert f"/{run.owner_table}/" in run.workdir
       seen.setdefault(run.workdir, run.train_command)
       assert seen[run.workdir] == run.train_command
+      run_config.validate(run.config)   # the scale fits every row
 
 
 def _parse_train_command(command, monkeypatch):
@@ -132,12 +146,12 @@ def _parse_train_command(command, monkeypatch):
   return values.config, values.workdir
 
 
-@pytest.mark.parametrize("scale", sorted(scales.SCALES))
+@pytest.mark.parametrize("scale", sorted(SCALES))
 def test_commands_build_the_runs_config(scale, monkeypatch):
   """train.py given a run's recorded command builds exactly its config."""
   monkeypatch.chdir(REPO)
   for table in tables.TABLES.values():
-    for run in runner.plan(table, scales.SCALES[scale], root="w", seeds=2):
+    for run in runner.plan(table, SCALES[scale], root="w", seeds=1):
       config, workdir = _parse_train_command(run.train_command,
                                              monkeypatch)
       assert workdir == run.workdir

@@ -40,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
                  help="comma-separated row names (default: all)")
   p.add_argument("--seeds", type=int, default=None,
                  help="seeds per row (default: the table's for the scale)")
+  p.add_argument("--variant", default=None,
+                 choices=sorted(scales_lib.VARIANTS),
+                 help="a protocol variant (e.g. authors: the authors' "
+                      "released code); results go to <scale>-<variant>")
   p.add_argument("--root", default=runner_lib.DEFAULT_ROOT,
                  help="workdirs go to <root>/<scale>/<table>/<row>_seed<k>")
   p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS,
@@ -91,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{sorted(tables_lib.TABLES)}, 'all' or 'list'", file=sys.stderr)
     return 2
   scale = scales_lib.SCALES[args.scale]
+  if args.variant:
+    try:
+      scale = scales_lib.with_variant(scale, args.variant)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   environment = {"dataset.data_dir": args.data_dir} if args.data_dir else {}
   rows = [r for r in args.rows.split(",") if r]
   plans = {}

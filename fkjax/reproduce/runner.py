@@ -125,9 +125,10 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
           raise ValueError(f"{table.name}/{row.name} shares {row.shared} "
                            f"but their configs differ: {diffs[:3]}")
       workdir = workdir_of(root, scale.name, owner_name, owner.name, seed)
-      flags = scales_lib.config_flags(config, owner.presets)
+      presets = scales_lib.row_presets(owner.presets, scale)
+      flags = scales_lib.config_flags(config, presets)
       train_cmd = _command("train.py", [
-          f"--config=configs/default.py:{owner.presets}", *flags,
+          f"--config=configs/default.py:{presets}", *flags,
           f"--workdir={workdir}"])
       eval_cmd = _command("eval.py", [f"--workdir={workdir}"])
       from_eval_run = _result_file(config)
