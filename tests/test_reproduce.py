@@ -332,7 +332,7 @@ def test_table7_runs_on_a_cifar100_release(tiny):
               f"--data_dir={data_dir}"], tiny["root"], tiny["cache"])
   data = _table(tiny["root"], "table7")
   run = data["rows"][0]["runs"][0]
-  assert run["status"] == "done"
+  assert run["status"] == "done", run
   assert "CIFAR-100" in run["data"] and "cifar_binary" in run["data"]
   assert f"--config.dataset.data_dir={data_dir}" in run["commands"]["train"]
   assert data["rows"][0]["paper"]["A1"] == 46.02
@@ -340,7 +340,7 @@ def test_table7_runs_on_a_cifar100_release(tiny):
 
 def _fake_run_files(run, rng):
   """The files a finished run leaves, with made-up weights."""
-  from fkjax.reproduce import analysis   # pylint: disable=import-outside-toplevel
+  from fkjax.reproduce import analysis  # pylint: disable=C0415
   os.makedirs(run.workdir)
   w = {"conv": {"kernel": rng.normal(0, 0.05, (3, 3, 64, 64))},
        "stem": {"kernel": rng.normal(0, 0.1, (3, 3, 3, 16))}}
@@ -357,7 +357,7 @@ def _fake_run_files(run, rng):
 
 @pytest.mark.parametrize("table", ["sec3", "table4"])
 def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
-  from fkjax.reproduce import figures   # pylint: disable=import-outside-toplevel
+  from fkjax.reproduce import figures  # pylint: disable=C0415
   rng = np.random.default_rng(0)
   runs = runner.plan(tables.TABLES[table], scales.SCALES["tiny"],
                      root=str(tmp_path))
@@ -373,7 +373,7 @@ def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
 
 
 def test_lambda_sweep_figure(tmp_path):
-  from fkjax.reproduce import figures   # pylint: disable=import-outside-toplevel
+  from fkjax.reproduce import figures  # pylint: disable=C0415
   data = {"metrics": tables.METRICS, "rows": [
       {"label": {"Net": net}, "overrides": {"sparsity.lamb1": lamb},
        "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}

@@ -65,11 +65,11 @@ def _list() -> None:
 
 
 def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
-  from fkjax.reproduce import report  # pylint: disable=import-outside-toplevel
+  from fkjax.reproduce import report  # pylint: disable=C0415
   data = report.collect(table, scale, runs)
   json_path, md_path = report.write(data, results)
   if table.figures and any(r["summary"] for r in data["rows"]):
-    from fkjax.reproduce import figures  # pylint: disable=import-outside-toplevel
+    from fkjax.reproduce import figures  # pylint: disable=C0415
     folder = os.path.dirname(json_path)
     drawn = []
     for kind in table.figures:

@@ -53,7 +53,8 @@ def conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
   return out
 
 
-def figure_layer(kernels: list[tuple[str, np.ndarray]]) -> tuple[str, np.ndarray]:
+def figure_layer(kernels: list[tuple[str, np.ndarray]]
+                 ) -> tuple[str, np.ndarray]:
   """The layer of the paper's weight figures: the first 64x64 3x3 conv.
 
   The paper plots "a convolutional layer of ResNet20 whose shape is

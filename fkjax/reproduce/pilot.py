@@ -13,6 +13,7 @@ natural accuracy, sparsity and the weight statistics of
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -32,7 +33,7 @@ def _pilots() -> dict[str, dict[str, Any]]:
       "rgsm_wd": dict(presets="resnet20,rgsm", overrides=rgsm, epochs=3,
                       multiplier="k", scale_thresholds=False),
   }
-  for m in (1, 8, 16):
+  for m in (1, 8, 11, 13, 16):
     out[f"rgsm_m{m}"] = dict(presets="resnet20,rgsm", overrides=rgsm,
                              epochs=2, multiplier=m)
     out[f"en2_rgsm_m{m}"] = dict(presets="en2resnet20,rgsm", overrides=rgsm,
@@ -104,12 +105,52 @@ def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
   return out
 
 
+def summary(results_dir: str) -> str:
+  """A Markdown table of the finished pilots in ``results_dir``."""
+  lines = ["| pilot | net, sparsifier | weight decay | threshold | epochs "
+           "| val natural by epoch | test natural | sparsity | "
+           "channel sp. | channel norms 10/50/90% | wall |",
+           "|" + "---|" * 11]
+  for name in sorted(os.listdir(results_dir)):
+    if not name.endswith(".json"):
+      continue
+    with open(os.path.join(results_dir, name)) as f:
+      out = json.load(f)
+    c, a = out["config"], out["analysis"]
+    s = {k.split(".", 1)[1]: v for k, v in c.items()
+         if k.startswith("sparsity.")}
+    if s["method"] == "rvsm":
+      thr = (2 * s["lamb"] / s["beta"]) ** 0.5
+    elif s["method"] == "rgsm":
+      thr = (2 * s["lamb1"] / s["beta"]) ** 0.5
+    else:
+      thr = None
+    epochs = out["epochs"]
+    q = a["w"]["channel_norm_quantiles"]
+    steps = sum(1 for _ in epochs)
+    lines.append(
+        f"| {out['pilot']} | {out['settings']['presets']} | "
+        f"{c['training.weight_decay']:g} | "
+        f"{'-' if thr is None else f'{thr:.3g}'} | {steps} | "
+        + " / ".join(f"{e['val_natural_accuracy']:.1f}" for e in epochs)
+        + f" | {out['test_natural_accuracy']:.1f} | "
+        f"{a['u']['zero_share']:.1f} | {a['u']['channel_sparsity']:.1f} | "
+        f"{q['0.1']:.2f} / {q['0.5']:.2f} / {q['0.9']:.2f} | "
+        f"{out['wall_seconds'] / 60:.0f} min |")
+  return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("names", nargs="+", choices=sorted(PILOTS))
+  parser.add_argument("names", nargs="*", choices=sorted(PILOTS) + [[]])
   parser.add_argument("--root", default="workdirs/pilots")
   parser.add_argument("--results", default="results/pilots")
+  parser.add_argument("--summary", action="store_true",
+                      help="print a Markdown table of the finished pilots")
   args = parser.parse_args(argv)
+  if args.summary:
+    print(summary(args.results))
+    return 0
   for name in args.names:
     out = run(name, args.root, args.results)
     a = out["analysis"]["u"]

@@ -54,7 +54,7 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
     for run in by_row[row.name]:
       record = files.load_json(os.path.join(run.workdir,
                                             runner_lib.RUN_RECORD))
-      if record and record.get("done"):
+      if record and runner_lib.status_of(run) == "done":
         entries.append({**record, "status": "done"})
       else:
         entries.append({

@@ -283,9 +283,20 @@ def check_workdir(run: Run) -> None:
         "another --root, or remove the workdir to retrain it")
 
 
+def fingerprints(run: Run) -> dict[str, str]:
+  """Per stage, a hash of the settings that change what it computes."""
+  out = {"train": _fingerprint(_computed(run.config, with_eval=False)),
+         "eval": _fingerprint(_computed(run.config, with_eval=True))}
+  for extra in run.extra_evals:
+    out[f"eval_{extra.protocol}"] = _fingerprint(_computed(
+        _with(run.config, extra.overrides), with_eval=True))
+  return out
+
+
 def _train_done(run: Run) -> bool:
   if run.config.eval.final_attacks:
-    return files.load_json(os.path.join(run.workdir, "eval_final.json")) is not None
+    path = os.path.join(run.workdir, "eval_final.json")
+    return files.load_json(path) is not None
   from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
   epochs = [r.get("epoch") for r in metric_logging.read_metrics(run.workdir)]
   return run.config.training.num_epochs in epochs
@@ -298,7 +309,7 @@ def execute(run: Run, *, interactive: bool = False) -> dict[str, Any]:
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
   from fkjax import train  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import analysis  # pylint: disable=import-outside-toplevel
+  from fkjax.reproduce import analysis  # pylint: disable=C0415
 
   config = _with(run.config, {"progress": interactive})
   check_workdir(run)
@@ -306,8 +317,8 @@ def execute(run: Run, *, interactive: bool = False) -> dict[str, Any]:
   progress = Progress(run.workdir)
   progress.data.pop("error", None)
   experiment.enable_compilation_cache(config)
-  train_fp = _fingerprint(_computed(run.config, with_eval=False))
-  eval_fp = _fingerprint(_computed(run.config, with_eval=True))
+  fps = fingerprints(run)
+  train_fp, eval_fp = fps["train"], fps["eval"]
   exp_cache: dict[str, Any] = {}
 
   def exp():
@@ -328,8 +339,7 @@ def execute(run: Run, *, interactive: bool = False) -> dict[str, Any]:
   for extra in run.extra_evals:
     stage = f"eval_{extra.protocol}"
     cfg = _with(config, extra.overrides)
-    fp = _fingerprint(_computed(_with(run.config, extra.overrides),
-                                with_eval=True))
+    fp = fps[stage]
     path = os.path.join(run.workdir, extra.result_file)
     if not (progress.done(stage, fp) and files.load_json(path)):
       log(f"{what}: extra evaluation {extra.protocol} "
@@ -402,6 +412,7 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
       "checkpoint_step": main.get("checkpoint_step"),
       "git_commit": main.get("git_commit"),
       "data": main.get("data"),
+      "fingerprints": fingerprints(run),
       "done": True,
   }
 
@@ -417,7 +428,10 @@ def status_of(run: Run) -> str:
   """``done``, ``failed: ...``, ``trained i/n epochs`` or ``not started``."""
   record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
   if record and record.get("done"):
-    return "done"
+    if record.get("fingerprints") == fingerprints(run):
+      return "done"
+    # e.g. an evaluation setting (a new attack) changed since
+    return "to update (settings changed since it ran)"
   progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
   if progress.get("error"):
     return f"failed ({progress['error'][:200]})"

@@ -80,7 +80,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def with_variant(scale: Scale, variant: str) -> Scale:
-  """``scale`` under a protocol variant (results go to ``<scale>-<variant>``)."""
+  """``scale`` under a protocol variant (results: ``<scale>-<variant>``)."""
   if variant not in VARIANTS:
     raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)}")
   v = VARIANTS[variant]
