@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from typing import Any, Iterable, Mapping
 
@@ -148,7 +149,13 @@ def validate(config: ml_collections.ConfigDict,
              "> 0")
 
   choice("eval.checkpoint", ("best", "latest"))
-  choice("eval.protocol", ("paper", "strong"))
+  protocol = _get(config, "eval.protocol")
+  _require(isinstance(protocol, str)
+           and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", protocol) is not None,
+           "eval.protocol", protocol,
+           "'paper', 'strong', or a name of letters and digits for a "
+           "further paper-protocol evaluation kept in its own file "
+           "(eval_<name>.json)")
   if _get(config, "eval.nattack_variant") is not None:
     choice("eval.nattack_variant", ("paper", "attackbox"))
   if _get(config, "eval.strong") is not None:

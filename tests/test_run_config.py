@@ -34,6 +34,8 @@ def test_shipped_configs_are_valid(module):
     ("model.noise_coef", -0.1, "number"),
     ("validation.select_by", "best", "one of"),
     ("eval.checkpoint", "last", "one of"),
+    ("eval.protocol", "a5/../x", "eval_<name>.json"),
+    ("eval.protocol", "", "eval_<name>.json"),
     ("eval.eot_samples", 0, "integer >= 1"),
     ("eval.attacks", "natural,pgd7", "unknown attack"),
     ("dataset.name", "cifar11", "one of"),
@@ -61,6 +63,15 @@ def test_invalid_sparsifier_hyperparameters(method, key, value):
   with pytest.raises(ConfigError, match="config.sparsity") as e:
     run_config.validate(config)
   assert key in str(e.value) or repr(value) in str(e.value)
+
+
+def test_a_named_protocol_is_a_further_paper_evaluation(tmp_path):
+  from fkjax import eval_run
+  config = default.get_config()
+  config.eval.protocol = "a5"
+  run_config.validate(config)
+  assert eval_run.result_file(str(tmp_path), config) == str(
+      tmp_path / "eval_a5.json")
 
 
 def test_build_validates_before_loading_data():

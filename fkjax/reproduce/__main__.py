@@ -1,0 +1,193 @@
+"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|paper|tiny``.
+
+  python -m fkjax.reproduce list
+  python -m fkjax.reproduce table1 --scale=cpu --dry-run
+  python -m fkjax.reproduce table1 --scale=cpu --rows=resnet20_none --seeds=1
+  python -m fkjax.reproduce all --scale=paper --dry-run
+  python -m fkjax.reproduce table2 --scale=cpu --report-only
+
+Trains and evaluates every run (row x seed) of the table that is not finished,
+one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
+``<results>/<scale>/<table>.json``, ``.md`` and its figures (also after each
+run). Rerunning the same command skips finished runs and resumes a killed
+one from its last checkpoint. ``--dry-run`` prints each run's status, exact
+``train.py`` / ``eval.py`` commands and estimated time, and runs nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Any
+
+from fkjax.reproduce import runner as runner_lib
+from fkjax.reproduce import scales as scales_lib
+from fkjax.reproduce import tables as tables_lib
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="python -m fkjax.reproduce",
+      description="Reproduce the paper's tables (docs/reproduction.md).")
+  p.add_argument("table", help="a table name, 'all' or 'list'")
+  p.add_argument("--scale", default="cpu", choices=sorted(scales_lib.SCALES))
+  p.add_argument("--dry-run", "--dry_run", action="store_true",
+                 help="print the runs, commands and estimates; run nothing")
+  p.add_argument("--report-only", "--report_only", action="store_true",
+                 help="write the tables from the finished runs; train nothing")
+  p.add_argument("--rows", default="",
+                 help="comma-separated row names (default: all)")
+  p.add_argument("--seeds", type=int, default=None,
+                 help="seeds per row (default: the table's for the scale)")
+  p.add_argument("--variant", default=None,
+                 choices=sorted(scales_lib.VARIANTS),
+                 help="a protocol variant (e.g. authors: the authors' "
+                      "released code); results go to <scale>-<variant>")
+  p.add_argument("--root", default=runner_lib.DEFAULT_ROOT,
+                 help="workdirs go to <root>/<scale>/<table>/<row>_seed<k>")
+  p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS,
+                 help="tables go to <results>/<scale>/<table>.{json,md}")
+  p.add_argument("--data_dir", "--data-dir", default=None,
+                 help="config.dataset.data_dir (default: $FKJAX_DATA_DIR, "
+                      "else ~/.cache/fkjax/data)")
+  return p
+
+
+def _list() -> None:
+  for table in tables_lib.TABLES.values():
+    print(f"{table.name}: {table.paper_ref}: {table.title}")
+    for row in table.rows:
+      shared = f"  (= {row.shared})" if row.shared else ""
+      extra = " ".join(f"{k}={v:g}" for k, v in row.overrides.items()
+                       if isinstance(v, float))
+      print(f"  {row.name}: {row.presets} {extra}{shared}")
+
+
+def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
+  from fkjax.reproduce import report  # pylint: disable=C0415
+  data = report.collect(table, scale, runs)
+  json_path, md_path = report.write(data, results)
+  if table.figures and any(r["summary"] for r in data["rows"]):
+    from fkjax.reproduce import figures  # pylint: disable=C0415
+    folder = os.path.dirname(json_path)
+    drawn = []
+    for kind in table.figures:
+      out = figures.draw(kind, runs, data,
+                         os.path.join(folder, f"{table.name}_{kind}.png"))
+      if out:
+        drawn.append(out)
+    if drawn:
+      runner_lib.log(f"figures: {', '.join(drawn)}")
+  runner_lib.log(f"table written: {md_path}")
+  return data
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  if args.table == "list":
+    _list()
+    return 0
+  names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
+  unknown = [n for n in names if n not in tables_lib.TABLES]
+  if unknown:
+    print(f"error: unknown table {unknown[0]!r}; one of "
+          f"{sorted(tables_lib.TABLES)}, 'all' or 'list'", file=sys.stderr)
+    return 2
+  scale = scales_lib.SCALES[args.scale]
+  if args.variant:
+    try:
+      scale = scales_lib.with_variant(scale, args.variant)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+  environment = {"dataset.data_dir": args.data_dir} if args.data_dir else {}
+  rows = [r for r in args.rows.split(",") if r]
+  plans = {}
+  try:
+    for name in names:
+      table = tables_lib.TABLES[name]
+      plans[name] = runner_lib.plan(
+          table, scale, root=args.root, rows=rows or None, seeds=args.seeds,
+          environment=environment)
+  except (KeyError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+  if args.dry_run:
+    return _dry_run(plans)
+
+  failed = 0
+  if not args.report_only:
+    from absl import logging  # pylint: disable=import-outside-toplevel
+    logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
+  for name, runs in plans.items():
+    table = tables_lib.TABLES[name]
+    # The table always shows all its rows, whatever --rows ran.
+    reported = runner_lib.plan_report(table, scale, root=args.root,
+                                      seeds=args.seeds,
+                                      environment=environment)
+    if not args.report_only:
+      todo = [r for r in runs if runner_lib.status_of(r) != "done"]
+      runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
+                     f"{len(runs) - len(todo)} done, {len(todo)} to run")
+      for i, run in enumerate(todo, 1):
+        runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                       f"{run.seed} ({runner_lib.status_of(run)})")
+        try:
+          record = runner_lib.execute(run)
+        except Exception as e:  # pylint: disable=broad-except
+          # One failed run (a diverged training, say) must not stop the
+          # table: it is reported as failed and rerun next time.
+          failed += 1
+          runner_lib.record_failure(run, e)
+          runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                         f"{run.seed} FAILED: {type(e).__name__}: {e}")
+          traceback.print_exc()
+          continue
+        metrics = ", ".join(f"{k} {v:.2f}" for k, v in
+                            record["metrics"].items() if k in table.metrics)
+        runner_lib.log(
+            f"[{name} {i}/{len(todo)}] {run.row.name} seed {run.seed} done "
+            f"in {runner_lib.format_seconds(record['wall_seconds'])}: "
+            f"{metrics}")
+        _write_table(table, scale, reported, args.results)
+    _write_table(table, scale, reported, args.results)
+  if failed:
+    runner_lib.log(f"{failed} run(s) failed; rerun the same command to retry "
+                   "them (finished runs are skipped)")
+    return 1
+  return 0
+
+
+def _dry_run(plans: dict[str, list[runner_lib.Run]]) -> int:
+  total = 0.0
+  seen = set()
+  for name, runs in plans.items():
+    print(f"# {name}: {tables_lib.TABLES[name].title}")
+    table_total = 0.0
+    for run in runs:
+      status = runner_lib.status_of(run)
+      estimate = runner_lib.estimate_seconds(run)
+      new = run.key not in seen and status != "done"
+      seen.add(run.key)
+      if new:
+        table_total += estimate
+      shared = (f" (shared: {run.owner_table}/{run.owner_row.name})"
+                if run.row.shared else "")
+      print(f"- {run.row.name} seed {run.seed}{shared}: {status}, "
+            f"~{runner_lib.format_seconds(estimate)} on 2 idle CPU cores")
+      print(f"    {run.train_command}")
+      print(f"    {run.eval_command}")
+      for e in run.extra_evals:
+        print(f"    {e.command}")
+    print(f"# {name}: ~{runner_lib.format_seconds(table_total)} left to run "
+          "(runs not shared with a table listed before it)\n")
+    total += table_total
+  if len(plans) > 1:
+    print(f"# total: ~{runner_lib.format_seconds(total)} on 2 idle CPU cores")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,177 @@
+"""The paper's figures, drawn from the runs' ``analysis.npz`` and results.
+
+* ``weight_histograms`` (Figs. 1, 2c-d): conv weights of each row, log
+  counts, with the share of |w| < 1e-3.
+* ``filters`` (Fig. 2a-b, appendix Figs. 6-7): the same 64x64 3x3 layer of
+  each adversarially trained net (member 0 of an ensemble).
+* ``channel_norms`` (Fig. 3): channel-norm histograms and a zoom near zero;
+  ADMM rows show the dense ``w`` and the projection ``u``.
+* ``lambda_sweep`` (Figs. 4-5): channel sparsity and A1-A4 against lambda1.
+
+Each figure uses the runs that exist (seed 0 for histograms and filters) and
+is skipped when there are none.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from fkjax.reproduce import files  # noqa: E402
+from fkjax.reproduce import runner as runner_lib  # noqa: E402
+
+
+def _npz(run: runner_lib.Run) -> dict[str, np.ndarray] | None:
+  path = os.path.join(run.workdir, "analysis.npz")
+  record = os.path.join(run.workdir, runner_lib.RUN_RECORD)
+  if not (os.path.exists(path) and os.path.exists(record)):
+    return None
+  with np.load(path) as f:
+    return dict(f)
+
+
+def _first_seed(runs: list[runner_lib.Run]) -> dict[str, runner_lib.Run]:
+  out: dict[str, runner_lib.Run] = {}
+  for run in sorted(runs, key=lambda r: r.seed):
+    if run.row.name not in out and _npz(run) is not None:
+      out[run.row.name] = run
+  return out
+
+
+def _title(run: runner_lib.Run) -> str:
+  return ", ".join(run.row.label.values()) or run.row.name
+
+
+def weight_histograms(runs: list[runner_lib.Run], path: str) -> str | None:
+  chosen = _first_seed(runs)
+  if not chosen:
+    return None
+  n = len(chosen)
+  fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.2), squeeze=False)
+  for ax, run in zip(axes[0], chosen.values()):
+    data = _npz(run)
+    edges, counts = data["weight_bins"], data["w_weight_hist"]
+    ax.stairs(counts, edges, fill=True)
+    ax.set_yscale("log")
+    ax.set_xlim(-0.3, 0.3)
+    stats = files.load_json(
+        os.path.join(run.workdir, "analysis.json")) or {}
+    share = stats.get("w", {}).get("small_share")
+    ax.set_title(f"{_title(run)}\n|w|<1e-3: {share:.2f}%" if share is not None
+                 else _title(run), fontsize=9)
+    ax.set_xlabel("conv weight")
+  axes[0][0].set_ylabel("count")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def filters(runs: list[runner_lib.Run], path: str) -> str | None:
+  chosen = {k: r for k, r in _first_seed(runs).items()
+            if r.config.training.adversarial}
+  if not chosen:
+    return None
+  n = len(chosen)
+  kernels = {name: _npz(run)["figure_layer_kernel"][:, :, :16, :16]
+             for name, run in chosen.items()}   # (3, 3, in, out)
+  # one colour scale for all panels: the paper compares magnitudes
+  vmax = max(float(np.abs(k).max()) for k in kernels.values()) or 1.0
+  fig, axes = plt.subplots(1, n, figsize=(5 * n, 5), squeeze=False)
+  for ax, (name, run) in zip(axes[0], chosen.items()):
+    k = kernels[name]
+    # 16 x 16 tiles of 3x3 kernels, one pixel apart
+    tiles = np.full((16 * 4, 16 * 4), np.nan)
+    for i in range(k.shape[2]):
+      for o in range(k.shape[3]):
+        tiles[i * 4:i * 4 + 3, o * 4:o * 4 + 3] = k[:, :, i, o]
+    ax.imshow(tiles, cmap="seismic", vmin=-vmax, vmax=vmax)
+    stats = files.load_json(
+        os.path.join(run.workdir, "analysis.json")) or {}
+    ax.set_title(f"{_title(run)}\n{stats.get('figure_layer', '')} "
+                 f"(16 inputs x 16 filters, colour scale +-{vmax:.3g})",
+                 fontsize=8)
+    ax.axis("off")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
+  chosen = _first_seed(runs)
+  if not chosen:
+    return None
+  n = len(chosen)
+  fig, axes = plt.subplots(n, 2, figsize=(9, 2.8 * n), squeeze=False)
+  for (ax_all, ax_zoom), run in zip(axes, chosen.values()):
+    data = _npz(run)
+    readings = [("u", "tab:orange")]
+    if run.config.sparsity.method == "admm":
+      readings.insert(0, ("w", "tab:blue"))
+    # the zoom: the smallest tenth of the range of the norms
+    zoom = 0.1 * max(float(data[f"{t}_channel_norms"].max(initial=0.0))
+                     for t, _ in readings) or 0.1
+    for tag, color in readings:
+      norms = data[f"{tag}_channel_norms"].ravel()
+      pruned = int(np.sum(norms < 1e-15))
+      label = f"{tag}: {pruned}/{norms.size} channels < 1e-15"
+      ax_all.hist(norms, bins=80, color=color, alpha=0.6, label=label)
+      ax_zoom.hist(norms[norms < zoom], bins=50, range=(0, zoom),
+                   color=color, alpha=0.6, label=label)
+    ax_all.set_title(f"{_title(run)}: channel norms", fontsize=9)
+    ax_zoom.set_title(f"zoom: norms < {zoom:.3g}", fontsize=9)
+    ax_all.legend(fontsize=7)
+    ax_zoom.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def lambda_sweep(data: dict[str, Any], path: str) -> str | None:
+  """Figs. 4-5 from a table's collected results (mean +- std per point)."""
+  series: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+  for row in data["rows"]:
+    if not row["summary"] or "sparsity.lamb1" not in row["overrides"]:
+      continue
+    series.setdefault(row["label"]["Net"], []).append(
+        (row["overrides"]["sparsity.lamb1"], row["summary"]))
+  if not series:
+    return None
+  panels = ["channel_sparsity", "A1", "A2", "A3", "A4"]
+  fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2))
+  for ax, metric in zip(axes, panels):
+    for net, points in sorted(series.items()):
+      points = sorted((x, s[metric]) for x, s in points if metric in s)
+      if not points:
+        continue
+      xs = [x for x, _ in points]
+      ax.errorbar(xs, [s["mean"] for _, s in points],
+                  yerr=[s["std"] for _, s in points], marker="o", capsize=3,
+                  label=net)
+    ax.set_xlabel("lambda1")
+    ax.set_title(data["metrics"].get(metric, metric), fontsize=9)
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def draw(kind: str, runs: list[runner_lib.Run], data: dict[str, Any],
+         path: str) -> str | None:
+  if kind == "weight_histograms":
+    return weight_histograms(runs, path)
+  if kind == "filters":
+    return filters(runs, path)
+  if kind == "channel_norms":
+    return channel_norms(runs, path)
+  if kind == "lambda_sweep":
+    return lambda_sweep(data, path)
+  raise ValueError(f"unknown figure {kind!r}")

@@ -1,0 +1,164 @@
+"""The short pilots that calibrated the ``cpu`` scale (docs/reproduction.md).
+
+    python -m fkjax.reproduce.pilot rgsm_v1 [--root=workdirs/pilots]
+
+Each pilot is one training run (ResNet20 on the real CIFAR-10) with the
+``cpu`` scale's data, attack and schedule, shortened to its high learning
+rate phase where the shrinkage happens, under one of the ways of rescaling
+weight decay and the sparsifier's hyperparameters. It writes
+``results/pilots/<name>.json``: the settings, wall time, validation and test
+natural accuracy, sparsity and the weight statistics of
+:mod:`fkjax.reproduce.analysis`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from fkjax.reproduce import analysis
+from fkjax.reproduce import files
+from fkjax.reproduce import scales as scales_lib
+
+
+def _pilots() -> dict[str, dict[str, Any]]:
+  """name -> {presets, overrides, epochs, multiplier}."""
+  rgsm = {"sparsity.lamb1": 0.1}   # the paper's ResNet20: 25.33% channels
+  rvsm = {"sparsity.beta": 0.1}    # the paper's ResNet20: 56.88% weights
+  out = {
+      # weight decay x k (58.9) with the paper's thresholds: the first try
+      "rgsm_wd": dict(presets="resnet20,rgsm", overrides=rgsm, epochs=3,
+                      multiplier="k", scale_thresholds=False),
+  }
+  for m in (1, 8, 11, 13, 16):
+    out[f"rgsm_m{m}"] = dict(presets="resnet20,rgsm", overrides=rgsm,
+                             epochs=2, multiplier=m)
+    out[f"en2_rgsm_m{m}"] = dict(presets="en2resnet20,rgsm", overrides=rgsm,
+                                 epochs=2, multiplier=m)
+    out[f"rvsm_m{m}"] = dict(presets="resnet20,rvsm", overrides=rvsm,
+                             epochs=2, multiplier=m)
+    out[f"at_m{m}"] = dict(presets="resnet20,none", overrides={},
+                           epochs=None, multiplier=m)
+    # the whole cpu schedule: final accuracy and sparsity
+    out[f"rgsm_m{m}_full"] = dict(presets="resnet20,rgsm", overrides=rgsm,
+                                  epochs=None, multiplier=m)
+  return out
+
+
+PILOTS = _pilots()
+
+
+def pilot_config(name: str):
+  """The config of pilot ``name``."""
+  p = PILOTS[name]
+  scale = scales_lib.with_multiplier(scales_lib.SCALES["cpu"],
+                                     p["multiplier"])
+  config = scales_lib.build_config(p["presets"], p["overrides"], scale,
+                                   seed=0)
+  if not p.get("scale_thresholds", True):
+    # the first try scaled weight decay (and lamb2) only
+    paper = scales_lib.build_config(p["presets"], p["overrides"],
+                                    scales_lib.SCALES["paper"], seed=0)
+    config.sparsity.lamb1 = paper.sparsity.lamb1
+    config.sparsity.lamb = paper.sparsity.lamb
+  if p["epochs"] is not None:
+    config.training.num_epochs = p["epochs"]
+  config.eval.final_attacks = "natural"
+  config.progress = False
+  return config
+
+
+def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
+  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  config = pilot_config(name)
+  experiment.enable_compilation_cache(config)
+  workdir = os.path.join(root, name)
+  start = time.time()
+  summary = train.train_and_evaluate(config, workdir)
+  seconds = time.time() - start
+  stats = analysis.analyze_run(config, workdir)
+  records = metric_logging.read_metrics(workdir)
+  by_epoch = {r["epoch"]: r for r in records}
+  out = {
+      "pilot": name,
+      "settings": PILOTS[name],
+      "config": {k: v for k, v in scales_lib.flat(config).items()
+                 if k.split(".")[0] in ("training", "attack", "sparsity",
+                                        "dataset", "model")},
+      "wall_seconds": seconds,
+      "epochs": [{k: by_epoch[e].get(k) for k in (
+          "epoch", "learning_rate", "train_loss", "val_natural_accuracy",
+          "weight_sparsity", "channel_sparsity", "train_seconds",
+          "train_images_per_second")} for e in sorted(by_epoch)],
+      "test_natural_accuracy":
+          summary["test"]["attacks"]["natural"]["accuracy"],
+      "test_images": summary["test"]["num_examples"],
+      "analysis": stats,
+  }
+  os.makedirs(results_dir, exist_ok=True)
+  files.atomic_json(os.path.join(results_dir, f"{name}.json"), out)
+  return out
+
+
+def summary(results_dir: str) -> str:
+  """A Markdown table of the finished pilots in ``results_dir``."""
+  lines = ["| pilot | net, sparsifier | weight decay | threshold | epochs "
+           "| val natural by epoch | test natural | sparsity | "
+           "channel sp. | channel norms 10/50/90% | wall |",
+           "|" + "---|" * 11]
+  for name in sorted(os.listdir(results_dir)):
+    if not name.endswith(".json"):
+      continue
+    with open(os.path.join(results_dir, name)) as f:
+      out = json.load(f)
+    c, a = out["config"], out["analysis"]
+    s = {k.split(".", 1)[1]: v for k, v in c.items()
+         if k.startswith("sparsity.")}
+    if s["method"] == "rvsm":
+      thr = (2 * s["lamb"] / s["beta"]) ** 0.5
+    elif s["method"] == "rgsm":
+      thr = (2 * s["lamb1"] / s["beta"]) ** 0.5
+    else:
+      thr = None
+    epochs = out["epochs"]
+    q = a["w"]["channel_norm_quantiles"]
+    steps = sum(1 for _ in epochs)
+    lines.append(
+        f"| {out['pilot']} | {out['settings']['presets']} | "
+        f"{c['training.weight_decay']:g} | "
+        f"{'-' if thr is None else f'{thr:.3g}'} | {steps} | "
+        + " / ".join(f"{e['val_natural_accuracy']:.1f}" for e in epochs)
+        + f" | {out['test_natural_accuracy']:.1f} | "
+        f"{a['u']['zero_share']:.1f} | {a['u']['channel_sparsity']:.1f} | "
+        f"{q['0.1']:.2f} / {q['0.5']:.2f} / {q['0.9']:.2f} | "
+        f"{out['wall_seconds'] / 60:.0f} min |")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("names", nargs="*", choices=sorted(PILOTS) + [[]])
+  parser.add_argument("--root", default="workdirs/pilots")
+  parser.add_argument("--results", default="results/pilots")
+  parser.add_argument("--summary", action="store_true",
+                      help="print a Markdown table of the finished pilots")
+  args = parser.parse_args(argv)
+  if args.summary:
+    print(summary(args.results))
+    return 0
+  for name in args.names:
+    out = run(name, args.root, args.results)
+    a = out["analysis"]["u"]
+    print(f"pilot {name}: {out['wall_seconds']:.0f}s test natural "
+          f"{out['test_natural_accuracy']:.2f}% sparsity {a['zero_share']:.2f}%"
+          f" channel sparsity {a['channel_sparsity']:.2f}%", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,216 @@
+"""A table's results: ``results/<scale>/<table>.json`` and ``.md``.
+
+fkjax's numbers (mean +- sample std over the finished seeds) next to the
+paper's, every run's exact commands, wall time and status; rows without a
+finished run say "not yet run". Nothing here is computed from anything but
+the runs' own result files.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import statistics
+import subprocess
+from typing import Any, Iterable
+
+from fkjax.reproduce import files
+from fkjax.reproduce import runner as runner_lib
+from fkjax.reproduce import scales as scales_lib
+from fkjax.reproduce import tables as tables_lib
+
+NOT_RUN = "not yet run"
+
+
+def _summary(values: list[float]) -> dict[str, float | int]:
+  mean = statistics.fmean(values)
+  std = statistics.stdev(values) if len(values) > 1 else 0.0
+  return {"mean": mean, "std": std, "n": len(values)}
+
+
+def _git_head() -> str | None:
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"],
+                         capture_output=True, text=True, timeout=10,
+                         check=True)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip() or None
+
+
+def collect(table: tables_lib.Table, scale: scales_lib.Scale,
+            runs: Iterable[runner_lib.Run]) -> dict[str, Any]:
+  """The results of ``table`` from its runs' workdirs, as JSON data."""
+  runs = list(runs)
+  by_row: dict[str, list[runner_lib.Run]] = {}
+  for run in runs:
+    by_row.setdefault(run.row.name, []).append(run)
+  rows = []
+  for row in table.rows:
+    if row.name not in by_row:
+      continue
+    entries = []
+    for run in by_row[row.name]:
+      record = files.load_json(os.path.join(run.workdir,
+                                            runner_lib.RUN_RECORD))
+      if record and runner_lib.status_of(run) == "done":
+        entries.append({**record, "status": "done"})
+      else:
+        entries.append({
+            "seed": run.seed, "workdir": run.workdir,
+            "status": runner_lib.status_of(run),
+            "commands": runner_lib.commands_of(run),
+            "estimated_seconds_2_idle_cores":
+                round(runner_lib.estimate_seconds(run)),
+        })
+    done = [e for e in entries if e["status"] == "done"]
+    summary = {}
+    for metric in table.metrics:
+      values = [e["metrics"][metric] for e in done
+                if metric in e.get("metrics", {})]
+      if values:
+        summary[metric] = _summary(values)
+    rows.append({
+        "name": row.name,
+        "label": dict(row.label),
+        "presets": row.presets,
+        "overrides": dict(row.overrides),
+        "shared": row.shared,
+        "paper": {k: v for k, v in row.paper.items() if v is not None},
+        "seeds": len(entries),
+        "runs": entries,
+        "summary": summary,
+    })
+  example = runs[0].config if runs else None
+  return {
+      "table": table.name,
+      "title": table.title,
+      "paper_ref": table.paper_ref,
+      "scale": scale.name,
+      "scale_description": scale.description,
+      "scale_overrides": {k: list(v) if isinstance(v, tuple) else v
+                          for k, v in scale.overrides.items()},
+      "decay_multiplier": scale.decay_multiplier,
+      "shrinkage_factor": (scales_lib.shrinkage_factor(example)
+                           if example is not None else None),
+      "metrics": {m: tables_lib.METRICS[m] for m in table.metrics},
+      "notes": list(table.notes),
+      "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec="seconds"),
+      "git_commit": _git_head(),
+      "rows": rows,
+  }
+
+
+def _cell(summary: dict[str, Any] | None) -> str:
+  if not summary:
+    return "—"
+  if summary["n"] > 1:
+    return f"{summary['mean']:.2f} ± {summary['std']:.2f}"
+  return f"{summary['mean']:.2f}"
+
+
+def _paper_cell(value: float | None) -> str:
+  return "—" if value is None or (isinstance(value, float)
+                                  and math.isnan(value)) else f"{value:.2f}"
+
+
+def markdown(data: dict[str, Any]) -> str:
+  """The results as Markdown: fkjax's column, then the paper's."""
+  rows = data["rows"]
+  metrics = [m for m in data["metrics"]
+             if any(m in r["summary"] or m in r["paper"] for r in rows)]
+  labels: list[str] = []
+  for r in rows:
+    for key in r["label"]:
+      if key not in labels:
+        labels.append(key)
+  header = labels + [h for m in metrics
+                     for h in (data["metrics"][m], "paper")]
+  header += ["seeds done", "wall time / seed"]
+  lines = [
+      f"# {data['paper_ref']}: {data['title']}",
+      "",
+      f"Scale **{data['scale']}**: {data['scale_description']}.",
+  ]
+  if data.get("decay_multiplier") not in (None, 1, 1.0):
+    lines.append(
+        f"Weight decay x {data['decay_multiplier']}, pruning thresholds x "
+        f"{data['decay_multiplier']}^-1/4 (the paper's schedule has "
+        f"{data['shrinkage_factor']:.1f}x this one's sum of learning rates; "
+        "docs/reproduction.md).")
+  lines += [
+      "",
+      "fkjax: mean ± sample std over the finished seeds; paper: the "
+      "paper's number (— where it gives none). Percentages.",
+      "",
+      "| " + " | ".join(header) + " |",
+      "|" + "|".join("---" for _ in header) + "|",
+  ]
+  for r in rows:
+    done = [e for e in r["runs"] if e["status"] == "done"]
+    cells = [r["label"].get(k, "") for k in labels]
+    for m in metrics:
+      cells.append(_cell(r["summary"].get(m)) if done else NOT_RUN)
+      cells.append(_paper_cell(r["paper"].get(m)))
+    cells.append(f"{len(done)}/{r['seeds']}")
+    if done:
+      mean = sum(e["wall_seconds"] for e in done) / len(done)
+      cells.append(runner_lib.format_seconds(mean))
+    else:
+      cells.append("—")
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", "Columns:"]
+  for m in metrics:
+    lines.append(f"- {data['metrics'][m]}: {_COLUMN_DOC[m]}")
+  if data["notes"]:
+    lines += ["", "Notes:"] + [f"- {n}" for n in data["notes"]]
+  lines += ["", "## Runs", ""]
+  for r in rows:
+    for e in r["runs"]:
+      status = e["status"]
+      wall = (f", {runner_lib.format_seconds(e['wall_seconds'])}"
+              if status == "done" else "")
+      shared = f" (trained for {r['shared']})" if r["shared"] else ""
+      lines.append(f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
+                   f"{shared}, `{e['workdir']}`")
+      for name, cmd in e["commands"].items():
+        lines.append(f"  - {name}: `{cmd}`")
+  lines += ["", f"Generated {data['generated']} from fkjax "
+            f"{data['git_commit'] or '(unknown commit)'} by "
+            f"`python -m fkjax.reproduce {data['table']} "
+            f"--scale={data['scale']}`.", ""]
+  return "\n".join(lines)
+
+
+_COLUMN_DOC = {
+    "A1": "accuracy on clean test images",
+    "A2": "under FGSM (eps 8/255)",
+    "A3": "under IFGSM^20 (eps 8/255, step 2/255, from x)",
+    "A4": ("under fkjax's C&W-linf: 20 PGD steps on the C&W margin loss "
+           "within eps 8/255"),
+    "A4_authors": ("under the C&W variant of the authors' code (50 Adam "
+                   "steps, perturbation scaled by 0.031), which explains the "
+                   "paper's A4 above A2"),
+    "A5": "under NAttack (gradient-free)",
+    "sparsity": "% exactly-zero conv weights of the evaluated weights u",
+    "channel_sparsity": ("% conv channel groups (input channels) of norm "
+                         "< 1e-15 in u"),
+    "small_share": "% conv weights with |w| < 1e-3 (trained weights)",
+    "w_sparsity": "% exactly-zero conv weights of the trained (dense) w",
+    "w_channel_sparsity": "% channels of norm < 1e-15 in w",
+    "w_small_share": "% conv weights of w with |w| < 1e-3",
+    "w_small_channel_share": "% channels of w with norm < 1e-3",
+}
+
+
+def write(data: dict[str, Any], results_dir: str) -> tuple[str, str]:
+  """Writes ``<results_dir>/<scale>/<table>.json`` and ``.md``."""
+  folder = os.path.join(results_dir, data["scale"])
+  os.makedirs(folder, exist_ok=True)
+  json_path = os.path.join(folder, f"{data['table']}.json")
+  md_path = os.path.join(folder, f"{data['table']}.md")
+  files.atomic_json(json_path, data)
+  files.atomic_text(md_path, markdown(data))
+  return json_path, md_path

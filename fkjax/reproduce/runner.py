@@ -1,0 +1,501 @@
+"""Trains and evaluates every row of a table, then writes the table.
+
+Each (row, seed) is a *run* in its own workdir, ``<root>/<scale>/<table>/
+<row>_seed<k>`` (a row shared with another table runs in that table's
+workdir). A run goes through stages, each skipped when its result exists:
+
+1. ``train``: ``fkjax.train.train_and_evaluate`` (resumes from the last
+   checkpoint after a kill; ends with train.py's own ``final_eval.json``);
+2. ``eval``: ``fkjax.eval_run.evaluate_checkpoint`` (``eval_paper.json``);
+3. one stage per extra evaluation of the table (``eval_<protocol>.json``);
+4. ``analysis``: weight statistics (:mod:`fkjax.reproduce.analysis`).
+
+Then ``reproduce_run.json`` records the run: the exact equivalent
+``train.py`` / ``eval.py`` commands, the wall time of each stage (kept across
+kills to within :data:`HEARTBEAT_SECONDS`) and the metrics. After every run
+the table is rewritten (``results/<scale>/<table>.json`` and ``.md``, and its
+figures), so a killed runner leaves a table of the runs finished so far.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shlex
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import ml_collections
+
+from fkjax import run_config
+from fkjax.reproduce import files
+from fkjax.reproduce import scales as scales_lib
+from fkjax.reproduce import tables as tables_lib
+
+RUN_RECORD = "reproduce_run.json"
+PROGRESS_FILE = "reproduce_progress.json"
+HEARTBEAT_SECONDS = 10.0
+DEFAULT_ROOT = "workdirs/reproduce"
+DEFAULT_RESULTS = "results"
+
+# The order of ``all``: tables whose rows others share come first.
+ORDER = ("table1", "table2", "table3", "fig45", "table4", "table5", "table6",
+         "sec3", "table7")
+
+
+@dataclasses.dataclass
+class ExtraEvalRun:
+  protocol: str
+  overrides: dict[str, Any]
+  result_file: str
+  command: str
+
+
+@dataclasses.dataclass
+class Run:
+  """One (row, seed) of a table at a scale, with everything to run it."""
+  table: tables_lib.Table
+  row: tables_lib.Row
+  owner_table: str
+  owner_row: tables_lib.Row
+  seed: int
+  workdir: str
+  config: ml_collections.ConfigDict
+  train_command: str
+  eval_command: str
+  eval_result: str
+  extra_evals: list[ExtraEvalRun]
+
+  @property
+  def key(self) -> str:
+    return f"{self.owner_table}/{self.owner_row.name}_seed{self.seed}"
+
+
+def log(message: str) -> None:
+  """A progress line, flushed (the runner's output is usually a log file)."""
+  stamp = time.strftime("%H:%M:%S")
+  print(f"[reproduce {stamp}] {message}", flush=True)
+
+
+# --------------------------------------------------------------------------
+# Planning.
+
+
+def num_seeds(table: tables_lib.Table, row: tables_lib.Row,
+              scale: scales_lib.Scale, override: int | None) -> int:
+  if override is not None:
+    return override
+  return row.seeds.get(scale.name, table.seeds.get(scale.name, scale.seeds))
+
+
+def workdir_of(root: str, scale: str, table: str, row: str, seed: int) -> str:
+  return os.path.join(root, scale, table, f"{row}_seed{seed}")
+
+
+def _command(program: str, args: Iterable[str]) -> str:
+  return " ".join(["python", program, *(shlex.quote(a) for a in args)])
+
+
+def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
+         root: str = DEFAULT_ROOT, rows: Iterable[str] | None = None,
+         seeds: int | None = None,
+         environment: Mapping[str, Any] | None = None) -> list[Run]:
+  """The runs of ``table`` at ``scale`` (only ``rows`` if given)."""
+  wanted = list(rows) if rows else [r.name for r in table.rows]
+  runs = []
+  for name in wanted:
+    row = table.row(name)
+    if row.shared:
+      owner_table, owner = tables_lib.resolve_shared(row)
+      owner_name = owner_table.name
+    else:
+      owner_name, owner = table.name, row
+    for seed in range(num_seeds(table, row, scale, seeds)):
+      config = scales_lib.build_config(owner.presets, owner.overrides, scale,
+                                       seed, environment)
+      if row.shared:
+        mine = scales_lib.build_config(row.presets, row.overrides, scale,
+                                       seed, environment)
+        diffs = run_config.differences(run_config.as_dict(config),
+                                       run_config.as_dict(mine),
+                                       ignore_environment=False)
+        if diffs:
+          raise ValueError(f"{table.name}/{row.name} shares {row.shared} "
+                           f"but their configs differ: {diffs[:3]}")
+      workdir = workdir_of(root, scale.name, owner_name, owner.name, seed)
+      presets = scales_lib.row_presets(owner.presets, scale)
+      flags = scales_lib.config_flags(config, presets)
+      train_cmd = _command("train.py", [
+          f"--config=configs/default.py:{presets}", *flags,
+          f"--workdir={workdir}"])
+      eval_cmd = _command("eval.py", [f"--workdir={workdir}"])
+      from_eval_run = _result_file(config)
+      extra = []
+      for spec in table.extra_evals:
+        if seed >= spec.max_seeds.get(scale.name, 1 << 30):
+          continue
+        overrides = dict(spec.overrides.get(scale.name, {}))
+        overrides.setdefault("eval.protocol", spec.protocol)
+        extra.append(ExtraEvalRun(
+            protocol=spec.protocol, overrides=overrides,
+            result_file=_result_file(_with(config, overrides)),
+            command=_command("eval.py", [f"--workdir={workdir}", *(
+                f"--config.{k}={scales_lib.format_value(v)}"
+                for k, v in overrides.items())])))
+      runs.append(Run(table, row, owner_name, owner, seed, workdir, config,
+                      train_cmd, eval_cmd, from_eval_run, extra))
+  return runs
+
+
+def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
+                root: str = DEFAULT_ROOT, seeds: int | None = None,
+                environment: Mapping[str, Any] | None = None) -> list[Run]:
+  """The runs a table reports: every row, its planned seeds and any further
+  seeds already finished on disk (a run with more ``--seeds`` earlier)."""
+  runs = plan(table, scale, root=root, seeds=seeds, environment=environment)
+  out = []
+  for row in table.rows:
+    mine = [r for r in runs if r.row.name == row.name]
+    out += mine
+    seed = len(mine)
+    while True:
+      extra = plan(table, scale, root=root, rows=[row.name], seeds=seed + 1,
+                   environment=environment)[-1]
+      if status_of(extra) != "done":
+        break
+      out.append(extra)
+      seed += 1
+  return out
+
+
+def _with(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
+          ) -> ml_collections.ConfigDict:
+  new = ml_collections.ConfigDict(run_config.as_dict(config))
+  for key, value in overrides.items():
+    scales_lib.set_key(new, key, value)
+  return new
+
+
+def _result_file(config: ml_collections.ConfigDict) -> str:
+  # eval_run.result_file without importing JAX (dry runs stay instant).
+  eot = config.eval.eot_samples
+  return f"eval_{config.eval.get('protocol', 'paper')}" + (
+      f"_eot{eot}" if eot > 1 else "") + ".json"
+
+
+# --------------------------------------------------------------------------
+# Time accounting that survives kill -9.
+
+
+class Progress:
+  """``<workdir>/reproduce_progress.json``: seconds and state of each stage.
+
+  While a stage runs, a thread writes its elapsed time every
+  :data:`HEARTBEAT_SECONDS`, so a killed stage's time is kept (all but the
+  last few seconds) and the resumed attempt adds to it.
+  """
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, PROGRESS_FILE)
+    self.data: dict[str, Any] = {"stages": {}}
+    if os.path.exists(self.path):
+      try:
+        with open(self.path) as f:
+          self.data = json.load(f)
+      except ValueError:   # a torn write cannot happen (atomic); be safe
+        pass
+    self._lock = threading.Lock()
+
+  def stage(self, name: str) -> dict[str, Any]:
+    return self.data["stages"].setdefault(
+        name, {"seconds": 0.0, "attempts": 0, "done": False})
+
+  def done(self, name: str, fingerprint: str) -> bool:
+    s = self.data["stages"].get(name)
+    return bool(s and s["done"] and s.get("fingerprint") == fingerprint)
+
+  def _save(self) -> None:
+    with self._lock:
+      files.atomic_json(self.path, self.data)
+
+  def timed(self, name: str, fingerprint: str, fn: Callable[[], Any]) -> Any:
+    """Runs ``fn`` as stage ``name``, accounting its wall time."""
+    s = self.stage(name)
+    s["attempts"] += 1
+    s["done"] = False
+    s["fingerprint"] = fingerprint
+    base = s["seconds"]
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def beat():
+      while not stop.wait(HEARTBEAT_SECONDS):
+        s["seconds"] = base + time.monotonic() - start
+        self._save()
+    thread = threading.Thread(target=beat, daemon=True)
+    self._save()
+    thread.start()
+    try:
+      result = fn()
+    finally:
+      stop.set()
+      thread.join()
+      s["seconds"] = base + time.monotonic() - start
+      self._save()
+    s["done"] = True
+    self._save()
+    return result
+
+
+def _computed(config: ml_collections.ConfigDict, with_eval: bool
+              ) -> dict[str, Any]:
+  """The keys that change what a stage computes: all but the environment
+  keys (where data live, progress output, ...), and ``eval.*`` if asked."""
+  return {k: v for k, v in run_config.flatten(run_config.as_dict(config))
+          .items() if not run_config.is_environment_key(k)
+          or (with_eval and k.startswith("eval."))}
+
+
+def _fingerprint(data: Any) -> str:
+  blob = json.dumps(data, sort_keys=True, default=str).encode()
+  return hashlib.sha256(blob).hexdigest()[:16]
+
+
+
+
+# --------------------------------------------------------------------------
+# Running.
+
+
+def check_workdir(run: Run) -> None:
+  """Refuses a workdir that holds a run of another config."""
+  saved = run_config.load_saved(run.workdir)
+  if saved is None:
+    return
+  diffs = run_config.differences(saved, run_config.as_dict(run.config))
+  if diffs:
+    shown = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in diffs[:3])
+    raise run_config.ConfigError(
+        f"{run.workdir} holds a run of another config ({shown}): the table "
+        "definitions or fkjax's defaults changed since it was trained. Use "
+        "another --root, or remove the workdir to retrain it")
+
+
+def fingerprints(run: Run) -> dict[str, str]:
+  """Per stage, a hash of the settings that change what it computes."""
+  out = {"train": _fingerprint(_computed(run.config, with_eval=False)),
+         "eval": _fingerprint(_computed(run.config, with_eval=True))}
+  for extra in run.extra_evals:
+    out[f"eval_{extra.protocol}"] = _fingerprint(_computed(
+        _with(run.config, extra.overrides), with_eval=True))
+  return out
+
+
+def _train_done(run: Run) -> bool:
+  if run.config.eval.final_attacks:
+    path = os.path.join(run.workdir, "final_eval.json")
+    return files.load_json(path) is not None
+  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  epochs = [r.get("epoch") for r in metric_logging.read_metrics(run.workdir)]
+  return run.config.training.num_epochs in epochs
+
+
+def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
+  """Runs the stages of ``run`` that are not done; returns its record.
+
+  ``show_progress``: progress output (a bar on a terminal, else a plain line
+  every 30 s, see :func:`fkjax.metric_logging.progress`).
+  """
+  # JAX only now: planning and dry runs never load it.
+  import jax  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax.reproduce import analysis  # pylint: disable=C0415
+
+  config = _with(run.config, {"progress": show_progress})
+  check_workdir(run)
+  os.makedirs(run.workdir, exist_ok=True)
+  progress = Progress(run.workdir)
+  progress.data.pop("error", None)
+  experiment.enable_compilation_cache(config)
+  fps = fingerprints(run)
+  train_fp, eval_fp = fps["train"], fps["eval"]
+  exp_cache: dict[str, Any] = {}
+
+  def exp():
+    if "exp" not in exp_cache:
+      exp_cache["exp"] = experiment.Experiment.build(config)
+    return exp_cache["exp"]
+
+  what = f"{run.table.name}/{run.row.name} seed {run.seed}"
+  if not (progress.done("train", train_fp) and _train_done(run)):
+    log(f"{what}: training in {run.workdir}")
+    progress.timed("train", train_fp,
+                   lambda: train.train_and_evaluate(config, run.workdir))
+  main_path = os.path.join(run.workdir, run.eval_result)
+  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
+    log(f"{what}: evaluating ({config.eval.attacks})")
+    progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
+        config, run.workdir, exp=exp()))
+  for extra in run.extra_evals:
+    stage = f"eval_{extra.protocol}"
+    cfg = _with(config, extra.overrides)
+    fp = fps[stage]
+    path = os.path.join(run.workdir, extra.result_file)
+    if not (progress.done(stage, fp) and files.load_json(path)):
+      log(f"{what}: extra evaluation {extra.protocol} "
+          f"({cfg.eval.attacks}, {cfg.eval.num_examples or 'all'} images)")
+      progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
+          cfg, run.workdir, exp=exp()))
+  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
+  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
+    progress.timed("analysis", eval_fp,
+                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
+  record = make_record(run, progress.data)
+  files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
+  exp_cache.clear()
+  jax.clear_caches()
+  return record
+
+
+def metrics_of(workdir: str, eval_result: str,
+               extra: Iterable[ExtraEvalRun] = ()) -> dict[str, float]:
+  """The metric columns of a finished run (see ``tables.METRICS``)."""
+  out: dict[str, float] = {}
+  main = files.load_json(os.path.join(workdir, eval_result)) or {}
+  for column, attack in tables_lib.ATTACK_OF.items():
+    entry = main.get("attacks", {}).get(attack)
+    if entry is not None:
+      out[column] = entry["accuracy"]
+  if "weight_sparsity" in main:
+    out["sparsity"] = main["weight_sparsity"]
+    out["channel_sparsity"] = main["channel_sparsity"]
+  for e in extra:
+    data = files.load_json(os.path.join(workdir, e.result_file)) or {}
+    for column, attack in tables_lib.ATTACK_OF.items():
+      entry = data.get("attacks", {}).get(attack)
+      if entry is not None and column not in out:
+        out[column] = entry["accuracy"]
+  stats = files.load_json(os.path.join(workdir, "analysis.json"))
+  if stats:
+    out["small_share"] = stats["w"]["small_share"]
+    out["w_sparsity"] = stats["w"]["zero_share"]
+    out["w_channel_sparsity"] = stats["w"]["channel_sparsity"]
+    out["w_small_share"] = stats["w"]["small_share"]
+    out["w_small_channel_share"] = stats["w"]["small_channel_share"]
+  return out
+
+
+def commands_of(run: Run) -> dict[str, str]:
+  """The exact equivalent commands of a run, in the order they run."""
+  return {"train": run.train_command, "eval": run.eval_command,
+          **{f"eval_{e.protocol}": e.command for e in run.extra_evals},
+          "analysis": ("python -m fkjax.reproduce.analysis "
+                       f"--workdir={shlex.quote(run.workdir)}")}
+
+
+def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
+  stages = progress.get("stages", {})
+  main = files.load_json(os.path.join(run.workdir, run.eval_result)) or {}
+  metadata = main.get("metadata", {})
+  return {
+      "table": run.owner_table,
+      "row": run.owner_row.name,
+      "seed": run.seed,
+      "presets": run.owner_row.presets,
+      "overrides": dict(run.owner_row.overrides),
+      "workdir": run.workdir,
+      "commands": commands_of(run),
+      "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
+      "stage_attempts": {k: v["attempts"] for k, v in stages.items()},
+      "wall_seconds": sum(v["seconds"] for v in stages.values()),
+      "metrics": metrics_of(run.workdir, run.eval_result, run.extra_evals),
+      "test_images": main.get("num_examples"),
+      "checkpoint_step": metadata.get("step"),
+      "git_commit": metadata.get("git_commit"),
+      "data": metadata.get("data"),
+      "fingerprints": fingerprints(run),
+      "done": True,
+  }
+
+
+def record_failure(run: Run, error: BaseException) -> None:
+  """Notes in the run's progress file that its last attempt failed."""
+  progress = Progress(run.workdir)
+  progress.data["error"] = f"{type(error).__name__}: {error}"
+  progress._save()   # pylint: disable=protected-access
+
+
+def status_of(run: Run) -> str:
+  """``done``, ``failed: ...``, ``trained i/n epochs`` or ``not started``."""
+  record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
+  if record and record.get("done"):
+    if record.get("fingerprints") == fingerprints(run):
+      return "done"
+    # e.g. an evaluation setting (a new attack) changed since
+    return "to update (settings changed since it ran)"
+  progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
+  if progress.get("error"):
+    return f"failed ({progress['error'][:200]})"
+  path = os.path.join(run.workdir, "metrics.jsonl")
+  if os.path.exists(path):
+    from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+    epochs = [r.get("epoch", 0) for r in metric_logging.read_metrics(
+        run.workdir)]
+    return (f"trained {max(epochs, default=0)}/"
+            f"{run.config.training.num_epochs} epochs")
+  return "not started"
+
+
+# --------------------------------------------------------------------------
+# Cost estimate (dry runs): 2 idle CPU cores, docs/performance.md.
+
+# Seconds per 128-image step of ResNet20 (clean step, one attack iteration)
+# and per image of one evaluation attack iteration; multipliers per ensemble
+# size measured for PGD-10 steps (En2 4.07 s, En5 12.2 s vs ResNet20 1.73 s).
+_CLEAN_STEP = 0.303
+_ATTACK_ITER = 0.1424
+_EVAL_ITER_PER_IMAGE = 10.08 / 500 / 21
+_MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}
+_EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
+               "cw_authors": 51, "fgsm_authors": 2}
+
+
+def estimate_seconds(run: Run) -> float:
+  """A rough wall-time estimate of ``run`` on 2 idle CPU cores."""
+  c = run.config
+  m = _MEMBERS.get(c.model.ensemble_size, 1.5 * c.model.ensemble_size)
+  m *= (c.model.depth - 2) / 18
+  k = c.attack.num_steps if c.training.adversarial else 0
+  n_train = scales_lib.train_size(c)
+  steps = scales_lib.steps_per_epoch(n_train, c) * c.training.num_epochs
+  batch_scale = c.training.batch_size / 128
+  train = steps * batch_scale * m * (_CLEAN_STEP + k * _ATTACK_ITER)
+  n_val = c.validation.num_examples or c.dataset.val_size
+  train += (c.training.num_epochs * n_val * m * _EVAL_ITER_PER_IMAGE
+            * (1 + c.validation.attack_steps))
+
+  def eval_cost(cfg):
+    n = cfg.eval.num_examples or 10000
+    total = 0.0
+    for name in cfg.eval.attacks.split(","):
+      if name == "nattack":
+        total += (n * cfg.eval.nattack_iters * cfg.eval.nattack_population
+                  * m * _EVAL_ITER_PER_IMAGE / 3)
+      else:
+        total += n * m * _EVAL_ITER_PER_IMAGE * _EVAL_ITERS.get(name, 21)
+    return total
+  total = train + eval_cost(c) + 60 * m
+  for e in run.extra_evals:
+    total += eval_cost(_with(c, e.overrides))
+  return total
+
+
+def format_seconds(seconds: float) -> str:
+  seconds = int(round(seconds))
+  h, rest = divmod(seconds, 3600)
+  m, s = divmod(rest, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"

@@ -1,0 +1,395 @@
+"""The scales a table runs at: the paper's protocol and scaled versions.
+
+A scale is data: config overrides applied to every row of every table (after
+the row's presets, before the row's own overrides), the number of seeds, and
+how weight decay and the sparsifiers' hyperparameters are rescaled when the
+schedule is shorter than the paper's (:func:`shrinkage_factor`).
+
+* ``paper``: ``configs/default.py`` as it is: 200 epochs of PGD-10 on the
+  45K/5K split, the whole test set.
+* ``cpu``: the paper's nets and attack budget on 2 CPU cores in hours, not
+  weeks (docs/reproduction.md gives the reasoning and the pilots).
+* ``tiny``: seconds per row on synthetic data (the tests).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import ml_collections
+
+from configs import default as default_config
+from fkjax import run_config
+
+# The paper's schedule: 45,000 training images in batches of 128 (the last,
+# smaller batch kept), lr 0.1 decayed 10x at epochs 80, 120, 160 of 200.
+PAPER_TRAIN_SIZE = 45000
+
+# A Scale's decay_multiplier "k" means shrinkage_factor(config).
+FULL = "k"
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """How every row of a table is run at one scale.
+
+  Attributes:
+    name: ``paper``, ``cpu`` or ``tiny``.
+    description: one line for the results.
+    overrides: dotted config key -> value, for every row.
+    dataset_overrides: dataset name -> overrides for rows of that dataset
+      only (applied after ``overrides``).
+    decay_multiplier: ``m`` of :func:`apply_shrinkage` (1: the paper's
+      weight decay and thresholds), or ``"k"`` for
+      :func:`shrinkage_factor`.
+    seeds: default number of seeds per row (tables and rows may set
+      their own).
+    extra_presets: presets added to every row's (a variant's, e.g.
+      ``authors``).
+  """
+
+  name: str
+  description: str
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  dataset_overrides: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+      default_factory=dict)
+  decay_multiplier: float | str = 1.0
+  seeds: int = 1
+  extra_presets: str = ""
+
+
+def with_multiplier(scale: Scale, multiplier: float | str) -> Scale:
+  return dataclasses.replace(scale, decay_multiplier=multiplier)
+
+
+# Protocol variants: presets added to every row, and per scale the overrides
+# that keep the scale's budget under the variant.
+VARIANTS: dict[str, dict[str, Any]] = {
+    # The authors' released code where it differs from the paper's text
+    # (configs/default.py's `authors` preset): all 50K training images, the
+    # checkpoint with the best PGD-10 accuracy on the test set, eps 0.031.
+    "authors": {
+        "presets": "authors",
+        "overrides": {
+            "cpu": {"validation.attack_steps": 10,
+                    "attack.step_size": 0.031 / 2},
+            "tiny": {"dataset.val_size": 0, "validation.attack_steps": 2},
+        },
+    },
+}
+
+
+def with_variant(scale: Scale, variant: str) -> Scale:
+  """``scale`` under a protocol variant (results: ``<scale>-<variant>``)."""
+  if variant not in VARIANTS:
+    raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)}")
+  v = VARIANTS[variant]
+  try:
+    default_config.get_config(v["presets"])
+  except ValueError as e:
+    raise ValueError(f"variant {variant!r} needs the preset {v['presets']!r}"
+                     f", which this fkjax lacks ({e})") from e
+  return dataclasses.replace(
+      scale, name=f"{scale.name}-{variant}",
+      description=f"{scale.description}; variant {variant}",
+      overrides={**scale.overrides, **v["overrides"].get(scale.name, {})},
+      extra_presets=",".join(filter(None, [scale.extra_presets,
+                                           v["presets"]])))
+
+
+def row_presets(presets: str, scale: Scale) -> str:
+  """A row's presets under ``scale`` (with its variant's)."""
+  return ",".join(filter(None, [presets, scale.extra_presets]))
+
+
+_CPU_EVAL = {
+    # Every A1-A4 attack at the paper's strength, on the first 2,000 test
+    # images; NAttack (A5) only where a table asks for it, on fewer.
+    "eval.num_examples": 2000,
+    "eval.final_attacks": "natural",
+    "eval.plots": False,
+}
+
+SCALES: dict[str, Scale] = {
+    "paper": Scale(
+        name="paper",
+        description=("the paper's protocol: configs/default.py unchanged "
+                     "(200 epochs, PGD-10 training, 45K/5K split, the whole "
+                     "test set)"),
+        overrides={
+            # A5 (NAttack) is evaluated only where a table reports it.
+            "eval.attacks": "natural,fgsm,ifgsm20,cw",
+            "eval.plots": False,
+        },
+        seeds=1,
+    ),
+    "cpu": Scale(
+        name="cpu",
+        description=(
+            "2 CPU cores: the paper's nets and 45K/5K split, 5 epochs "
+            "(1,760 steps of 128), lr 0.1 decayed 10x after epochs 2, 3, 4, "
+            "PGD-2 training (eps 8/255, step 4/255), weight decay and "
+            "lambda2 x 8, thresholds x 8^-1/4, validation on 1,000 images "
+            "(natural), A1-A4 on the first 2,000 test images"),
+        overrides={
+            "training.num_epochs": 5,
+            "training.lr_boundaries": (2, 3, 4),
+            "attack.num_steps": 2,
+            "attack.step_size": 4 / 255,
+            "validation.num_examples": 1000,
+            "validation.attack_steps": 0,
+            "eval.attacks": "natural,fgsm,ifgsm20,cw",
+            **_CPU_EVAL,
+        },
+        decay_multiplier=8.0,
+        seeds=3,
+    ),
+    "tiny": Scale(
+        name="tiny",
+        description=("tests only: ResNet8-sized nets on 96 synthetic images, "
+                     "3 epochs of PGD-2; the numbers mean nothing"),
+        overrides={
+            "dataset.source": "synthetic",
+            "dataset.synthetic_sizes": (96, 32),
+            "dataset.val_size": 32,
+            "model.depth": 8,
+            "training.num_epochs": 3,
+            "training.batch_size": 16,
+            "training.lr_boundaries": (2,),
+            "attack.num_steps": 2,
+            "validation.batch_size": 16,
+            "validation.attack_steps": 0,
+            "eval.batch_size": 16,
+            "eval.attacks": "natural,fgsm",
+            "eval.final_attacks": "natural",
+            "eval.nattack_iters": 2,
+            "eval.nattack_population": 4,
+            "eval.plots": False,
+        },
+        dataset_overrides={
+            # CIFAR-100 goes through the real binary reader (a generated
+            # release in the tests), 1 image per class.
+            "cifar100": {
+                "dataset.source": "cifar_binary",
+                "dataset.val_size": 100,
+                "dataset.subset_per_class": 1,
+                "dataset.test_subset_per_class": 1,
+                "dataset.download": False,
+            },
+        },
+        seeds=1,
+    ),
+}
+
+
+# --------------------------------------------------------------------------
+# Config construction.
+
+
+def flat(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The config as ``{dotted key: value}`` (tuples stay tuples)."""
+  out: dict[str, Any] = {}
+
+  def walk(node, prefix):
+    for key in node.keys():
+      value = node[key]
+      if isinstance(value, ml_collections.ConfigDict):
+        walk(value, prefix + key + ".")
+      else:
+        out[prefix + key] = value
+  walk(config, "")
+  return out
+
+
+def set_key(config: ml_collections.ConfigDict, dotted: str, value: Any
+            ) -> None:
+  """Sets an existing dotted key (a typo is an error, not a new key)."""
+  *parents, leaf = dotted.split(".")
+  node = config
+  for part in parents:
+    if part not in node:
+      raise KeyError(f"config has no section {part!r} (key {dotted!r})")
+    node = node[part]
+  if leaf not in node:
+    raise KeyError(f"config has no key {dotted!r}")
+  node[leaf] = value
+
+
+def has_key(config: ml_collections.ConfigDict, dotted: str) -> bool:
+  node: Any = config
+  for part in dotted.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def train_size(config: ml_collections.ConfigDict) -> int:
+  """Training images per epoch, from the config alone (no data read)."""
+  d = config.dataset
+  classes = 100 if d.name == "cifar100" else 10
+  if d.subset_per_class is not None:
+    return d.subset_per_class * classes
+  if d.source == "synthetic":
+    return d.synthetic_sizes[0] - d.val_size
+  return 50000 - d.val_size
+
+
+def steps_per_epoch(n: int, config: ml_collections.ConfigDict) -> int:
+  batch = config.training.batch_size
+  drop_last = config.training.get("drop_last", True)
+  return n // batch if drop_last else -(-n // batch)
+
+
+def learning_rate_sum(config: ml_collections.ConfigDict,
+                      num_train: int | None = None) -> float:
+  """Sum over all training steps of the learning rate (the schedule's
+  "time"): weight decay shrinks a weight with no gradient roughly by
+  ``exp(-weight_decay * sum / (1 - momentum))``."""
+  t = config.training
+  steps = steps_per_epoch(num_train or train_size(config), config)
+  total = 0.0
+  for epoch in range(t.num_epochs):
+    passed = sum(1 for b in t.lr_boundaries if epoch >= b)
+    total += steps * t.learning_rate * t.lr_decay ** passed
+  return total
+
+
+def shrinkage_factor(config: ml_collections.ConfigDict) -> float:
+  """``k``: the paper's learning-rate sum over this config's.
+
+  Multiplying weight decay by ``k`` gives a shortened schedule the paper's
+  cumulative decay ``sum_t lr_t * wd``.
+  """
+  paper = default_config.get_config()
+  return (learning_rate_sum(paper, PAPER_TRAIN_SIZE)
+          / learning_rate_sum(config))
+
+
+def apply_shrinkage(config: ml_collections.ConfigDict,
+                    multiplier: float | str) -> float:
+  """Rescales weight decay and the pruning thresholds in place; returns m.
+
+  A schedule shorter than the paper's decays the weights far less (see
+  :func:`shrinkage_factor`). With ``m`` > 1:
+
+  * ``training.weight_decay`` and RGSM's group-lasso ``lamb2`` (a decay of
+    whole channels) are multiplied by ``m``;
+  * the thresholds are multiplied by ``m ** -0.25``: RVSM's ``lamb`` and
+    RGSM's ``lamb1`` by ``m ** -0.5`` (the threshold is ``sqrt(2 lamb /
+    beta)``; ``beta`` is kept). Under BatchNorm a conv kernel's scale does
+    not change the function, and SGD with weight decay holds its norm where
+    ``|w|^4 ~ lr * |grad at unit norm|^2 / (2 wd)``: ``m`` times the decay
+    leaves kernels ``m ** 0.25`` times smaller, and the thresholds follow.
+
+  ADMM prunes a fixed percentage and is left as it is.
+  """
+  m = _round(shrinkage_factor(config)) if multiplier == FULL else float(
+      multiplier)
+  if m == 1.0:
+    return m
+  config.training.weight_decay = _round(config.training.weight_decay * m)
+  s = config.sparsity
+  if s.method == "rgsm":
+    s.lamb2 = _round(s.lamb2 * m)
+    s.lamb1 = _round(s.lamb1 * m ** -0.5)
+  elif s.method == "rvsm":
+    s.lamb = _round(s.lamb * m ** -0.5)
+  return m
+
+
+def _round(x: float) -> float:
+  """4 significant digits: commands and records stay readable."""
+  return float(f"{x:.4g}")
+
+
+# Evaluated beside A1-A4 where this fkjax has them (the authors' C&W
+# variant, the paper's A4 column: issue 16).
+OPTIONAL_ATTACKS = ("cw_authors",)
+
+
+def attack_available(name: str) -> bool:
+  """Whether this fkjax's eval.py knows attack ``name``."""
+  config = default_config.get_config()
+  config.eval.attacks = name
+  try:
+    run_config.validate(config)
+  except run_config.ConfigError:
+    return False
+  return True
+
+
+def build_config(presets: str, overrides: Mapping[str, Any], scale: Scale,
+                 seed: int, environment: Mapping[str, Any] | None = None
+                 ) -> ml_collections.ConfigDict:
+  """The config of one row and seed at ``scale``.
+
+  Order: ``configs/default.py:<presets>``, the scale's overrides (and its
+  overrides for the row's dataset), the row's overrides, the optional
+  attacks this fkjax has (:data:`OPTIONAL_ATTACKS`), the scale's
+  decay multiplier, the seed, then ``environment`` (where data and caches
+  live; keys that do not change what is computed). Keys a row names that
+  this fkjax does not have are an error.
+  """
+  config = default_config.get_config(row_presets(presets, scale))
+  for key, value in scale.overrides.items():
+    set_key(config, key, value)
+  for key, value in scale.dataset_overrides.get(config.dataset.name,
+                                                {}).items():
+    set_key(config, key, value)
+  for key, value in overrides.items():
+    set_key(config, key, value)
+  if "eval.attacks" in scale.overrides:
+    extra = [a for a in OPTIONAL_ATTACKS if attack_available(a)
+             and a not in config.eval.attacks.split(",")]
+    config.eval.attacks = ",".join([config.eval.attacks, *extra])
+  apply_shrinkage(config, scale.decay_multiplier)
+  config.seed = seed
+  for key, value in (environment or {}).items():
+    if not run_config.is_environment_key(key):
+      raise ValueError(f"{key} changes what a run computes; not an "
+                       "environment key")
+    set_key(config, key, value)
+  return config
+
+
+def format_value(value: Any) -> str:
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, (tuple, list)):
+    return "(" + ",".join(format_value(v) for v in value) + \
+        ("," if len(value) == 1 else "") + ")"
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+# Keys that only change how a run is shown or cached: left out of commands.
+_QUIET_KEYS = ("progress", "compilation_cache_dir")
+
+
+def config_flags(config: ml_collections.ConfigDict, presets: str
+                 ) -> list[str]:
+  """``--config.KEY=VALUE`` flags turning ``default.py:<presets>`` into
+  ``config``: every key that differs, but progress output and caches."""
+  base = flat(default_config.get_config(presets))
+  flags = []
+  for key, value in flat(config).items():
+    if key in base and _same(base[key], value):
+      continue
+    if key in _QUIET_KEYS:
+      continue
+    if value is None:
+      continue
+    flags.append(f"--config.{key}={format_value(value)}")
+  return flags
+
+
+def _same(a: Any, b: Any) -> bool:
+  if isinstance(a, float) or isinstance(b, float):
+    return (isinstance(a, (int, float)) and isinstance(b, (int, float))
+            and not isinstance(a, bool) and not isinstance(b, bool)
+            and math.isclose(a, b, rel_tol=0, abs_tol=0))
+  if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+  return a == b and type(a) is type(b)

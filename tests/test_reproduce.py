@@ -1,0 +1,385 @@
+"""Tests of the table runner (fkjax.reproduce) at the tiny scale.
+
+The runner runs as a real ``python -m fkjax.reproduce`` process, so that it
+can be killed with SIGKILL in the middle of a row and rerun. The runs share a
+persistent compilation cache, so only the first run of each program pays for
+compilation.
+"""
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+from fkjax import run_config
+from fkjax.reproduce import runner
+from fkjax.reproduce import scales
+from fkjax.reproduce import tables
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER_TEX = REPO.parent / "shared" / "paper.tex"
+
+
+def _env(cache_dir):
+  env = dict(os.environ)
+  env.update({
+      "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
+      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+      "PYTHONUNBUFFERED": "1",
+      "PYTHONPATH": str(REPO),
+  })
+  return env
+
+
+def _reproduce(args, root, cache, check=True):
+  proc = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", *args,
+       f"--root={root / 'w'}", f"--results={root / 'results'}"],
+      cwd=REPO, env=_env(cache), capture_output=True, text=True, timeout=900)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"runner failed:\n{proc.stdout}\n{proc.stderr}")
+  return proc
+
+
+# --------------------------------------------------------------------------
+# Table definitions and commands (no training).
+
+
+def _paper_block(tex, label):
+  """The LaTeX of the table holding ``\\label{label}``."""
+  at = tex.index("\\label{" + label)
+  start = tex.rfind("\\begin{table", 0, at)
+  end = tex.find("\\end{table", at)
+  return tex[start:end]
+
+
+_LABELS = {"table1": "Table:Acc:Unstructured", "table2": "Tab:rvsm:channel",
+           "table3": "Tab:En2resnet20vsResNet38",
+           "table4": "Tab:RVSM-ADMM-comparison",
+           "table5": "Tab:ResNetNoSkip}",   # not ...-Sparsity
+           "table6": "Tab:ResNetNoSkip-Sparsity",
+           "table7": "Tab:RvsmCifar100"}
+
+
+def _number_pattern(value):
+  if value == 0:
+    return r"\b0(?:\.0+)?\b"
+  text = f"{value:.2f}"
+  short = text.rstrip("0").rstrip(".")
+  return r"\b(?:" + re.escape(text) + "|" + re.escape(short) + r")\b"
+
+
+@pytest.mark.skipif(not PAPER_TEX.exists(), reason="no shared/paper.tex")
+@pytest.mark.parametrize("name", sorted(_LABELS))
+def test_paper_numbers_are_the_papers_rows(name):
+  """Each row's numbers appear, in column order, on one line of the paper's
+  table (Table 4's lines hold two rows' worth: both are checked there)."""
+  tex = PAPER_TEX.read_text()
+  block = _paper_block(tex, _LABELS[name])
+  lines = [l for l in block.splitlines() if "&" in l]
+  order = ("A1", "A2", "A3", "A4", "A5", "sparsity", "channel_sparsity")
+  for row in tables.TABLES[name].rows:
+    values = [row.paper[k] for k in order if row.paper.get(k) is not None]
+    assert len(values) >= 4, row.name
+    pattern = r".*?".join(_number_pattern(v) for v in values)
+    assert any(re.search(pattern, line) for line in lines), (
+        f"{name}/{row.name}: {values} not found in order in the paper")
+
+
+@pytest.mark.skipif(not PAPER_TEX.exists(), reason="no shared/paper.tex")
+def test_sec3_shares_are_the_papers():
+  tex = PAPER_TEX.read_text()
+  assert "8.66\\% and 3.64\\%" in tex
+  sec3 = tables.TABLES["sec3"]
+  assert sec3.row("resnet20_nt").paper["small_share"] == 8.66
+  assert sec3.row("resnet20_at").paper["small_share"] == 3.64
+
+
+def _scales():
+  """Every scale, and every scale under every variant."""
+  out = dict(scales.SCALES)
+  for variant in scales.VARIANTS:
+    for name, scale in scales.SCALES.items():
+      out[f"{name}-{variant}"] = scales.with_variant(scale, variant)
+  return out
+
+
+SCALES = _scales()
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+def test_every_row_builds_and_shared_rows_match_their_owner(scale):
+  seen = {}
+  for table in tables.TABLES.values():
+    runs = runner.plan(table, SCALES[scale], root="w", seeds=1)
+    assert [r.row.name for r in runs] == [r.name for r in table.rows]
+    for run in runs:
+      # a shared row runs in its owner's workdir, with the owner's config
+      if run.row.shared:
+        assert run.owner_table != table.name
+        assert f"/{run.owner_table}/" in run.workdir
+      seen.setdefault(run.workdir, run.train_command)
+      assert seen[run.workdir] == run.train_command
+      run_config.validate(run.config)   # the scale fits every row
+
+
+def _parse_train_command(command, monkeypatch):
+  """The config train.py would build from ``command``'s flags."""
+  argv = shlex.split(command)[1:]   # drop "python"; argv[0] is train.py
+  # config_flags reads the overrides from sys.argv, as in train.py
+  monkeypatch.setattr(sys, "argv", argv)
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, flag_values=values,
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "", flag_values=values)
+  values(argv)
+  return values.config, values.workdir
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+def test_commands_build_the_runs_config(scale, monkeypatch):
+  """train.py given a run's recorded command builds exactly its config."""
+  monkeypatch.chdir(REPO)
+  for table in tables.TABLES.values():
+    for run in runner.plan(table, SCALES[scale], root="w", seeds=1):
+      config, workdir = _parse_train_command(run.train_command,
+                                             monkeypatch)
+      assert workdir == run.workdir
+      want = scales.flat(run.config)
+      got = scales.flat(config)
+      for key in ("progress", "compilation_cache_dir"):
+        want.pop(key), got.pop(key)
+      assert got == want, (table.name, run.row.name)
+
+
+def test_shrinkage_factor_matches_the_schedules():
+  paper = scales.build_config("resnet20,none", {}, scales.SCALES["paper"], 0)
+  assert scales.shrinkage_factor(paper) == pytest.approx(1.0)
+  cpu = scales.build_config("resnet20,none", {}, scales.SCALES["cpu"], 0)
+  # 45,000 images in 352 batches: 80, 40, 40, 40 epochs at lr 0.1 .. 1e-4;
+  # 20,000 in 157: 3, 2, 1, 2 epochs.
+  k = (352 * (80 * 0.1 + 40 * 0.01 + 40 * 1e-3 + 40 * 1e-4)
+       / (157 * (3 * 0.1 + 2 * 0.01 + 1e-3 + 2 * 1e-4)))
+  assert scales.shrinkage_factor(cpu) == pytest.approx(k)
+
+
+@pytest.mark.parametrize("multiplier", [1.0, 8.0, scales.FULL])
+@pytest.mark.parametrize("presets,overrides,lamb", [
+    ("resnet20,rvsm", {"sparsity.beta": 0.01}, "lamb"),
+    ("resnet20,rgsm", {"sparsity.lamb1": 0.1}, "lamb1")])
+def test_decay_multiplier_scales_decay_and_thresholds(multiplier, presets,
+                                                      overrides, lamb):
+  scale = scales.with_multiplier(scales.SCALES["cpu"], multiplier)
+  c = scales.build_config(presets, overrides, scale, 0)
+  p = scales.build_config(presets, overrides, scales.SCALES["paper"], 0)
+  m = (scales.shrinkage_factor(c) if multiplier == scales.FULL
+       else multiplier)
+  assert c.training.weight_decay == pytest.approx(5e-4 * m, rel=1e-3)
+  assert c.sparsity.beta == p.sparsity.beta
+
+  def threshold(config):
+    return (2 * config.sparsity[lamb] / config.sparsity.beta) ** 0.5
+  assert threshold(c) == pytest.approx(threshold(p) * m ** -0.25, rel=1e-3)
+  if lamb == "lamb1":
+    assert c.sparsity.lamb2 == pytest.approx(1e-5 * m, rel=1e-3)
+
+
+def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
+  proc = _reproduce(["all", "--scale=paper", "--dry-run"], tmp_path,
+                    tmp_path / "cache")
+  out = proc.stdout
+  for table in tables.TABLES.values():
+    for run in runner.plan(table, scales.SCALES["paper"],
+                           root=str(tmp_path / "w")):
+      assert run.train_command in out
+      assert run.eval_command in out
+      for e in run.extra_evals:
+        assert e.command in out
+  # the paper's protocol is default.py itself: only the evaluation and the
+  # row's own settings change
+  t1 = runner.plan(tables.TABLES["table1"], scales.SCALES["paper"],
+                   root="w")[0]
+  assert "num_epochs" not in t1.train_command
+  assert "--config.eval.attacks=natural,fgsm,ifgsm20,cw" in t1.train_command
+  assert not list(tmp_path.glob("w/*")), "a dry run must not create workdirs"
+
+
+# --------------------------------------------------------------------------
+# The runner end to end (tiny scale).
+
+# One row, shared with Table 1: it is trained in table1's workdir.
+ROW = "resnet20_skip"
+ROW_WORKDIR = ("tiny", "table1", "resnet20_none_seed0")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  root = tmp_path_factory.mktemp("reproduce")
+  cache = root / "cache"
+  first = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}"], root,
+                     cache)
+  return {"root": root, "cache": cache, "first": first}
+
+
+def _table(root, name="table5"):
+  return json.loads((root / "results" / "tiny" / f"{name}.json").read_text())
+
+
+def test_runner_writes_the_table_with_the_papers_columns(tiny):
+  data = _table(tiny["root"])
+  # every row is listed; only the one asked for has run
+  assert [r["name"] for r in data["rows"]] == [
+      r.name for r in tables.TABLES["table5"].rows]
+  row = data["rows"][0]
+  assert row["name"] == ROW
+  assert all(e["status"] == "not started" for r in data["rows"][1:]
+             for e in r["runs"])
+  assert [e["status"] for e in row["runs"]] == ["done"]
+  run = row["runs"][0]
+  assert set(run["metrics"]) >= {"A1", "A2"}
+  assert 0 <= run["metrics"]["A1"] <= 100
+  assert run["wall_seconds"] > 0
+  assert run["commands"]["train"].startswith(
+      "python train.py --config=configs/default.py:resnet20,none ")
+  assert run["commands"]["eval"].startswith("python eval.py ")
+  assert row["summary"]["A1"] == {"mean": run["metrics"]["A1"], "std": 0.0,
+                                  "n": 1}
+  assert row["paper"]["A1"] == 76.07
+  # a shared row is trained in its owner's workdir
+  assert run["workdir"].endswith(os.path.join(*ROW_WORKDIR))
+  md = (tiny["root"] / "results" / "tiny" / "table5.md").read_text()
+  assert "| A1 natural | paper |" in md
+  assert f"| {run['metrics']['A1']:.2f} | 76.07 |" in md
+  assert "without skip connections | not yet run | 75.45 |" in md
+  assert run["commands"]["train"] in md
+
+
+def test_rerun_skips_finished_rows(tiny):
+  workdir = tiny["root"] / "w" / os.path.join(*ROW_WORKDIR)
+  before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()
+            if p.is_file()}
+  again = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}"],
+                     tiny["root"], tiny["cache"])
+  assert "1 done, 0 to run" in again.stdout
+  assert "training" not in again.stdout
+  after = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()
+           if p.is_file()}
+  assert before == after
+
+
+def test_killed_row_resumes_to_the_uninterrupted_result(tiny):
+  """SIGKILL mid-row, rerun: the same numbers as the run never killed."""
+  root = tiny["root"] / "killed"
+  args = ["table5", "--scale=tiny", f"--rows={ROW}"]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "fkjax.reproduce", *args, f"--root={root / 'w'}",
+       f"--results={root / 'results'}"], cwd=REPO, env=_env(tiny["cache"]),
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  workdir = root / "w" / os.path.join(*ROW_WORKDIR)
+  first_epoch = workdir / "checkpoints" / "4"
+  deadline = time.time() + 600
+  while not first_epoch.exists() and proc.poll() is None:
+    assert time.time() < deadline, "no checkpoint after 600 s"
+    time.sleep(0.02)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert not (workdir / runner.RUN_RECORD).exists(), "killed too late"
+  progress = json.loads((workdir / runner.PROGRESS_FILE).read_text())
+  assert not progress["stages"]["train"]["done"]
+
+  rerun = _reproduce(args, root, tiny["cache"])
+  assert "resumed from step" in rerun.stdout
+  record = json.loads((workdir / runner.RUN_RECORD).read_text())
+  assert record["stage_attempts"]["train"] == 2
+  reference_dir = tiny["root"] / "w" / os.path.join(*ROW_WORKDIR)
+  reference = json.loads((reference_dir / runner.RUN_RECORD).read_text())
+  assert record["metrics"] == reference["metrics"]
+  for name in ("eval_paper.json", "analysis.json"):
+    got = json.loads((workdir / name).read_text())
+    want = json.loads((reference_dir / name).read_text())
+    if name == "eval_paper.json":
+      got, want = ({k: v["correct"] for k, v in d["attacks"].items()}
+                   for d in (got, want))
+    assert got == want, name
+
+
+def _write_cifar100(folder):
+  """A CIFAR-100 binary release of random images at the official sizes."""
+  rng = np.random.default_rng(0)
+  folder.mkdir(parents=True)
+  for name, n in (("train.bin", 50000), ("test.bin", 10000)):
+    records = rng.integers(0, 256, size=(n, 3074), dtype=np.uint8)
+    fine = np.arange(n) % 100
+    records[:, 0] = fine // 5     # coarse label
+    records[:, 1] = fine
+    records.tofile(folder / name)
+
+
+def test_table7_runs_on_a_cifar100_release(tiny):
+  data_dir = tiny["root"] / "data"
+  _write_cifar100(data_dir / "cifar-100-binary")
+  _reproduce(["table7", "--scale=tiny", "--rows=resnet20_none",
+              f"--data_dir={data_dir}"], tiny["root"], tiny["cache"])
+  data = _table(tiny["root"], "table7")
+  run = data["rows"][0]["runs"][0]
+  assert run["status"] == "done", run
+  assert "CIFAR-100" in run["data"] and "cifar_binary" in run["data"]
+  assert f"--config.dataset.data_dir={data_dir}" in run["commands"]["train"]
+  assert data["rows"][0]["paper"]["A1"] == 46.02
+
+
+def _fake_run_files(run, rng):
+  """The files a finished run leaves, with made-up weights."""
+  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  os.makedirs(run.workdir)
+  w = {"conv": {"kernel": rng.normal(0, 0.05, (3, 3, 64, 64))},
+       "stem": {"kernel": rng.normal(0, 0.1, (3, 3, 3, 16))}}
+  u = {"conv": {"kernel": np.where(np.abs(w["conv"]["kernel"]) < 0.02, 0.0,
+                                   w["conv"]["kernel"])},
+       "stem": w["stem"]}
+  summary, arrays = analysis.analyze_params(w, u)
+  np.savez(os.path.join(run.workdir, "analysis.npz"), **arrays)
+  for name, data in (("analysis.json", summary),
+                     (runner.RUN_RECORD, {"done": True})):
+    Path(run.workdir, name).write_text(json.dumps(data))
+  return summary
+
+
+@pytest.mark.parametrize("table", ["sec3", "table4"])
+def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
+  from fkjax.reproduce import figures  # pylint: disable=C0415
+  rng = np.random.default_rng(0)
+  runs = runner.plan(tables.TABLES[table], scales.SCALES["tiny"],
+                     root=str(tmp_path))
+  summary = [_fake_run_files(run, rng) for run in runs][0]
+  # 1e-3 of a N(0, 0.05) kernel: about 1.6% of its weights
+  assert 1.0 < summary["w"]["small_share"] < 2.5
+  assert summary["u"]["zero_share"] > summary["w"]["zero_share"] == 0.0
+  assert summary["figure_layer"] == "conv/kernel"
+  for kind in tables.TABLES[table].figures:
+    path = tmp_path / f"{kind}.png"
+    assert figures.draw(kind, runs, {}, str(path)) == str(path)
+    assert path.stat().st_size > 1000
+
+
+def test_lambda_sweep_figure(tmp_path):
+  from fkjax.reproduce import figures  # pylint: disable=C0415
+  data = {"metrics": tables.METRICS, "rows": [
+      {"label": {"Net": net}, "overrides": {"sparsity.lamb1": lamb},
+       "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}
+                   for m in ("A1", "A2", "A3", "A4", "channel_sparsity")}}
+      for net in ("En2ResNet20", "ResNet38") for lamb in (0.05, 0.1)]}
+  path = tmp_path / "sweep.png"
+  assert figures.lambda_sweep(data, str(path)) == str(path)
+  assert figures.lambda_sweep({"metrics": {}, "rows": []},
+                              str(tmp_path / "none.png")) is None
