@@ -135,6 +135,10 @@ def validate(config: ml_collections.ConfigDict,
   choice("attack.bn_mode", ("update", "train", "eval"))
   positive_int("attack.unroll")
 
+  if _get(config, "sparsity.admm_variant") is not None:
+    # Checked whatever the method: the authors preset sets it for every run.
+    from fkjax.sparsity import operators  # pylint: disable=import-outside-toplevel
+    choice("sparsity.admm_variant", operators.ADMM_VARIANTS)
   _validate_sparsity(config)
 
   positive_int("validation.batch_size")

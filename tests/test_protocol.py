@@ -27,6 +27,7 @@ def test_defaults_follow_the_text_then_the_authors_code():
   assert c.attack.bn_mode == "update"
   assert c.training.reset_momentum is True
   assert c.training.drop_last is False
+  assert c.sparsity.admm_variant == "exact"
 
 
 def test_authors_preset():
@@ -35,6 +36,7 @@ def test_authors_preset():
   assert (c.dataset.val_size, c.validation.split, c.validation.select_by,
           c.validation.attack_steps) == (0, "test", "pgd", 10)
   assert (c.attack.epsilon, c.attack.step_size) == (0.031, 0.007)
+  assert c.sparsity.admm_variant == "authors"
 
 
 def test_last_partial_batch_is_kept_or_dropped():

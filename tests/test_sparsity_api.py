@@ -81,7 +81,11 @@ def test_from_config_reads_only_the_methods_keys():
                       layout=LAYOUT)
   c.method = "admm"
   assert sp.from_config(c).hparams == dict(rho=1e-2, percent=80.0,
-                                           structure="element", group="output")
+                                           structure="element", group="output",
+                                           variant="exact")
+  # ADMM's variant has its own key in the shared section.
+  c.admm_variant = "authors"
+  assert sp.from_config(c).variant == "authors"
   c.method = "nope"
   with pytest.raises(ValueError, match="Unknown sparsification method"):
     sp.from_config(c)

@@ -13,6 +13,12 @@ The last line is the gradient of ``ρ/2 ‖w − z + u‖²``; like the RVSM spl
 step it is added after the optimiser (outside momentum), so the transformation
 goes last in the chain. The paper's protocol re-initialises ``z = Proj(w)``,
 ``u = 0`` at every epoch: call :func:`admm_reset` at the epoch's start.
+
+``variant="authors"`` follows the authors' released code instead: its
+``Proj`` zeroes fewer entries (:func:`fkjax.sparsity.admm_projection`), and
+its pull is added once per pruned layer for every layer (a loop over the
+layers nested in another), i.e. ``L ρ (w − z + u)`` with ``L`` the number of
+layers this transformation prunes.
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ class ADMMSpec:
   group: Any
   layouts: layouts_lib.Layouts = dataclasses.field(
       default_factory=lambda: layouts_lib.normalize(None))
+  variant: str = "exact"
 
   @property
   def need_layout(self) -> bool:
@@ -57,11 +64,32 @@ class ADMMSpec:
     return layouts_lib.tree_map_with_layouts(
         who,
         lambda w, layout: operators.admm_projection(
-            w, percent, self.structure, self.group, layout),
+            w, percent, self.structure, self.group, layout, self.variant),
         self.layouts,
         tree,
         need_layout=self.need_layout,
     )
+
+  def num_layers(self, tree: PyTree) -> int:
+    """The layers in ``tree`` as :meth:`project` counts them (static).
+
+    A leaf is one layer, or one per member for member-stacked kernels
+    (``M`` axes of its layout). Masked-out ``optax.MaskedNode`` entries have
+    no leaves and are not counted.
+    """
+    count = 0
+    for path, w in jax.tree_util.tree_leaves_with_path(tree):
+      layout = self.layouts.for_leaf(path, w)
+      members = 1
+      for axis in (layout.member_axes if layout is not None else ()):
+        members *= w.shape[axis]
+      count += members
+    return count
+
+  def pull_multiplicity(self, tree: PyTree) -> int:
+    """How many times a step adds the pull ``ρ (w − z + u)``: 1, or for the
+    ``"authors"`` variant :meth:`num_layers` (their nested loop)."""
+    return self.num_layers(tree) if self.variant == "authors" else 1
 
 
 class ADMMState(NamedTuple):
@@ -91,6 +119,7 @@ def admm(
     group: operators.Group = "input",
     mask: masks.Mask = masks.CONV_KERNELS,
     layout: layouts_lib.LayoutSpec = None,
+    variant: str = "exact",
 ) -> optax.GradientTransformation:
   """ADMM pruning step; put it last in the chain, after the optimiser.
 
@@ -106,6 +135,11 @@ def admm(
     group: channel grouping for ``"channel"``: ``"input"``, ``"output"``, axes.
     mask: which leaves to prune; default: conv kernels.
     layout: the kernels' layouts (see :mod:`fkjax.sparsity.layouts`).
+    variant: ``"exact"`` (fkjax's: exactly ``percent`` % zeroed, the pull
+      added once) or ``"authors"`` (the authors' released code: their
+      projection, see :func:`fkjax.sparsity.admm_projection`, and the pull
+      added ``L`` times, ``L`` the number of layers pruned, as
+      :meth:`ADMMSpec.num_layers` counts them).
 
   Returns:
     An ``optax.GradientTransformation`` with an :class:`ADMMState` (inside
@@ -114,10 +148,11 @@ def admm(
   checks.check_hparams("admm", rho=rho, percent=percent)
   operators.check_structure(structure)
   operators.check_group(group)
+  operators.check_variant(variant)
   if not isinstance(group, str):
     group = tuple(int(a) for a in group)  # hashable: ADMMSpec is static
   spec = ADMMSpec(structure=structure, group=group,
-                  layouts=layouts_lib.normalize(layout))
+                  layouts=layouts_lib.normalize(layout), variant=variant)
 
   def init_fn(params):
     return ADMMState(
@@ -136,11 +171,13 @@ def admm(
       )
     z = spec.project("admm", jax.tree.map(jnp.add, params, state.u), percent)
     u = jax.tree.map(lambda u, w, z: u + w - z, state.u, params, z)
+    # Shapes only: a Python int under jit.
+    pull = spec.pull_multiplicity(params) * rho
     if learning_rate is None:  # before the lr scaling: a gradient term
-      step = lambda g, w, z, u: g + (rho * (w - z + u)).astype(g.dtype)
+      step = lambda g, w, z, u: g + (pull * (w - z + u)).astype(g.dtype)
     else:
       eta = transforms.learning_rate_at(learning_rate, state.count)
-      step = lambda g, w, z, u: g - (eta * rho * (w - z + u)).astype(g.dtype)
+      step = lambda g, w, z, u: g - (eta * pull * (w - z + u)).astype(g.dtype)
     updates = jax.tree.map(step, updates, params, z, u)
     new_state = ADMMState(
         count=optax.safe_increment(state.count),
@@ -204,7 +241,7 @@ def admm_reset(opt_state: PyTree, params: PyTree) -> PyTree:
             f"fkjax.sparsity.admm_reset: {masks.path_name(p_path)!r} has no "
             f"layout ({spec.layouts.describe()}).")
       return operators.admm_projection(
-          w, node.percent, spec.structure, spec.group, layout
+          w, node.percent, spec.structure, spec.group, layout, spec.variant
       ).astype(old.dtype)
 
     # Params and z are matched by path, not by tree structure: under Flax

@@ -181,18 +181,83 @@ def _keep_largest(scores: Array, percent: ArrayLike) -> Array:
   return ranks >= n_drop
 
 
+def _per_layer(
+    keep_fn, scores: Array, percent: ArrayLike, member_axes: tuple[int, ...]
+) -> Array:
+  """``keep_fn(rows, percent)`` over each layer: every index of ``member_axes``.
+
+  ``keep_fn`` sees the scores as ``(*members, n)``, one row per layer, the
+  ``n`` entries in C order of the remaining axes (for channel norms kept with
+  ``keepdims``: the channel index), and returns a boolean mask shaped alike.
+  """
+  front = tuple(range(len(member_axes)))
+  moved = jnp.moveaxis(scores, member_axes, front)
+  members = moved.shape[: len(member_axes)]
+  keep = keep_fn(moved.reshape(*members, -1), percent)
+  return jnp.moveaxis(keep.reshape(moved.shape), front, member_axes)
+
+
 def _keep_largest_per_layer(
     scores: Array, percent: ArrayLike, member_axes: tuple[int, ...]
 ) -> Array:
   """:func:`_keep_largest` over each layer: every index of ``member_axes``."""
-  front = tuple(range(len(member_axes)))
-  moved = jnp.moveaxis(scores, member_axes, front)
-  members = moved.shape[: len(member_axes)]
-  keep = _keep_largest(moved.reshape(*members, -1), percent)
-  return jnp.moveaxis(keep.reshape(moved.shape), front, member_axes)
+  return _per_layer(_keep_largest, scores, percent, member_axes)
+
+
+def _authors_keep_elements(w: Array, percent: ArrayLike) -> Array:
+  """The authors' element rule over the last axis: signed percentile.
+
+  The threshold is ``np.percentile`` (linear interpolation) of the *signed*
+  weights, and entries with ``|w|`` below it are zeroed. For weights symmetric
+  about 0 the ``p``-th signed percentile is the ``(2p − 100)``-th percentile of
+  the magnitudes, so "80 %" zeroes about 60 % (and "50 %" or less, none).
+  """
+  x = w.astype(jnp.promote_types(w.dtype, jnp.float32))
+  thr = jnp.percentile(x, jnp.asarray(percent, x.dtype), axis=-1,
+                       keepdims=True)
+  return jnp.abs(x) >= thr
+
+
+def _authors_keep_channels(norms: Array, percent: ArrayLike) -> Array:
+  """The authors' channel rule over the last axis: a running percentile.
+
+  One pass over the channels in index order, with an array ``a`` of ``n``
+  entries that starts all zero. At channel ``i``: ``a[i]`` is set to the
+  channel's norm; the threshold is ``np.percentile(a, percent)`` (linear
+  interpolation) of the *whole* array, whose entries ``> i`` still hold 0;
+  the channel is pruned iff its norm is below that threshold, and a pruned
+  channel's entry is set back to 0.
+
+  The threshold is thus taken among ``n`` values of which the not yet visited
+  channels and the pruned ones are zeros: early channels face a threshold
+  near 0 and are kept. For i.i.d. norms the share pruned tends to
+  ``p − (1 − p) ln(1 / (1 − p))`` as ``n`` grows (with ``p = percent / 100``:
+  about 48 % at 80 %; about 43 % for 16 channels, 45 % for 32) instead of
+  ``p``.
+  """
+  norms = norms.astype(jnp.promote_types(norms.dtype, jnp.float32))
+  n = norms.shape[-1]
+  q = jnp.asarray(percent, norms.dtype)
+  index = jnp.arange(n)
+
+  def visit(a, i):
+    s = norms[..., i]
+    at_i = index == i
+    a = jnp.where(at_i, s[..., None], a)
+    pruned = s < jnp.percentile(a, q, axis=-1)
+    a = jnp.where(at_i & pruned[..., None], jnp.zeros_like(a), a)
+    return a, pruned
+
+  _, pruned = jax.lax.scan(visit, jnp.zeros_like(norms), index)
+  return ~jnp.moveaxis(pruned, 0, -1)
 
 
 STRUCTURES = ("element", "channel")
+
+# "exact": fkjax's projection, exactly the given share; "authors": the rules of
+# the authors' released code (BaoWangMath/rvsm-rgsm-admm), see
+# :func:`admm_projection`.
+ADMM_VARIANTS = ("exact", "authors")
 
 
 def check_structure(structure: str) -> None:
@@ -203,20 +268,45 @@ def check_structure(structure: str) -> None:
     )
 
 
+def check_variant(variant: str) -> None:
+  if variant not in ADMM_VARIANTS:
+    raise ValueError(
+        f"Unknown ADMM variant {variant!r}; expected 'exact' (fkjax's "
+        "projection: exactly the given share) or 'authors' (the rules of the "
+        "authors' released code)."
+    )
+
+
 def admm_projection(
     w: ArrayLike,
     percent: ArrayLike,
     structure: str = "element",
     group: Group = "input",
     layout: Optional[layouts_lib.LayoutLike] = None,
+    variant: str = "exact",
 ) -> Array:
   """ADMM's projection: zero the ``percent`` % smallest entries (or channels).
 
   The projection is per layer, and per member for member-stacked kernels
-  (layout ``"MHWIO"``): each member keeps its own largest ``(100 − percent)``
-  % magnitudes (``structure="element"``) or channel-group norms
-  (``structure="channel"``). Exactly ``⌊percent · n / 100⌋`` of the ``n``
-  entries (or groups) of each layer are zeroed.
+  (layout ``"MHWIO"``).
+
+  ``variant="exact"`` (the default): each layer keeps its own largest
+  ``(100 − percent)`` % magnitudes (``structure="element"``) or channel-group
+  norms (``structure="channel"``); exactly ``⌊percent · n / 100⌋`` of the
+  ``n`` entries (or groups) of each layer are zeroed.
+
+  ``variant="authors"``: the rules of the authors' released code, which zero
+  fewer (see ``docs/protocol.md``):
+
+  * element: entries with ``|w|`` below ``np.percentile`` of the *signed*
+    weights are zeroed (about 60 % at "80 %" for weights symmetric about 0);
+  * channel: the channels are visited in index order; at channel ``i`` the
+    threshold is the percentile of an array holding the norms of the channels
+    visited and kept so far, channel ``i``'s norm, and zeros for the others
+    (not yet visited, or pruned); channel ``i`` is pruned iff its norm is
+    below it (about 48 % at "80 %" for many i.i.d. norms).
+
+  Percentiles interpolate linearly, as NumPy's default.
 
   Args:
     w: the kernel.
@@ -225,9 +315,11 @@ def admm_projection(
     group: channel grouping for ``structure="channel"``, see :func:`group_axes`.
     layout: the kernel's layout. ``None``: the whole array is one layer, and
       named channel groups take it as ``"HWIO"``.
+    variant: ``"exact"`` or ``"authors"``.
   """
   w = jnp.asarray(w)
   check_structure(structure)
+  check_variant(variant)
   if layout is None:
     member_axes = ()
     layout = "HWIO"
@@ -239,11 +331,20 @@ def admm_projection(
           f"{w.ndim} array."
       )
     member_axes = layout.member_axes
+  exact = variant == "exact"
   if structure == "element":
-    keep = _keep_largest_per_layer(jnp.abs(w), percent, member_axes)
+    if exact:
+      keep = _keep_largest_per_layer(jnp.abs(w), percent, member_axes)
+    else:
+      keep = _per_layer(_authors_keep_elements, w, percent, member_axes)
   else:
     sq = _sum_of_squares(w, group_axes(group, w.ndim, layout), keepdims=True)
     # The group index runs over the kept (non-reduced) axes; member axes stay
     # separate layers.
-    keep = _keep_largest_per_layer(sq, percent, member_axes)
+    if exact:
+      keep = _keep_largest_per_layer(sq, percent, member_axes)
+    else:
+      # Norms, not squares: the percentile interpolates between them.
+      keep = _per_layer(_authors_keep_channels, jnp.sqrt(sq), percent,
+                        member_axes)
   return jnp.where(keep, w, jnp.zeros_like(w))

@@ -29,8 +29,9 @@ def project(
   * ``"rvsm"`` (``beta, lamb``): hard threshold at ``sqrt(2 lamb / beta)``.
   * ``"rgsm"`` (``beta, lamb1``, [``group``]): group-ℓ0 prox, a channel is kept
     iff its norm is ``> sqrt(2 lamb1 / beta)``.
-  * ``"admm"`` (``percent``, [``structure, group``]): zero the ``percent`` %
-    smallest entries / channels of every layer.
+  * ``"admm"`` (``percent``, [``structure, group, variant``]): zero the
+    ``percent`` % smallest entries / channels of every layer (``variant=
+    "authors"``: the authors' rules, which zero fewer).
 
   ``lamb2`` (rgsm) and ``rho`` (admm) are only the optimiser's: they may be
   passed (so the optimiser's hyperparameters can be passed as they are) or

@@ -52,8 +52,9 @@ class Sparsifier(abc.ABC):
   """A sparsification method with its hyperparameters.
 
   Subclasses declare ``name``, ``hparam_names`` (every hyperparameter, in the
-  order logs show them) and ``optimizer_only`` (those only the optimizer uses;
-  :meth:`project` does not need them), as dataclass fields plus class
+  order logs show them), ``optimizer_only`` (those only the optimizer uses;
+  :meth:`project` does not need them) and ``config_keys`` (a hyperparameter's
+  config key where it is not its name), as dataclass fields plus class
   attributes, and implement :meth:`before_sgd`, :meth:`after_sgd`,
   :meth:`project` and :meth:`end_of_epoch`.
 
@@ -69,6 +70,9 @@ class Sparsifier(abc.ABC):
   name: ClassVar[str]
   hparam_names: ClassVar[tuple[str, ...]] = ()
   optimizer_only: ClassVar[frozenset[str]] = frozenset()
+  # hyperparameter -> its key in a config section, where the two differ
+  # (the section is shared by all methods).
+  config_keys: ClassVar[Mapping[str, str]] = {}
 
   mask: masks.Mask = masks.CONV_KERNELS
   layout: layouts_lib.LayoutSpec = None
@@ -287,35 +291,44 @@ class ADMM(Sparsifier):
     percent: % of each layer's entries (or channels) pruned, in [0, 100].
     structure: ``"element"`` or ``"channel"``.
     group: channel grouping for ``"channel"``.
+    variant: ``"exact"`` (exactly ``percent`` % zeroed, the pull added once)
+      or ``"authors"`` (the authors' released code: their projection, which
+      zeroes fewer, and the pull added once per pruned layer for every
+      layer); see :func:`fkjax.sparsity.admm`. Config key ``admm_variant``.
   """
 
   name: ClassVar[str] = "admm"
   hparam_names: ClassVar[tuple[str, ...]] = (
-      "rho", "percent", "structure", "group")
+      "rho", "percent", "structure", "group", "variant")
   optimizer_only: ClassVar[frozenset[str]] = frozenset({"rho"})
+  config_keys: ClassVar[Mapping[str, str]] = {"variant": "admm_variant"}
 
   rho: Optional[float] = None
   percent: float
   structure: str = "element"
   group: operators.Group = "input"
+  variant: str = "exact"
 
   def __post_init__(self):
     super().__post_init__()
     operators.check_structure(self.structure)
     operators.check_group(self.group)
+    operators.check_variant(self.variant)
 
   def after_sgd(self, learning_rate):
     self._require("rho")
     return (admm_pruning.admm(self.rho, self.percent, learning_rate,
                               structure=self.structure, group=self.group,
-                              mask=self.mask, layout=self.layout),)
+                              mask=self.mask, layout=self.layout,
+                              variant=self.variant),)
 
   def project(self, params):
-    # Proj(w): exactly `percent` % sparse by construction.
+    # Proj(w): exactly `percent` % sparse by construction ("exact").
     return self._project_with(
         params,
         lambda w, layout: operators.admm_projection(
-            w, self.percent, self.structure, self.group, layout),
+            w, self.percent, self.structure, self.group, layout,
+            self.variant),
         need_layout=(self.structure == "channel"
                      and isinstance(self.group, str)))
 
@@ -379,12 +392,15 @@ def from_config(
   """The sparsifier a config section describes.
 
   ``section["method"]`` names the method; its hyperparameters are read from
-  the section by name, and the section's other keys (other methods') are
-  ignored. Works with a dict or an ``ml_collections.ConfigDict``.
+  the section by name (or by the method's ``config_keys``, e.g. ADMM's
+  ``variant`` from ``admm_variant``), and the section's other keys (other
+  methods') are ignored. Works with a dict or an ``ml_collections.ConfigDict``.
   """
   method = section["method"]
   if method not in METHODS:
     raise _unknown_method(method)
-  names = METHODS[method].hparam_names
+  cls = METHODS[method]
+  keys = {n: cls.config_keys.get(n, n) for n in cls.hparam_names}
   return get_sparsifier(method, mask=mask, layout=layout,
-                        **{n: section[n] for n in names if n in section})
+                        **{n: section[k] for n, k in keys.items()
+                           if k in section})
