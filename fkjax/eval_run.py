@@ -119,7 +119,8 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
       sanity_batches=sanity,
       sanity_options={"nattack_chunk": config.eval.nattack_chunk,
                       "nattack_image_chunk": config.eval.nattack_image_chunk},
-      progress=config.progress)
+      progress=config.progress,
+      num_batches=data_lib.num_eval_batches(len(test.labels), batch_size))
   report = experiment_lib.sparsity_report(variables["params"], config)
   results.update(step=step, weight_sparsity=report.weight_sparsity,
                  channel_sparsity=report.channel_sparsity)
@@ -166,11 +167,14 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
     return _strong(config, workdir, exp, step, eval_apply, variables, test,
                    logger)
   suite = attack_suite(attacks_csv or config.eval.attacks, config)
+  num_batches = data_lib.num_eval_batches(len(test.labels),
+                                          config.eval.batch_size)
   results = evaluate.robust_accuracy(
       eval_apply, variables,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
       experiment_lib.prng_key(config.seed, "test"),
-      num_noise_draws=config.eval.num_noise_draws, progress=config.progress)
+      num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
+      num_batches=num_batches)
   report = experiment_lib.sparsity_report(variables["params"], config)
   results["near_zero"] = experiment_lib.near_zero_shares(variables["params"],
                                                          config)
@@ -182,7 +186,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
         eval_apply, dense,
         sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
         experiment_lib.prng_key(config.seed, "test"),
-        num_noise_draws=config.eval.num_noise_draws, progress=config.progress)
+        num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
+        num_batches=num_batches)
     dense_report = experiment_lib.sparsity_report(dense["params"], config)
     results["admm_dense_w"] = {
         "attacks": {k: {"accuracy": v["accuracy"]}

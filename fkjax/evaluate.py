@@ -10,6 +10,16 @@ and APGD-DLR (and APGD-T when asked), with EOT for a noisy model, counts an
 image as robust only if every attack fails on it (``worst_case``), repeats
 the evaluation over several seeds (``repeat_evaluation``) and prints the
 sanity checks of ``fkjax.sanity`` with it.
+
+Progress (``progress=True``) moves with every model call an attack makes,
+not once per batch: the attacks then see the model through
+``counting_apply``, whose ``jax.debug.callback`` ticks a host-side counter
+on each call, and ``fkjax.metric_logging.progress`` shows ``batch 2/8,
+ifgsm20 call 13/21: 55/168 model calls``. A call evaluated with ``vmap``
+(the EOT draws of one gradient, a NAttack population chunk) counts once.
+The expected counts come from the attack's traced program
+(``count_model_calls``). With ``progress=False`` the attacks are compiled
+without the callback: the same program, numbers and speed as before.
 """
 from __future__ import annotations
 
@@ -17,16 +27,18 @@ import collections
 import functools
 import json
 import os
+import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
+from jax.extend import core as jax_core
 import numpy as np
-import tqdm
 
 from fkjax import attacks as attacks_lib
+from fkjax import metric_logging
 
 Attack = Callable[[attacks_lib.ApplyFn, Any, jax.Array, jax.Array, jax.Array],
                   jax.Array]
@@ -200,12 +212,172 @@ def real_rows(batch: Mapping[str, Any]) -> dict[str, Any] | None:
   return {k: take(v) for k, v in batch.items() if k != "mask"}
 
 
+# --------------------------------------------------------------------------
+# Progress: model calls counted as the attacks run.
+
+
+class CallCounter:
+  """Counts model calls on the host, as ``counting_apply`` reports them.
+
+  The callbacks arrive on a runtime thread while the main thread waits for
+  the attack's result; ``listener(n)`` (set by ``watch``) sees every call.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._count = 0
+    self._listener: Callable[[int], None] | None = None
+
+  def tick(self) -> None:
+    """One model call (the callback of ``counting_apply``)."""
+    with self._lock:
+      self._count += 1
+      count, listener = self._count, self._listener
+    if listener is not None:
+      listener(count)
+
+  def watch(self, listener: Callable[[int], None] | None) -> None:
+    """Starts a new count, reported to ``listener`` (None: to no one)."""
+    with self._lock:
+      self._count = 0
+      self._listener = listener
+
+  @property
+  def count(self) -> int:
+    """Calls since the last ``watch``."""
+    with self._lock:
+      return self._count
+
+
+def counting_apply(apply_fn: attacks_lib.ApplyFn,
+                   tick: Callable[[], None]) -> attacks_lib.ApplyFn:
+  """``apply_fn`` that calls ``tick()`` on the host each time it runs.
+
+  The callback (``jax.debug.callback``, unordered, no operands) fires once
+  per evaluation of the model in the compiled program: once per step of a
+  ``lax.scan`` or ``fori_loop``, once for a whole ``vmap`` (it has no mapped
+  operand), once for a ``jax.grad`` (forward pass only), and not at all in
+  a ``lax.cond`` branch not taken. It changes no value.
+  """
+  def counted(variables, images, key):
+    jax.debug.callback(tick, ordered=False)
+    return apply_fn(variables, images, key)
+  return counted
+
+
+def count_model_calls(jaxpr: Any) -> int | None:
+  """How often a program built on ``counting_apply`` ticks, from its jaxpr.
+
+  Counts ``debug_callback`` equations: a ``scan`` multiplies its body's
+  count by its length, a ``cond`` takes its largest branch (an upper bound:
+  APGD skips a restart once every image is fooled). A ``while_loop`` whose
+  body ticks (NAttack, which stops once every image is fooled) has no count
+  known in advance: None. Callbacks of the model itself (``jax.debug.print``)
+  would count as calls too.
+
+  Args:
+    jaxpr: a ``Jaxpr`` or ``ClosedJaxpr`` (``jax.jit(f).trace(...).jaxpr``).
+
+  Returns:
+    The number of calls, or None if it depends on the data.
+  """
+  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's open jaxpr
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "debug_callback":
+      total += 1
+      continue
+    inner = [count_model_calls(j)
+             for j in jax_core.jaxprs_in_params(eqn.params)]
+    if not inner:
+      continue
+    if name == "while":
+      if any(c is None or c > 0 for c in inner):
+        return None
+    elif any(c is None for c in inner):
+      return None
+    elif name == "cond":
+      total += max(inner)
+    elif name == "scan":
+      total += eqn.params["length"] * sum(inner)
+    else:
+      total += sum(inner)
+  return total
+
+
+class _Display:
+  """The progress line of one evaluation, in model calls.
+
+  ``metric_logging.progress`` does the showing (tqdm on a terminal, a plain
+  line every 30 s otherwise); this keeps its total and description current.
+  """
+
+  def __init__(self, desc: str, num_batches: int | None, enabled: bool):
+    self._desc = desc
+    self._num_batches = num_batches
+    self._bar = metric_logging.progress(
+        None, total=None, desc=desc, unit="model call", disable=not enabled)
+    self._done = 0   # calls of the finished attacks
+    self._batch = ""
+    self._lock = threading.Lock()
+
+  def compiling(self, batch_index: int, name: str) -> None:
+    with self._lock:
+      self._batch = self._batch_text(batch_index)
+      self._bar.set_description(
+          f"{self._desc}, {self._batch}, compiling {name}")
+
+  def _batch_text(self, batch_index: int) -> str:
+    of = f"/{self._num_batches}" if self._num_batches else ""
+    return f"batch {batch_index + 1}{of}"
+
+  def start_batch(self, batch_index: int, per_batch: int | None) -> None:
+    """Re-estimates the total: done so far plus ``per_batch`` for this batch
+    and each one after it (None: unknown)."""
+    if self._num_batches is None or per_batch is None:
+      total = None
+    else:
+      total = self._done + per_batch * max(self._num_batches - batch_index, 1)
+    with self._lock:
+      self._bar.total = total
+      self._batch = self._batch_text(batch_index)
+
+  def listener(self, name: str, expected: int | None
+               ) -> Callable[[int], None]:
+    """What a ``CallCounter`` reports the calls of attack ``name`` to;
+    ``expected``: its calls on this batch, if known."""
+    prefix = f"{self._desc}, {self._batch}, {name}"
+    of = f"/{expected}" if expected is not None else ""
+    with self._lock:
+      self._bar.set_description(prefix, refresh=False)
+
+    def on_call(count: int) -> None:
+      with self._lock:
+        self._bar.set_description(f"{prefix} call {count}{of}",
+                                  refresh=False)
+        self._bar.update(1)
+    return on_call
+
+  def attack_done(self, calls: int) -> None:
+    with self._lock:
+      self._done += calls
+
+  def set_postfix(self, postfix: Mapping[str, str]) -> None:
+    with self._lock:
+      self._bar.set_postfix(postfix)
+
+  def close(self) -> None:
+    self._bar.close()
+
+
 class Evaluator:
   """Robust accuracy under fixed attacks, for any variables and data.
 
   Keeps its compiled functions (one per attack and batch shape, plus the
   shared prediction) across calls, so a training loop that validates every
-  epoch compiles once.
+  epoch compiles once. With ``progress`` the attacks are compiled once more,
+  counting their model calls (``counting_apply``).
 
   Only real rows reach the model: a batch with padding rows (``mask``
   False) is cut to its real rows first (``real_rows``), so the last, padded
@@ -216,62 +388,116 @@ class Evaluator:
                attacks: Mapping[str, Attack], *, num_noise_draws: int = 1):
     self.names = list(attacks)
     self.num_noise_draws = num_noise_draws
-    self._jitted = {name: jax.jit(functools.partial(attacks[name], apply_fn))
-                    for name in self.names}
+    self.calls = CallCounter()
+    counted = counting_apply(apply_fn, self.calls.tick)
+    # False: the attacks as given; True: counting their model calls.
+    self._jitted = {
+        counting: {name: jax.jit(functools.partial(
+            attacks[name], counted if counting else apply_fn))
+                   for name in self.names}
+        for counting in (False, True)}
     self._correct = jax.jit(functools.partial(
         _correct, apply_fn, num_noise_draws))
-    self._compiled: dict[str, dict[Any, Any]] = {n: {} for n in self.names}
+    self._compiled: dict[bool, dict[str, dict[Any, Any]]] = {
+        counting: {n: {} for n in self.names} for counting in (False, True)}
+    # Expected model calls per (attack, batch shape), and the last count
+    # seen (the estimate of an attack whose count is not known in advance).
+    self._expected: dict[str, dict[Any, int | None]] = {
+        n: {} for n in self.names}
+    self._seen: dict[str, int] = {}
     self._compiled_correct: dict[Any, Any] = {}
 
   def __call__(self, variables: Any, batches: Iterable[Mapping[str, Any]],
                key: jax.Array, *, progress: bool = False,
-               per_image: bool = False) -> dict[str, Any]:
-    """See :func:`robust_accuracy`; ``compile_seconds`` counts this call's."""
+               per_image: bool = False, num_batches: int | None = None,
+               desc: str = "robust accuracy") -> dict[str, Any]:
+    """See :func:`robust_accuracy`; ``compile_seconds`` counts this call's.
+
+    ``num_batches`` (default ``len(batches)`` when it has one) gives the
+    progress display its total; ``desc`` starts its line.
+    """
     names = self.names
-    compiled, compiled_correct = self._compiled, self._compiled_correct
+    counting = bool(progress)
+    jitted, compiled = self._jitted[counting], self._compiled[counting]
+    compiled_correct = self._compiled_correct
     predict_compile_seconds = 0.0
     correct = collections.Counter()
     seconds = collections.Counter()
     compile_seconds = collections.Counter()
     vectors: dict[str, list[np.ndarray]] = {name: [] for name in names}
     num_examples = 0
+    if num_batches is None and hasattr(batches, "__len__"):
+      num_batches = len(batches)
+    # Only process 0 runs the callbacks (jit places them on device 0).
+    display = _Display(desc, num_batches,
+                       enabled=counting and jax.process_index() == 0)
 
-    bar = tqdm.tqdm(batches, desc="robust accuracy", unit="batch",
-                    disable=not progress)
-    for batch_index, batch in enumerate(bar):
-      batch = real_rows(batch)
-      if batch is None:
-        continue
-      images = jnp.asarray(batch["image"])
-      labels = jnp.asarray(batch["label"], jnp.int32)
-      mask = jnp.ones(labels.shape, jnp.bool_)
-      num_examples += int(labels.shape[0])
-      batch_key = jax.random.fold_in(key, batch_index)
-      predict_key, *attack_keys = jax.random.split(batch_key, len(names) + 1)
-      signature = _signature(images, labels, mask)
-      if signature not in compiled_correct:
-        start = time.perf_counter()
-        compiled_correct[signature] = self._correct.lower(
-            variables, images, labels, mask, predict_key).compile()
-        predict_compile_seconds += time.perf_counter() - start
-      predict = compiled_correct[signature]
-      for name, attack_key in zip(names, attack_keys):
-        start = time.perf_counter()
-        attack = compiled[name].get(signature)
-        if attack is None:
-          attack = self._jitted[name].lower(variables, images, labels,
-                                            attack_key).compile()
-          compiled[name][signature] = attack
-          compile_seconds[name] += time.perf_counter() - start
-        x_adv = attack(variables, images, labels, attack_key)
-        right = to_host(predict(variables, x_adv, labels, mask, predict_key))
-        correct[name] += int(right.sum())
-        if per_image:
-          vectors[name].append(right.astype(bool))
-        seconds[name] += time.perf_counter() - start
-      if progress and num_examples:
-        bar.set_postfix({name: f"{100.0 * correct[name] / num_examples:.1f}"
-                         for name in names})
+    try:
+      for batch_index, batch in enumerate(batches):
+        batch = real_rows(batch)
+        if batch is None:
+          continue
+        images = jnp.asarray(batch["image"])
+        labels = jnp.asarray(batch["label"], jnp.int32)
+        mask = jnp.ones(labels.shape, jnp.bool_)
+        num_examples += int(labels.shape[0])
+        batch_key = jax.random.fold_in(key, batch_index)
+        predict_key, *attack_keys = jax.random.split(batch_key,
+                                                     len(names) + 1)
+        signature = _signature(images, labels, mask)
+        if signature not in compiled_correct:
+          start = time.perf_counter()
+          compiled_correct[signature] = self._correct.lower(
+              variables, images, labels, mask, predict_key).compile()
+          predict_compile_seconds += time.perf_counter() - start
+        predict = compiled_correct[signature]
+        # Every attack is compiled before the first runs, so that the
+        # display knows the batch's calls from the start.
+        for name, attack_key in zip(names, attack_keys):
+          if signature not in compiled[name]:
+            start = time.perf_counter()
+            display.compiling(batch_index, name)
+            traced = jitted[name].trace(variables, images, labels, attack_key)
+            if counting:
+              self._expected[name][signature] = count_model_calls(
+                  traced.jaxpr)
+            compiled[name][signature] = traced.lower().compile()
+            elapsed = time.perf_counter() - start
+            compile_seconds[name] += elapsed
+            seconds[name] += elapsed
+        expected = {}
+        if counting:
+          expected = {name: self._expected[name][signature]
+                      for name in names}
+          estimates = [expected[name] if expected[name] is not None
+                       else self._seen.get(name) for name in names]
+          display.start_batch(batch_index, None if None in estimates
+                              else sum(estimates))
+        for name, attack_key in zip(names, attack_keys):
+          start = time.perf_counter()
+          if counting:
+            self.calls.watch(display.listener(name, expected[name]))
+          x_adv = compiled[name][signature](variables, images, labels,
+                                            attack_key)
+          right = to_host(predict(variables, x_adv, labels, mask,
+                                  predict_key))
+          correct[name] += int(right.sum())
+          if per_image:
+            vectors[name].append(right.astype(bool))
+          seconds[name] += time.perf_counter() - start
+          if counting:
+            calls = self.calls.count
+            self.calls.watch(None)
+            self._seen[name] = calls
+            display.attack_done(calls)
+        if counting and num_examples:
+          display.set_postfix(
+              {name: f"{100.0 * correct[name] / num_examples:.1f}"
+               for name in names})
+    finally:
+      if counting:
+        self.calls.watch(None)
+      display.close()
 
     results = {
         "num_examples": num_examples,
@@ -303,7 +529,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
                     *,
                     num_noise_draws: int = 1,
                     progress: bool = True,
-                    per_image: bool = False) -> dict[str, Any]:
+                    per_image: bool = False,
+                    num_batches: int | None = None) -> dict[str, Any]:
   """Accuracy (%) of the model under each attack, over a dataset.
 
   Each attack is compiled once per batch shape, ahead of time so that compile
@@ -325,9 +552,12 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     key: PRNG key for the attacks and the model noise.
     num_noise_draws: noise draws the final prediction averages its softmax
       over (stochastic models; 1 for the paper's protocol).
-    progress: show a tqdm progress bar over batches.
+    progress: show progress in model calls (see the module docstring):
+      a tqdm bar on a terminal, a plain line every 30 s otherwise.
     per_image: also return, per attack, whether each real image (in data
       order) was classified right after the attack.
+    num_batches: the number of batches, for the progress total (default
+      ``len(batches)`` if it has one).
 
   Returns:
     ``{"num_examples": int, "num_noise_draws": int (noise draws the
@@ -340,7 +570,7 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
   """
   evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws)
   return evaluator(variables, batches, key, progress=progress,
-                   per_image=per_image)
+                   per_image=per_image, num_batches=num_batches)
 
 
 def format_table(results: Mapping[str, Any],
@@ -533,7 +763,8 @@ def repeat_evaluation(evaluator: Evaluator,
                       *,
                       num_seeds: int = 3,
                       worst_case_of: Sequence[str] | None = None,
-                      progress: bool = False) -> dict[str, Any]:
+                      progress: bool = False,
+                      num_batches: int | None = None) -> dict[str, Any]:
   """Runs an evaluation with ``num_seeds`` keys: mean and spread per attack.
 
   A noisy model's robust accuracy is itself random (the attacks' and the
@@ -550,7 +781,8 @@ def repeat_evaluation(evaluator: Evaluator,
     num_seeds: evaluations to run (>= 1).
     worst_case_of: attacks the per-image worst case combines (default: all
       of the evaluator's); an empty sequence skips it.
-    progress: tqdm bars.
+    progress: progress in model calls, one display per seed.
+    num_batches: batches per seed, for the progress total.
 
   Returns:
     ``{"num_seeds", "num_examples", "num_noise_draws", "attacks": {name:
@@ -569,7 +801,9 @@ def repeat_evaluation(evaluator: Evaluator,
   runs, worst = [], []
   for seed in range(num_seeds):
     run = evaluator(variables, source(), jax.random.fold_in(key, seed),
-                    progress=progress, per_image=True)
+                    progress=progress, per_image=True,
+                    num_batches=num_batches,
+                    desc=f"seed {seed + 1}/{num_seeds}")
     runs.append(run)
     if combine:
       worst.append(worst_case(run, combine))
@@ -622,7 +856,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
                       sanity_batches: Sequence[Mapping[str, Any]]
                       | None = None,
                       sanity_options: Mapping[str, Any] | None = None,
-                      progress: bool = False) -> dict[str, Any]:
+                      progress: bool = False,
+                      num_batches: int | None = None) -> dict[str, Any]:
   """The strong protocol: APGD suite, per-image worst case, seeds, sanity.
 
   Runs ``strong_attacks`` over the data ``num_seeds`` times
@@ -645,7 +880,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
     sanity_batches: batches for the sanity checks (a few hundred images;
       None skips them).
     sanity_options: extra keyword arguments of ``sanity.sanity_checks``.
-    progress: tqdm bars.
+    progress: progress in model calls (see ``robust_accuracy``).
+    num_batches: batches of ``batches``, for the progress total.
 
   Returns:
     ``repeat_evaluation``'s dict plus ``"protocol": "strong"``,
@@ -673,7 +909,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   start = time.perf_counter()
   evaluator = Evaluator(apply_fn, suite, num_noise_draws=num_noise_draws)
   results = repeat_evaluation(evaluator, variables, batches, key,
-                              num_seeds=num_seeds, progress=progress)
+                              num_seeds=num_seeds, progress=progress,
+                              num_batches=num_batches)
   seconds = time.perf_counter() - start
   labels = [STRONG_COLUMNS[n] for n in suite if n != "natural"]
   description = (

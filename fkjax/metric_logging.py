@@ -180,7 +180,7 @@ def format_epoch(m: Mapping[str, Any]) -> str:
 # Progress.
 
 
-def progress(iterable: Iterable[Any], total: int | None = None,
+def progress(iterable: Iterable[Any] | None, total: int | None = None,
              desc: str = "", *, initial: int = 0, unit: str = "it",
              disable: bool = False, leave: bool = True,
              stream: TextIO | None = None, interval: float = 30.0

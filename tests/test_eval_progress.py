@@ -1,0 +1,170 @@
+"""Tests for the evaluation's progress in model calls (fkjax.evaluate)."""
+import functools
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fkjax import attacks
+from fkjax import evaluate
+from fkjax import metric_logging
+from fkjax import models
+from tests import tiny_models
+
+
+def _noisy_mlp(params, images, key):
+  logits = tiny_models.relu_mlp(params, images, None)
+  return logits + 0.5 * jax.random.normal(key, logits.shape)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+  params, images, labels = tiny_models.trained_mlp()
+  return params, images[:6], labels[:6]
+
+
+PGD = functools.partial(attacks.pgd, epsilon=0.1, step_size=0.03,
+                        num_steps=4, eot_samples=2, return_best=True,
+                        check_draws=2)
+FGSM = functools.partial(attacks.fgsm, epsilon=0.1, eot_samples=3)
+
+
+def _count(attack, args):
+  """The traced count of ``attack`` on the counted model."""
+  counted = evaluate.counting_apply(_noisy_mlp, lambda: None)
+  return evaluate.count_model_calls(
+      jax.jit(functools.partial(attack, counted)).trace(*args).jaxpr)
+
+
+def test_counts_of_loops_restarts_and_early_stopping(mlp):
+  params, images, labels = mlp
+  count = lambda attack: _count(attack, (params, images, labels,
+                                         jax.random.key(0)))
+  # One call however many EOT draws a gradient averages (one vmap).
+  assert count(FGSM) == 1
+  # PGD-k with a fresh check of every iterate: k gradients + k checks.
+  assert count(PGD) == 8
+  # C&W written out step by step (unroll >= steps): one call per step.
+  assert count(functools.partial(attacks.cw_linf, num_steps=3,
+                                 unroll=3)) == 3
+  assert count(functools.partial(attacks.cw_authors, num_steps=4)) == 4
+  # APGD: the start and each iteration, a gradient and a check each.
+  apgd = functools.partial(attacks.apgd, epsilon=0.1, num_iters=3,
+                           eot_samples=2, check_draws=1)
+  assert count(apgd) == 8
+  # A restart (or another target) is skipped once every image is fooled (a
+  # cond): the count is an upper bound.
+  assert count(functools.partial(apgd, n_restarts=3)) == 24
+  # APGD-T: the targets' logits, then per target the start and each
+  # iteration (one call each: the gradient's logits are judged).
+  assert count(functools.partial(
+      attacks.apgd, num_iters=2, loss="dlr_targeted", num_targets=2,
+      check_draws=0)) == 7
+  # NAttack stops when every image is fooled: no count in advance.
+  assert count(functools.partial(attacks.nattack, population=4,
+                                 max_iters=3)) is None
+  assert count(evaluate.natural) == 0
+
+
+@pytest.mark.parametrize("attack, exact", [
+    (functools.partial(attacks.apgd, epsilon=0.1, num_iters=2, eot_samples=2,
+                       check_draws=1), True),
+    (functools.partial(attacks.nattack, epsilon=0.1, population=4,
+                       max_iters=2, chunk=2), False),
+], ids=["apgd", "nattack"])
+def test_counted_attacks_tick_per_call_and_give_identical_images(
+    mlp, attack, exact):
+  params, images, labels = mlp
+  args = (params, images, labels, jax.random.key(5))
+  counter = evaluate.CallCounter()
+  seen = []
+  counter.watch(seen.append)
+  counted = evaluate.counting_apply(_noisy_mlp, counter.tick)
+  plain = jax.jit(functools.partial(attack, _noisy_mlp))(*args)
+  ticked = jax.jit(functools.partial(attack, counted))(*args)
+  np.testing.assert_array_equal(np.asarray(ticked), np.asarray(plain))
+  assert counter.count > 0 and seen == list(range(1, counter.count + 1))
+  if exact:
+    assert counter.count == _count(attack, args)
+
+
+def test_chunked_calls_tick_once_per_chunk(mlp):
+  params, images, _ = mlp
+  counter = evaluate.CallCounter()
+  counted = evaluate.counting_apply(_noisy_mlp, counter.tick)
+  keys = jax.random.split(jax.random.key(1), 12)
+  # NAttack's population in chunks of 5: a scan over two vmapped chunks,
+  # then the remaining 2 keys.
+  draws = jax.jit(lambda k: jax.lax.map(
+      lambda kk: counted(params, images, kk), k, batch_size=5))
+  jax.block_until_ready(draws(keys))
+  assert counter.count == 3
+
+
+def test_progress_off_compiles_no_callback_and_changes_no_result(mlp):
+  params, images, labels = mlp
+  suite = {"natural": evaluate.natural, "fgsm": FGSM}
+  batches = [{"image": images[:3], "label": labels[:3]},
+             {"image": images[3:], "label": labels[3:]}]
+  evaluator = evaluate.Evaluator(_noisy_mlp, suite)
+  ticks = []
+  evaluator.calls.watch(ticks.append)  # would see any callback
+  off = evaluator(params, batches, jax.random.key(2), per_image=True)
+  assert ticks == [] and evaluator.calls.count == 0
+  on = evaluator(params, batches, jax.random.key(2), per_image=True,
+                 progress=True)
+  for name in suite:
+    np.testing.assert_array_equal(on["per_image"][name],
+                                  off["per_image"][name])
+    assert on["attacks"][name]["correct"] == off["attacks"][name]["correct"]
+
+
+def test_progress_lines_count_model_calls(mlp, monkeypatch):
+  params, images, labels = mlp
+  stream = io.StringIO()
+  monkeypatch.setattr(metric_logging, "progress", functools.partial(
+      metric_logging.progress, stream=stream, interval=0.0))
+  # At this radius NAttack never succeeds and runs all 3 iterations, a
+  # check and a population pass each: 6 calls, not known in advance.
+  suite = {"natural": evaluate.natural, "fgsm": FGSM,
+           "nattack": functools.partial(attacks.nattack, epsilon=1e-4,
+                                        population=4, max_iters=3)}
+  batches = [{"image": images[:3], "label": labels[:3]},
+             {"image": images[3:], "label": labels[3:]}]
+  evaluate.robust_accuracy(_noisy_mlp, params, batches, suite,
+                           jax.random.key(3), progress=True)
+  lines = stream.getvalue().splitlines()
+  # Every call moves the display; one more line at the end.
+  assert len(lines) == 2 * 7 + 1
+  # Batch 1: no total (NAttack's calls are not known yet).
+  assert lines[0].startswith("robust accuracy, batch 1/2, fgsm call 1/1: "
+                             "1 model calls,")
+  assert lines[1].startswith("robust accuracy, batch 1/2, nattack call 1: "
+                             "2 model calls,")
+  # Batch 2: NAttack's count of batch 1 is the estimate.
+  assert lines[7].startswith("robust accuracy, batch 2/2, fgsm call 1/1: "
+                             "8/14 model calls (57%)")
+  assert lines[-1].startswith("robust accuracy, batch 2/2, nattack call 6: "
+                              "14/14 model calls (100%)")
+
+
+def test_a_noisy_resnet_attacked_with_progress_gives_identical_images():
+  model = models.create_model(depth=8, noise_coef=0.1)
+  rng = np.random.default_rng(0)
+  images = jnp.asarray(rng.uniform(size=(3, 8, 8, 3)), jnp.float32)
+  labels = jnp.asarray([0, 1, 2], jnp.int32)
+  variables = jax.jit(model.init)({"params": jax.random.key(0),
+                                   "noise": jax.random.key(1)}, images)
+  apply_fn = lambda v, x, k: model.apply(v, x, train=False,
+                                         rngs={"noise": k})
+  counter = evaluate.CallCounter()
+  counted = evaluate.counting_apply(apply_fn, counter.tick)
+  # A gradient through the noise, its EOT draws in a vmap.
+  attack = functools.partial(attacks.fgsm, epsilon=8 / 255, eot_samples=2)
+  args = (variables, images, labels, jax.random.key(5))
+  plain = jax.jit(functools.partial(attack, apply_fn))(*args)
+  ticked = jax.jit(functools.partial(attack, counted))(*args)
+  np.testing.assert_array_equal(np.asarray(ticked), np.asarray(plain))
+  assert counter.count == 1
