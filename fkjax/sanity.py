@@ -176,7 +176,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     zero_threshold: largest accuracy (%) accepted at the largest radius.
     z, min_points: the noise tolerance of every comparison (see
       ``paired_excess``).
-    progress: tqdm bar.
+    progress: progress output (see :func:`fkjax.metric_logging.progress`).
 
   Returns:
     A ``SanityReport``; ``report.format()`` prints it and
