@@ -33,7 +33,7 @@ def _pilots() -> dict[str, dict[str, Any]]:
       "rgsm_wd": dict(presets="resnet20,rgsm", overrides=rgsm, epochs=3,
                       multiplier="k", scale_thresholds=False),
   }
-  for m in (1, 2, 4, 8):
+  for m in (1, 2, 4, 6, 8):
     out[f"rgsm_m{m}"] = dict(presets="resnet20,rgsm", overrides=rgsm,
                              epochs=2, multiplier=m)
     out[f"en2_rgsm_m{m}"] = dict(presets="en2resnet20,rgsm", overrides=rgsm,
