@@ -166,10 +166,10 @@ def test_shrinkage_factor_matches_the_schedules():
   paper = scales.build_config("resnet20,none", {}, scales.SCALES["paper"], 0)
   assert scales.shrinkage_factor(paper) == pytest.approx(1.0)
   cpu = scales.build_config("resnet20,none", {}, scales.SCALES["cpu"], 0)
-  # 45,000 images in 352 batches: 80, 40, 40, 40 epochs at lr 0.1 .. 1e-4;
-  # 20,000 in 157: 3, 2, 1, 2 epochs.
-  k = (352 * (80 * 0.1 + 40 * 0.01 + 40 * 1e-3 + 40 * 1e-4)
-       / (157 * (3 * 0.1 + 2 * 0.01 + 1e-3 + 2 * 1e-4)))
+  # 45,000 images in 352 batches: 80, 40, 40, 40 epochs at lr 0.1 .. 1e-4
+  # in the paper, 2, 1, 1, 1 epochs at the cpu scale.
+  k = ((80 * 0.1 + 40 * 0.01 + 40 * 1e-3 + 40 * 1e-4)
+       / (2 * 0.1 + 0.01 + 1e-3 + 1e-4))
   assert scales.shrinkage_factor(cpu) == pytest.approx(k)
 
 
