@@ -86,6 +86,10 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # The paper is silent on these; the authors' code keeps the last, smaller
   # batch of an epoch and re-creates SGD every epoch, which resets its
   # momentum (docs/protocol.md).
+  # The data order and augmentation come from this seed (None: config.seed).
+  # A sweep over seeds that shares one batch stream records it here
+  # (docs/sweeps.md).
+  config.training.data_seed = config_dict.placeholder(int)
   config.training.drop_last = False
   config.training.reset_momentum = True
   config.training.track_clean_accuracy = True

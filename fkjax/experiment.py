@@ -85,13 +85,28 @@ def resolve_kernels(config: ml_collections.ConfigDict
                          noise=bool(config.model.noise_coef))
 
 
-def create_model(config: ml_collections.ConfigDict, num_classes: int):
+def create_model(config: ml_collections.ConfigDict, num_classes: int,
+                 inject_noise: Callable | None = None):
+  """The model of ``config.model``, running ``config.kernels``' kernels.
+
+  ``inject_noise`` replaces the resolved noise kernel (a sweep passes one
+  whose coefficient is its run's traced value, :mod:`fkjax.sweep`).
+  """
   m = config.model
+  kwargs = resolve_kernels(config).model_kwargs
+  if inject_noise is not None:
+    kwargs["inject_noise"] = inject_noise
   return models.create_model(
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize,
-      **resolve_kernels(config).model_kwargs)
+      noise_std_over=m.noise_std_over, normalize=m.normalize, **kwargs)
+
+
+def data_seed(config: ml_collections.ConfigDict) -> int:
+  """The seed of the training data's order and augmentation:
+  ``config.training.data_seed``, else the run's ``seed``."""
+  seed = config.training.get("data_seed")
+  return config.seed if seed is None else seed
 
 
 def describe_model(config: ml_collections.ConfigDict,

@@ -124,6 +124,8 @@ def validate(config: ml_collections.ConfigDict,
   number(t + "momentum", 0.0, 1.0, high_open=True)
   number(t + "weight_decay", 0.0)
   positive_int(t + "checkpoint_every_steps", 0)
+  if _get(config, t + "data_seed") is not None:
+    positive_int(t + "data_seed", 0)
   if _get(config, t + "max_loss") is not None:
     number(t + "max_loss", 0.0, low_open=True)
 

@@ -250,7 +250,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   for epoch in range(first_epoch, t.num_epochs):
     epoch_start = time.perf_counter()
     batches = data_lib.train_batches(
-        exp.dataset.train, t.batch_size, seed=config.seed, epoch=epoch,
+        exp.dataset.train, t.batch_size,
+        seed=experiment_lib.data_seed(config), epoch=epoch,
         augment=t.augment, process_index=jax.process_index(),
         process_count=jax.process_count(), drop_last=t.drop_last)
     # steps of this epoch already done (resuming from a mid-epoch checkpoint)

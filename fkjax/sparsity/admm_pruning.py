@@ -54,6 +54,11 @@ class ADMMSpec:
       default_factory=lambda: layouts_lib.normalize(None))
   variant: str = "exact"
 
+  def __post_init__(self):
+    # A spec built by hand fails here, not inside a traced update.
+    operators.check_structure(self.structure)
+    operators.check_group(self.group)
+
   @property
   def need_layout(self) -> bool:
     # Only named channel groups need to know where the channel axes are.

@@ -26,16 +26,15 @@ _RULES = {
 }
 
 
-def _concrete(value: Any) -> Optional[float]:
-  """``value`` as a float, or None when it is not known now."""
+def _concrete(value: Any) -> Optional[np.ndarray]:
+  """``value``'s numbers as a flat float array, or None when they are not
+  known now (traced, or a schedule)."""
   if callable(value) or isinstance(value, jax.core.Tracer):
     return None
   arr = np.asarray(value)
-  if arr.size != 1:
-    return None
   if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
     raise TypeError(f"expected a real number, got {value!r}")
-  return float(arr.reshape(()))
+  return arr.astype(np.float64).reshape(-1)
 
 
 def valid_range(name: str) -> str:
@@ -51,23 +50,26 @@ def check_hparam(who: str, name: str, value: Any) -> None:
     who: the sparsifier, for the message (e.g. ``"rgsm"``).
     name: a hyperparameter with a rule (beta, lamb, lamb1, lamb2, rho,
       percent); other names are not checked.
-    value: its value; traced values and schedules are not checked.
+    value: its value, or an array of values (one per run of a sweep), each
+      checked; traced values and schedules are not checked.
   """
   if name not in _RULES:
     return
   try:
-    x = _concrete(value)
+    xs = _concrete(value)
   except TypeError as e:
     raise TypeError(f"fkjax.sparsity {who}: {name} {e}") from None
-  if x is None:
+  if xs is None:
     return
   lo, lo_in, hi, hi_in, why = _RULES[name]
-  ok = (lo <= x if lo_in else lo < x) and (x <= hi if hi_in else x < hi)
-  if not ok:  # also catches NaN, for which every comparison is False
-    raise ValueError(
-        f"fkjax.sparsity {who}: {name}={x!r} is out of range; valid range "
-        f"{name} in {valid_range(name)} ({why})."
-    )
+  for i, x in enumerate(xs):
+    ok = (lo <= x if lo_in else lo < x) and (x <= hi if hi_in else x < hi)
+    if not ok:  # also catches NaN, for which every comparison is False
+      where = f"[{i}]" if xs.size > 1 or np.ndim(value) else ""
+      raise ValueError(
+          f"fkjax.sparsity {who}: {name}{where}={float(x)!r} is out of range; "
+          f"valid range {name} in {valid_range(name)} ({why})."
+      )
 
 
 def check_hparams(who: str, **values: Any) -> None:

@@ -22,6 +22,7 @@ import abc
 import dataclasses
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
+import jax
 import optax
 
 from fkjax.sparsity import admm_pruning
@@ -135,9 +136,13 @@ class Sparsifier(abc.ABC):
       learning_rate: float or schedule, shared by SGD and the splitting step.
       momentum: SGD momentum (0 or None for plain SGD).
       nesterov: Nesterov momentum.
-      weight_decay: L2 coefficient added to every gradient (0 disables it).
+      weight_decay: L2 coefficient added to every gradient (0 disables it);
+        may be traced.
     """
-    decay = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    # A traced weight decay (a sweep's per-run value) keeps its transform.
+    traced = isinstance(weight_decay, jax.core.Tracer)
+    decay = ([optax.add_decayed_weights(weight_decay)]
+             if traced or weight_decay else [])
     sgd = optax.sgd(learning_rate, momentum=momentum or None,
                     nesterov=nesterov)
     return optax.chain(*decay, *self.before_sgd(), sgd,

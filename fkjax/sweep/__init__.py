@@ -1,0 +1,40 @@
+"""Sweeps: many runs trained as one jitted program on a run axis.
+
+Runs that differ only in values that change no shape (seeds, the
+sparsifiers' hyperparameters, learning rate, weight decay, noise coefficient,
+attack radius and step: :data:`SWEEPABLE_KEYS`) are stacked on a leading run
+axis and stepped together by ``jax.vmap`` of the single run's own step. Each
+run keeps its own PRNG streams, epoch-end projection, validation, best
+checkpoint, metrics, final evaluation and workdir::
+
+    from fkjax import sweep
+    sweep.train_sweep(configs, workdirs)          # one workdir per run
+
+or ``python train.py --config=configs/sweep.py:rgsm --workdir=W`` with a
+``config.sweep`` section (``configs/sweep.py``). See ``docs/sweeps.md``.
+"""
+from fkjax.sweep.loop import resume_step
+from fkjax.sweep.loop import SWEEP_FILE
+from fkjax.sweep.loop import train_from_config
+from fkjax.sweep.loop import train_sweep
+from fkjax.sweep.program import Sweep
+from fkjax.sweep.spec import check_configs
+from fkjax.sweep.spec import DATA_ORDERS
+from fkjax.sweep.spec import expand
+from fkjax.sweep.spec import SHARD_MODES
+from fkjax.sweep.spec import SWEEPABLE_KEYS
+from fkjax.sweep.spec import with_data_seed
+
+__all__ = [
+    "DATA_ORDERS",
+    "SHARD_MODES",
+    "SWEEPABLE_KEYS",
+    "SWEEP_FILE",
+    "Sweep",
+    "check_configs",
+    "expand",
+    "resume_step",
+    "train_from_config",
+    "train_sweep",
+    "with_data_seed",
+]
