@@ -4,7 +4,9 @@
   python train.py --config=configs/default.py:en5resnet20,rgsm \
       --config.sparsity.lamb1=0.1 --workdir=workdirs/en5_rgsm
 
-Running the same command again resumes from the last checkpoint. A mistake
+Running the same command again resumes from the last checkpoint. A config
+with a ``sweep`` section (``configs/sweep.py``) trains its runs as one
+program, each in ``<workdir>/<run name>/`` (docs/sweeps.md). A mistake
 (bad config value, missing data, a workdir of another run) ends in one line
 ``error: ...``; ``--traceback`` shows the traceback.
 """
@@ -49,7 +51,11 @@ def main(argv):
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
   from fkjax import train  # pylint: disable=import-outside-toplevel
   experiment.enable_compilation_cache(config)
-  train.train_and_evaluate(config, FLAGS.workdir)
+  if config.get("sweep") is not None:
+    from fkjax import sweep  # pylint: disable=import-outside-toplevel
+    sweep.train_from_config(config, FLAGS.workdir)
+  else:
+    train.train_and_evaluate(config, FLAGS.workdir)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from fkjax import eval_run
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
-from fkjax import kernels
 from fkjax import parallel
 from fkjax import train as train_lib
+from fkjax.kernels import noise_jnp
 from fkjax.sweep import spec
 
 PyTree = Any
@@ -172,10 +172,15 @@ class Sweep:
 
   def run_config(self, values: Mapping[str, Any]
                  ) -> ml_collections.ConfigDict:
-    """The template config with ``values`` (one run's, traced) put in."""
+    """The template config with ``values`` (one run's, traced) put in.
+
+    ``model.noise_coef`` keeps the template's (non-zero) value: the model is
+    built for it, and :meth:`run_model` scales its noise by the run's.
+    """
     config = copy.deepcopy(self.template)
     for key, value in values.items():
-      spec.set_value(config, key, value)
+      if key != "model.noise_coef":
+        spec.set_value(config, key, value)
     return config
 
   def run_model(self, config: ml_collections.ConfigDict,
@@ -185,9 +190,8 @@ class Sweep:
       # The fused CPU kernel takes its coefficient as a constant; the jnp
       # form takes the run's traced one (the same noise, to rounding).
       coef = values["model.noise_coef"]
-      jnp_noise = kernels.NOISES["jnp"]
-      inject = lambda out, _, key, std_over: jnp_noise(out, coef, key,
-                                                       std_over)
+      inject = lambda out, _, key, std_over: noise_jnp.inject_noise(
+          out, coef, key, std_over)
     return experiment_lib.create_model(
         config, self.exps[0].dataset.num_classes, inject_noise=inject)
 

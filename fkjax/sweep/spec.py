@@ -225,7 +225,7 @@ def expand(config: ml_collections.ConfigDict
                                                        zip_rows)):
     overrides = {**p_row, **z_row}
     run = copy.deepcopy(base)
-    for key, value in overrides.items():
+    for key, value in list(overrides.items()):
       current = get(run, key)
       if isinstance(current, float) and isinstance(value, int):
         value = float(value)
@@ -236,6 +236,7 @@ def expand(config: ml_collections.ConfigDict
           isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(f"config.sweep: {key}={value!r} is not a number")
       set_value(run, key, value)
+      overrides[key] = value
     runs.append((run_name(i, overrides), overrides, run))
   return runs
 

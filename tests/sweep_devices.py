@@ -1,0 +1,93 @@
+"""A sweep's steps on 4 devices (batch or runs sharded) and on 1; one run alone.
+
+Run as a subprocess with ``--xla_force_host_platform_device_count=4`` (the
+device count is fixed when JAX starts). Prints one JSON line: the largest
+parameter differences between the sweeps and against the single run, and
+how the sharded states were placed.
+"""
+import json
+
+import jax
+import numpy as np
+
+from configs import tiny
+from fkjax import data, experiment, kernels, parallel, sweep, train
+from fkjax.sweep import spec
+
+NUM_STEPS = 2
+
+
+def configs(num_devices: int):
+  out = []
+  for i in range(4):
+    c = tiny.get_config()
+    c.num_devices = num_devices
+    c.attack.num_steps = 1
+    c.seed = i
+    c.sparsity.lamb = 2e-3 * (1 + i)
+    c.training.learning_rate = 0.1 / (1 + i)
+    c.attack.epsilon = (8 - i) / 255
+    out.append(c)
+  return sweep.with_data_seed(out, "shared")
+
+
+def batches(exp, config):
+  return list(zip(range(NUM_STEPS), data.train_batches(
+      exp.dataset.train, config.training.batch_size,
+      seed=experiment.data_seed(config), epoch=0)))
+
+
+def run_sweep(num_devices: int, shard: str):
+  sw = sweep.Sweep.build(configs(num_devices), shard=shard)
+  state = sw.initial_state()
+  keys, values = sw.keys("train"), sw.placed_values()
+  for i, batch in batches(sw.exps[0], sw.template):
+    state, metrics = sw.train_step(state, sw.place_batch(batch), keys, i,
+                                   values)
+  state, _ = sw.epoch_end(state, values)
+  kernel = state["params"]["stem"]["kernel"]
+  placement = {"devices": len(kernel.sharding.device_set),
+               "spec": str(kernel.sharding.spec),
+               "shard_shape": list(kernel.sharding.shard_shape(kernel.shape))}
+  return jax.device_get(state["params"]), jax.device_get(
+      metrics["loss"]).tolist(), placement
+
+
+def run_single(index: int):
+  config = configs(1)[index]
+  exp = experiment.Experiment.build(config)
+  state = exp.initial_state()
+  step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
+  base = experiment.prng_key(config.seed, "train")
+  for i, batch in batches(exp, config):
+    state, metrics = step(state, parallel.shard_batch(batch, exp.mesh),
+                          jax.random.fold_in(base, i))
+  state = train.end_of_epoch(state, config)
+  return jax.device_get(state["params"]), float(metrics["loss"])
+
+
+def max_diff(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - y)))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def main():
+  kernels.apply_xla_flags()
+  one, loss_one, _ = run_sweep(1, "batch")
+  batch4, loss_batch4, place_batch4 = run_sweep(4, "batch")
+  runs4, loss_runs4, place_runs4 = run_sweep(4, "runs")
+  single, loss_single = run_single(3)
+  run3 = jax.tree.map(lambda x: x[3], one)
+  print(json.dumps({
+      "devices": jax.device_count(),
+      "losses": {"one": loss_one, "batch4": loss_batch4,
+                 "runs4": loss_runs4, "single3": loss_single},
+      "diff_batch4": max_diff(batch4, one),
+      "diff_runs4": max_diff(runs4, one),
+      "diff_single3": max_diff(run3, single),
+      "spread": max_diff(jax.tree.map(lambda x: x[0], one), run3),
+      "placement": {"batch4": place_batch4, "runs4": place_runs4}}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,24 @@
+"""Trains each run of a sweep alone, from the run's own config.json.
+
+``python -m tests.sweep_singles OUT RUN_WORKDIR...`` trains every run with
+``train.train_and_evaluate`` into ``OUT/<run name>``: what the sweep's runs
+must equal.
+"""
+import os
+import sys
+
+from fkjax import experiment, kernels, run_config, train
+
+
+def main():
+  kernels.apply_xla_flags()
+  out, workdirs = sys.argv[1], sys.argv[2:]
+  for workdir in workdirs:
+    config = run_config.config_for_eval(workdir, None, {}, False)
+    experiment.enable_compilation_cache(config)
+    train.train_and_evaluate(
+        config, os.path.join(out, os.path.basename(os.path.normpath(workdir))))
+
+
+if __name__ == "__main__":
+  main()

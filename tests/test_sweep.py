@@ -1,0 +1,383 @@
+"""Sweeps (fkjax.sweep): runs as one program equal the runs trained alone.
+
+The whole-run tests train a 2-run RGSM sweep through ``train.py`` (the runs
+differ in every traced key and in their seed), each run alone from its
+``config.json``, the sweep killed with ``kill -9`` and resumed, and the
+sweep resumed with one run a save ahead of the other. The subprocesses
+share a persistent compilation cache, so only the first of each program
+compiles. ``tests/sweep_devices.py`` checks the step on 4 host devices.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import sweep as sweep_config
+from configs import tiny
+from fkjax import checkpoint as ckpt_lib
+from fkjax import experiment
+from fkjax import run_config
+from fkjax import sparsity
+from fkjax import sweep
+from fkjax.sweep import spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------
+# What a sweep may vary, and config.sweep.
+
+
+def test_expand_product_and_zip_name_every_run():
+  config = sweep_config.get_config("tiny,rgsm")
+  config.sweep.product = "seed=0,1"
+  config.sweep.zip = "sparsity.beta=0.5,1; sparsity.lamb1=0.1,0.2"
+  runs = sweep.expand(config)
+  assert [name for name, _, _ in runs] == [
+      "00_seed-0_beta-0.5_lamb1-0.1", "01_seed-0_beta-1_lamb1-0.2",
+      "02_seed-1_beta-0.5_lamb1-0.1", "03_seed-1_beta-1_lamb1-0.2"]
+  _, overrides, run = runs[3]
+  assert overrides == {"seed": 1, "sparsity.beta": 1.0, "sparsity.lamb1": 0.2}
+  assert (run.seed, run.sparsity.beta, run.sparsity.lamb1) == (1, 1.0, 0.2)
+  assert isinstance(run.sparsity.beta, float)
+  assert "sweep" not in run   # a run's config is a single run's
+  assert sweep.check_configs([r for _, _, r in runs]) == (
+      "seed", "sparsity.beta", "sparsity.lamb1")
+
+
+@pytest.mark.parametrize("product,zipped,match", [
+    ("model.depth=8,14", "", "config.model.depth cannot be swept"),
+    ("seed=0.5", "", "seed=0.5 is not an integer"),
+    ("seed", "", "is not KEY=V1,V2"),
+    ("", "seed=0,1; sparsity.lamb=1e-3", "as many values"),
+    ("seed=0", "seed=1", "in both product and zip"),
+    ("sparsity.lamb=abc", "", "is not a number"),
+])
+def test_bad_sweep_sections_fail_in_one_line(product, zipped, match):
+  config = sweep_config.get_config("tiny")
+  config.sweep.product, config.sweep.zip = product, zipped
+  with pytest.raises(run_config.ConfigError, match=match) as e:
+    sweep.expand(config)
+  assert "\n" not in str(e.value)
+
+
+def test_runs_differing_in_a_shape_fail_in_one_line():
+  a, b = tiny.get_config(), tiny.get_config()
+  b.model.width = 2
+  with pytest.raises(run_config.ConfigError) as e:
+    sweep.check_configs([a, b], names=["a", "b"])
+  message = str(e.value)
+  assert "\n" not in message
+  assert "b has config.model.width=2, a has 1" in message
+  assert "sparsity.lamb1" in message   # says what may differ
+
+
+def test_zero_and_nonzero_noise_are_separate_sweeps():
+  a, b = tiny.get_config(), tiny.get_config()
+  b.model.noise_coef = 0.0
+  with pytest.raises(run_config.ConfigError, match="model.noise_coef is 0 in "
+                     "some runs"):
+    sweep.check_configs([a, b])
+  b.model.noise_coef = 0.3   # both non-zero: sweepable
+  assert sweep.check_configs([a, b]) == ("model.noise_coef",)
+
+
+def test_an_invalid_run_is_named():
+  a, b = tiny.get_config(), tiny.get_config()
+  b.sparsity.beta = 0.0
+  with pytest.raises(run_config.ConfigError, match=r"^run 1: .*beta=0\.0 is "
+                     "out of range"):
+    sweep.check_configs([a, b])
+
+
+def test_shared_data_order_records_the_data_seed():
+  configs = [tiny.get_config() for _ in range(3)]
+  for seed, c in zip((4, 5, 4), configs):
+    c.seed = seed
+  shared = sweep.with_data_seed(configs, "shared")
+  assert [c.training.data_seed for c in shared] == [None, 4, None]
+  assert [experiment.data_seed(c) for c in shared] == [4, 4, 4]
+  own = sweep.with_data_seed(configs, "per_run")
+  assert [experiment.data_seed(c) for c in own] == [4, 5, 4]
+  assert configs[1].training.data_seed is None   # inputs left alone
+  with pytest.raises(run_config.ConfigError, match="data_order"):
+    sweep.with_data_seed(configs, "random")
+
+
+def test_sparsifiers_check_every_value_of_an_array():
+  # A sweep's stacked values: each is checked, the bad one named.
+  with pytest.raises(ValueError, match=r"rvsm: beta\[1\]=0\.0 is out of "
+                     r"range; valid range beta in \(0, inf\)"):
+    sparsity.get_sparsifier("rvsm", beta=np.array([0.5, 0.0, 1.0]),
+                            lamb=1e-6)
+  sp = sparsity.get_sparsifier("rgsm", beta=np.array([0.5, 1.0]),
+                               lamb1=np.array([0.1, 0.2]), lamb2=0.0)
+  assert sp.hparams["beta"].shape == (2,)
+  with pytest.raises(ValueError, match="Unknown ADMM structure"):
+    sparsity.ADMMSpec(structure="filters", group="input")
+
+
+class _FakeCheckpointer:
+
+  def __init__(self, *steps):
+    self.steps = list(steps)
+
+  def latest_step(self):
+    return max(self.steps) if self.steps else None
+
+  def all_steps(self):
+    return self.steps
+
+
+def test_resume_step_takes_runs_at_most_one_save_apart():
+  ck = _FakeCheckpointer
+  # 4 steps an epoch, a checkpoint every 2: saves at 2, 4, 6, ...
+  assert sweep.resume_step([ck(), ck()], "ab", 4, 2) is None
+  assert sweep.resume_step([ck(4, 6), ck(4, 6)], "ab", 4, 2) == 6
+  # killed between the two runs' saves of step 6, or of the first save
+  assert sweep.resume_step([ck(4, 6), ck(2, 4)], "ab", 4, 2) == 4
+  assert sweep.resume_step([ck(2), ck()], "ab", 4, 2) is None
+  with pytest.raises(run_config.ConfigError, match=r"different steps \(a: "
+                     r"8, b: 4\)"):
+    sweep.resume_step([ck(6, 8), ck(2, 4)], "ab", 4, 2)
+  assert sweep.resume_step([ck(4), ck()], "ab", 4, 0) is None
+  with pytest.raises(run_config.ConfigError, match="different steps"):
+    sweep.resume_step([ck(4, 8), ck()], "ab", 4, 0)
+
+
+# --------------------------------------------------------------------------
+# Several devices.
+
+
+def _env(cache_dir=None, devices=1):
+  env = dict(os.environ)
+  env.update({
+      "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+      "PYTHONUNBUFFERED": "1",
+  })
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  if cache_dir is not None:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
+  return env
+
+
+def test_runs_or_batch_sharded_over_four_devices_agree_with_one():
+  proc = subprocess.run([sys.executable, "-m", "tests.sweep_devices"],
+                        cwd=REPO, env=_env(devices=4), capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["devices"] == 4
+  place = result["placement"]
+  # shard="runs": each device holds one of the 4 runs' parameters
+  assert place["runs4"]["devices"] == 4
+  assert place["runs4"]["shard_shape"][0] == 1
+  # shard="batch": every device holds every run, the batch is split
+  assert place["batch4"]["devices"] == 4
+  assert place["batch4"]["shard_shape"][0] == 4
+  # The runs really differ (seeds and hyperparameters) ...
+  assert result["spread"] > 1e-2
+  # ... and each equals its computation on one device, or alone: a run per
+  # device is the one-device program; a split batch changes reductions'
+  # rounding, which PGD's sign and RVSM's threshold amplify a little.
+  assert result["diff_runs4"] < 1e-5
+  assert result["diff_batch4"] < 2e-3
+  assert result["diff_single3"] < 1e-4
+  losses = result["losses"]
+  np.testing.assert_allclose(losses["batch4"], losses["one"], rtol=1e-5)
+  np.testing.assert_allclose(losses["one"][3], losses["single3"], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# Whole runs through train.py.
+
+# Run 1 differs from run 0 in its seed and in every traced key.
+ZIP = ("seed=0,1; sparsity.lamb1=0.8,0.6; sparsity.beta=1.0,0.8; "
+       "sparsity.lamb2=1e-5,1e-3; training.weight_decay=5e-4,1e-3; "
+       "model.noise_coef=0.1,0.2; training.learning_rate=0.1,0.05; "
+       "attack.epsilon=0.0314,0.0235; attack.step_size=0.0078,0.0059")
+FLAGS = [
+    "--config=configs/sweep.py:tiny,rgsm", "--config.sweep.product=",
+    f"--config.sweep.zip={ZIP}", "--config.num_devices=1",
+    "--config.dataset.synthetic_sizes=(64,32)",
+    "--config.training.num_epochs=2", "--config.attack.num_steps=1",
+    "--config.validation.attack_steps=1", "--config.validation.batch_size=32",
+    "--config.eval.batch_size=32", "--config.eval.final_attacks=natural",
+]
+
+
+def _train(workdir, cache, check=True):
+  proc = subprocess.run(
+      [sys.executable, "train.py", f"--workdir={workdir}", *FLAGS], cwd=REPO,
+      env=_env(cache), capture_output=True, text=True, timeout=900)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"train.py failed:\n{proc.stdout}\n{proc.stderr}")
+  return proc
+
+
+def _runs(workdir):
+  record = json.loads((Path(workdir) / sweep.SWEEP_FILE).read_text())
+  return [Path(workdir) / r["name"] for r in record["runs"]]
+
+
+def _restore(workdir, step):
+  config = run_config.config_for_eval(str(workdir), None, {}, False)
+  exp = experiment.Experiment.build(config)
+  checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
+  try:
+    return jax.device_get(checkpointer.restore(exp.abstract_state(), "latest",
+                                               step=step)[1])
+  finally:
+    checkpointer.close()
+
+
+def _max_diff(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x, np.float64) - y)))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+  root = tmp_path_factory.mktemp("sweep")
+  cache = root / "jax_cache"
+  out = {"root": root}
+  out["full"] = root / "full"
+  out["full_log"] = _train(out["full"], cache).stdout
+  runs = _runs(out["full"])
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.sweep_singles", str(root / "alone"),
+       *map(str, runs)], cwd=REPO, env=_env(cache), capture_output=True,
+      text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out["alone"] = [root / "alone" / r.name for r in runs]
+
+  # kill -9 once the first checkpoint of a run exists, then resume.
+  killed = root / "killed"
+  proc = subprocess.Popen(
+      [sys.executable, "train.py", f"--workdir={killed}", *FLAGS], cwd=REPO,
+      env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  marker = killed / runs[0].name / "checkpoints" / "2"
+  deadline = time.time() + 600
+  while not marker.exists() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  out["kill_returncode"] = proc.returncode
+  out["killed"] = killed
+  out["resumed_log"] = _train(killed, cache).stdout
+
+  # Killed between the runs' saves of the last epoch: run 1 is a save behind.
+  behind = root / "behind"
+  shutil.copytree(out["full"], behind)
+  shutil.rmtree(behind / runs[1].name / "checkpoints" / "4")
+  for r in runs:
+    (behind / r.name / "final_eval.json").unlink()
+  out["behind"] = behind
+  out["behind_log"] = _train(behind, cache).stdout
+  return out
+
+
+def test_each_run_of_the_sweep_equals_the_run_alone(whole):
+  runs = _runs(whole["full"])
+  assert len(runs) == 2
+  assert "sweep: 2 runs in one program" in whole["full_log"]
+  finals, gaps = [], []
+  for run, alone in zip(runs, whole["alone"]):
+    # A few steps (the first epoch, projection included): equal to float32
+    # rounding (1e-7 measured).
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
+                 _restore(run, 2), _restore(alone, 2))
+    # The whole run: rounding differences (the noise of a swept
+    # coefficient is the jnp kernel's, not the fused one's) flip a few of
+    # PGD's sign steps, which moves the weights a little (2e-3 measured).
+    swept, single = _restore(run, 4), _restore(alone, 4)
+    gaps.append(_max_diff(swept, single))
+    finals.append(swept)
+    # Metrics: the single run's records, with the sweep's size added.
+    records = [[json.loads(l) for l in open(w / "metrics.jsonl")]
+               for w in (run, alone)]
+    assert [r["epoch"] for r in records[0]] == [1, 2]
+    assert set(records[1][0]) <= set(records[0][0])
+    assert records[0][0]["sweep_runs"] == 2
+    np.testing.assert_allclose([r["train_loss"] for r in records[0]],
+                               [r["train_loss"] for r in records[1]],
+                               rtol=1e-4)
+    assert (run / "tensorboard").is_dir()
+    # The final evaluation, as the single run's file.
+    results = [json.loads((w / "final_eval.json").read_text())
+               for w in (run, alone)]
+    assert set(results[0]) == set(results[1])
+    assert results[0]["step"] == results[1]["step"]
+    assert abs(results[0]["attacks"]["natural"]["accuracy"]
+               - results[1]["attacks"]["natural"]["accuracy"]) <= 100 / 32
+    assert results[0]["metadata"]["config"] == results[1]["metadata"][
+        "config"]
+  # Each run is far closer to itself alone than to the other run: the runs
+  # differ (their own seeds and hyperparameters), the sweep mixes nothing.
+  spread = _max_diff(*finals)
+  assert max(gaps) < 1e-2 < spread / 10
+
+
+def test_each_run_is_projected_with_its_own_hyperparameters(whole):
+  for run in _runs(whole["full"]):
+    config = run_config.config_for_eval(str(run), None, {}, False)
+    state = _restore(run, 4)
+    report = experiment.sparsity_report(state["params"], config)
+    norms = report.channel_norms()
+    threshold = np.sqrt(2 * config.sparsity.lamb1 / config.sparsity.beta)
+    # w was replaced by u: a channel group is 0 or above the run's threshold
+    assert np.all((norms == 0) | (norms > threshold * (1 - 1e-6)))
+    assert report.channel_sparsity > 0
+
+
+def test_a_run_of_the_sweep_is_a_single_run_for_eval(whole):
+  run = _runs(whole["full"])[1]
+  saved = json.loads((run / "config.json").read_text())
+  assert "sweep" not in saved
+  assert saved["seed"] == 1 and saved["training"]["data_seed"] == 0
+  assert saved["sparsity"]["lamb1"] == 0.6
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={run}",
+       "--config.eval.attacks=natural", "--config.eval.plots=false"],
+      cwd=REPO, env=_env(whole["root"] / "jax_cache"), capture_output=True,
+      text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  evaluated = json.loads((run / "eval_paper.json").read_text())
+  final = json.loads((run / "final_eval.json").read_text())
+  assert evaluated["attacks"]["natural"]["accuracy"] == final["attacks"][
+      "natural"]["accuracy"]
+
+
+def test_resume_after_kill_matches_uninterrupted_sweep(whole):
+  assert whole["kill_returncode"] == -signal.SIGKILL
+  for run in _runs(whole["full"]):
+    resumed = whole["killed"] / run.name
+    full, again = _restore(run, 4), _restore(resumed, 4)
+    jax.tree.map(np.testing.assert_array_equal, full, again)
+    assert (resumed / "final_eval.json").exists()
+
+
+def test_a_run_one_save_behind_is_caught_up(whole):
+  assert "resumed 2 runs from step 2" in whole["behind_log"]
+  runs = _runs(whole["full"])
+  for run in runs:
+    jax.tree.map(np.testing.assert_array_equal, _restore(run, 4),
+                 _restore(whole["behind"] / run.name, 4))
+    assert (whole["behind"] / run.name / "final_eval.json").exists()
+  # the run that was ahead keeps its step-4 checkpoint, and its best
+  checkpointer = ckpt_lib.Checkpointer(str(whole["behind"] / runs[0].name),
+                                       must_exist=True)
+  try:
+    assert checkpointer.all_steps() == [2, 4]
+  finally:
+    checkpointer.close()
