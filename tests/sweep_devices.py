@@ -1,9 +1,9 @@
-"""A sweep's steps on 4 devices (batch or runs sharded) and on 1; one run alone.
+"""A sweep's steps on 4 devices (batch or runs sharded), and one run alone.
 
 Run as a subprocess with ``--xla_force_host_platform_device_count=4`` (the
 device count is fixed when JAX starts). Prints one JSON line: the largest
 parameter differences between the sweeps and against the single run, and
-how the sharded states were placed.
+how the sharded states were placed. The run alone is on one device.
 """
 import json
 
@@ -73,19 +73,18 @@ def max_diff(a, b) -> float:
 
 def main():
   kernels.apply_xla_flags()
-  one, loss_one, _ = run_sweep(1, "batch")
-  batch4, loss_batch4, place_batch4 = run_sweep(4, "batch")
   runs4, loss_runs4, place_runs4 = run_sweep(4, "runs")
+  batch4, loss_batch4, place_batch4 = run_sweep(4, "batch")
   single, loss_single = run_single(3)
-  run3 = jax.tree.map(lambda x: x[3], one)
+  last = lambda tree: jax.tree.map(lambda x: x[3], tree)
   print(json.dumps({
       "devices": jax.device_count(),
-      "losses": {"one": loss_one, "batch4": loss_batch4,
-                 "runs4": loss_runs4, "single3": loss_single},
-      "diff_batch4": max_diff(batch4, one),
-      "diff_runs4": max_diff(runs4, one),
-      "diff_single3": max_diff(run3, single),
-      "spread": max_diff(jax.tree.map(lambda x: x[0], one), run3),
+      "losses": {"batch4": loss_batch4, "runs4": loss_runs4,
+                 "single3": loss_single},
+      "diff_runs4_single3": max_diff(last(runs4), single),
+      "diff_batch4_single3": max_diff(last(batch4), single),
+      "diff_batch4_runs4": max_diff(batch4, runs4),
+      "spread": max_diff(jax.tree.map(lambda x: x[0], runs4), last(runs4)),
       "placement": {"batch4": place_batch4, "runs4": place_runs4}}))
 
 

@@ -69,6 +69,18 @@ def test_bad_sweep_sections_fail_in_one_line(product, zipped, match):
   assert "\n" not in str(e.value)
 
 
+def test_groups_gather_runs_that_differ_only_in_sweepable_keys():
+  configs = [tiny.get_config(p) for p in ("rvsm", "rvsm", "rgsm", "rvsm",
+                                          "rvsm")]
+  configs[1].seed, configs[1].sparsity.lamb = 1, 1e-3
+  configs[3].model.width = 2
+  configs[4].training.learning_rate = 0.05
+  assert sweep.groups(configs) == [[0, 1, 4], [2], [3]]
+  assert sweep.groups(configs, max_size=2) == [[0, 1], [4], [2], [3]]
+  configs[4].training.weight_decay = 0.0   # 0 removes the decay term
+  assert sweep.groups(configs) == [[0, 1], [2], [3], [4]]
+
+
 def test_runs_differing_in_a_shape_fail_in_one_line():
   a, b = tiny.get_config(), tiny.get_config()
   b.model.width = 2
@@ -187,15 +199,17 @@ def test_runs_or_batch_sharded_over_four_devices_agree_with_one():
   assert place["batch4"]["shard_shape"][0] == 4
   # The runs really differ (seeds and hyperparameters) ...
   assert result["spread"] > 1e-2
-  # ... and each equals its computation on one device, or alone: a run per
-  # device is the one-device program; a split batch changes reductions'
-  # rounding, which PGD's sign and RVSM's threshold amplify a little.
-  assert result["diff_runs4"] < 1e-5
-  assert result["diff_batch4"] < 2e-3
-  assert result["diff_single3"] < 1e-4
+  # ... and each equals its computation alone on one device: a run per
+  # device is the one-device program (1e-8 measured); a split batch changes
+  # reductions' rounding, which PGD's sign steps and RVSM's threshold
+  # amplify a little (2e-4 measured, as for single runs in test_train).
+  assert result["diff_runs4_single3"] < 1e-5
+  assert result["diff_batch4_single3"] < 2e-3
+  assert result["diff_batch4_runs4"] < 2e-3
   losses = result["losses"]
-  np.testing.assert_allclose(losses["batch4"], losses["one"], rtol=1e-5)
-  np.testing.assert_allclose(losses["one"][3], losses["single3"], rtol=1e-5)
+  np.testing.assert_allclose(losses["batch4"], losses["runs4"], rtol=1e-5)
+  np.testing.assert_allclose(losses["runs4"][3], losses["single3"],
+                             rtol=1e-6)
 
 
 # --------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from fkjax.sweep.program import Sweep
 from fkjax.sweep.spec import check_configs
 from fkjax.sweep.spec import DATA_ORDERS
 from fkjax.sweep.spec import expand
+from fkjax.sweep.spec import groups
 from fkjax.sweep.spec import SHARD_MODES
 from fkjax.sweep.spec import SWEEPABLE_KEYS
 from fkjax.sweep.spec import with_data_seed
@@ -33,6 +34,7 @@ __all__ = [
     "Sweep",
     "check_configs",
     "expand",
+    "groups",
     "resume_step",
     "train_from_config",
     "train_sweep",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import copy
 import itertools
+import json
 import math
 from typing import Any, Mapping, Sequence
 
@@ -124,6 +125,31 @@ def check_configs(configs: Sequence[ml_collections.ConfigDict],
           "values separately")
     varying.append(key)
   return tuple(varying)
+
+
+def groups(configs: Sequence[ml_collections.ConfigDict],
+           max_size: int | None = None) -> list[list[int]]:
+  """Indices of ``configs`` grouped into sweeps, in first-seen order.
+
+  Configs land in one group when they differ only in
+  :data:`SWEEPABLE_KEYS` (and agree on which :data:`NONZERO_KEYS` are 0);
+  ``max_size`` splits larger groups (memory). A reproduction runner trains
+  each group with :func:`fkjax.sweep.train_sweep`.
+  """
+  if max_size is not None and max_size < 1:
+    raise ValueError(f"max_size must be >= 1, got {max_size}")
+  by_key: dict[str, list[int]] = {}
+  for i, config in enumerate(configs):
+    flat = _flat(config)
+    key = {k: v for k, v in flat.items() if k not in SWEEPABLE_KEYS}
+    key.update({f"{k} != 0": bool(flat.get(k)) for k in NONZERO_KEYS})
+    by_key.setdefault(json.dumps(key, sort_keys=True, default=str),
+                      []).append(i)
+  out = []
+  for members in by_key.values():
+    size = max_size or len(members)
+    out += [members[i:i + size] for i in range(0, len(members), size)]
+  return out
 
 
 def with_data_seed(configs: Sequence[ml_collections.ConfigDict],
