@@ -20,7 +20,12 @@ CIFAR-shaped data: speed does not depend on pixel values) and times
   another take N times its time, and compile N programs (their
   hyperparameters are constants of their programs).
 
-Reported: median step times, aggregate images/s (N x batch / step time)
+The two alternate (``bench_train.interleaved``), so that outside load hits
+both alike; medians over ``--repeats`` after ``--warmup``.
+
+Reported: median step times (wall, and the process's CPU time, which
+outside load on a shared machine disturbs less), aggregate images/s (N x
+batch / step time)
 against the single run's (batch / step time), the speed-up, compile times
 (the sweep's one program; the sequential runs' N), the % of the float32
 matmul peak (``bench_train.measure_peak``: numpy's on a CPU, ``jnp.dot`` at
@@ -77,8 +82,8 @@ def _block(tree: Any) -> Any:
   return jax.block_until_ready(tree)
 
 
-def time_sweep(configs, repeats: int, warmup: int) -> dict[str, Any]:
-  """Compile and step times of the sweep of ``configs``."""
+def prepare_sweep(configs) -> tuple[dict[str, Any], Any]:
+  """Compile times of the sweep of ``configs``, and a runner of one step."""
   sweep = sweep_lib.Sweep.build(configs)
   batch = next(iter(_batches(sweep.exps[0], configs[0])))
   state = sweep.initial_state()
@@ -97,15 +102,12 @@ def time_sweep(configs, repeats: int, warmup: int) -> dict[str, Any]:
                     holder["step"], values)
     holder["state"] = _block(s)
     holder["step"] += 1
-  for _ in range(warmup):
-    step()
-  seconds = [bench_train._seconds(step) for _ in range(repeats)]  # pylint: disable=protected-access
-  return {"lower_s": lower_s, "compile_s": compile_s, "seconds": seconds,
-          "memory_mb": _memory_mb(compiled)}
+  return {"lower_s": lower_s, "compile_s": compile_s,
+          "memory_mb": _memory_mb(compiled)}, step
 
 
-def time_single(config, repeats: int, warmup: int) -> dict[str, Any]:
-  """Compile and step times of one run alone, as train.py jits it."""
+def prepare_single(config) -> tuple[dict[str, Any], Any]:
+  """Compile time of one run alone, as train.py jits it, and a runner."""
   exp = experiment.Experiment.build(config)
   batch = next(iter(_batches(exp, config)))
   state = exp.initial_state()
@@ -122,11 +124,16 @@ def time_single(config, repeats: int, warmup: int) -> dict[str, Any]:
     s, _ = compiled(holder["state"], parallel.shard_batch(batch, exp.mesh),
                     key)
     holder["state"] = _block(s)
-  for _ in range(warmup):
+  return {"compile_s": compile_s, "memory_mb": _memory_mb(compiled)}, step
+
+
+def _cpu_timed(step, into: list[float]):
+  """``step``, appending each call's process CPU seconds to ``into``."""
+  def timed():
+    start = time.process_time()
     step()
-  seconds = [bench_train._seconds(step) for _ in range(repeats)]  # pylint: disable=protected-access
-  return {"compile_s": compile_s, "seconds": seconds,
-          "memory_mb": _memory_mb(compiled)}
+    into.append(time.process_time() - start)
+  return timed
 
 
 def _batches(exp, config):
@@ -150,14 +157,24 @@ def bench_model(model: str, runs: list[int], args, peak: float
   members = first.model.ensemble_size
   macs = bench_train.forward_macs(first.model.depth)
   fwd = bench_train.forward_equivalents("pgd", args.steps, 0)
-  single = time_single(first, args.repeats, args.warmup)
-  single_s = statistics.median(single["seconds"])
-  single_rate = args.batch / single_s
+  single, single_step = prepare_single(first)
   rows = []
   for n in runs:
     load_before = bench_train.load_average()
-    swept = time_sweep(run_configs(model, n, args.batch, args.steps),
-                       args.repeats, args.warmup)
+    swept, sweep_step = prepare_sweep(run_configs(model, n, args.batch,
+                                                  args.steps))
+    # Alternating, so that outside load hits both alike.
+    cpu = {"single": [], "sweep": []}
+    times = bench_train.interleaved(
+        {"single": _cpu_timed(single_step, cpu["single"]),
+         "sweep": _cpu_timed(sweep_step, cpu["sweep"])}, args.repeats,
+        args.warmup)
+    swept["seconds"], single["seconds"] = times["sweep"], times["single"]
+    # the timed calls' process CPU seconds (the warm-up calls' come first)
+    sweep_cpu = statistics.median(cpu["sweep"][args.warmup:])
+    single_cpu = statistics.median(cpu["single"][args.warmup:])
+    single_s = statistics.median(single["seconds"])
+    single_rate = args.batch / single_s
     sweep_s = statistics.median(swept["seconds"])
     rate = n * args.batch / sweep_s
     steps_total = args.epochs * args.steps_per_epoch
@@ -179,6 +196,8 @@ def bench_model(model: str, runs: list[int], args, peak: float
         "sequential_compile_s": n * single["compile_s"],
         "speedup": rate / single_rate,
         "per_run_ratio": (sweep_s / n) / single_s,
+        "sweep_cpu_ms": 1e3 * sweep_cpu, "single_cpu_ms": 1e3 * single_cpu,
+        "per_run_cpu_ratio": (sweep_cpu / n) / single_cpu,
         "projected_sweep_hours": steps_total * sweep_s / 3600,
         "projected_sequential_hours": n * steps_total * single_s / 3600,
         "load_before": load_before, "load_after": bench_train.load_average(),
@@ -195,8 +214,8 @@ def format_markdown(rows: list[dict[str, Any]], peak_label: str) -> str:
   lines = [
       f"% peak: of the float32 matmul peak ({peak_label})", "",
       "| model | N | sweep ms/step | aggregate img/s | one run img/s | "
-      "speed-up | sweep step / N vs one run's | sweep compile s | "
-      "N sequential compiles s | % peak (sweep / one) | projected h "
+      "speed-up | sweep step / N vs one run's: wall (CPU) | sweep compile s "
+      "| N sequential compiles s | % peak (sweep / one) | projected h "
       "(sweep / sequential) | load |",
       "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
@@ -204,7 +223,8 @@ def format_markdown(rows: list[dict[str, Any]], peak_label: str) -> str:
         f"| {r['model']} | {r['runs']} | {r['sweep_ms']:.0f} "
         f"(min {r['sweep_min_ms']:.0f}) | {r['sweep_images_per_s']:.1f} | "
         f"{r['single_images_per_s']:.1f} | {r['speedup']:.2f}x | "
-        f"{r['per_run_ratio']:.2f} | {r['sweep_compile_s']:.1f} | "
+        f"{r['per_run_ratio']:.2f} ({r['per_run_cpu_ratio']:.2f}) | "
+        f"{r['sweep_compile_s']:.1f} | "
         f"{r['sequential_compile_s']:.1f} | "
         f"{r['sweep_peak_percent']:.1f} / {r['single_peak_percent']:.1f} | "
         f"{r['projected_sweep_hours']:.2f} / "

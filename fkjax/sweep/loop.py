@@ -84,7 +84,7 @@ def train_sweep(configs: Sequence[ml_collections.ConfigDict],
                                 data_order)
   names = list(names) if names is not None else [
       os.path.basename(os.path.normpath(w)) for w in workdirs]
-  spec.check_configs(configs, names)
+  spec.check_configs(configs, names)   # before any workdir is touched
   locks = []
   try:
     for w in workdirs:
@@ -217,9 +217,8 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
   say(f"data: {exp.dataset.description}")
   say(f"devices: {exp.mesh.size} x {jax.devices()[0].platform}")
   say(f"model: {experiment_lib.describe_model(config, exp.abstract_state())}")
-  varying = spec.check_configs(configs, names)
   say(f"sweep: {sweep.size} runs in one program, varying "
-      f"{', '.join(varying) or 'nothing'}; shard {shard}; "
+      f"{', '.join(sweep.varying) or 'nothing'}; shard {shard}; "
       + ("one batch stream" if sweep.shared_batch
          else "a batch stream per run"))
 

@@ -44,8 +44,9 @@ class Sweep:
     names: the runs' names, for messages.
     exps: one :class:`fkjax.experiment.Experiment` per run, sharing the data
       and the mesh.
-    traced_keys: the keys whose values differ between the runs; they enter
-      the program as arrays.
+    varying: the keys whose values differ between the runs.
+    traced_keys: those of them that enter the program as arrays (all but
+      the seeds, which make the runs' keys and batches on the host).
     values: ``{key: float32 [N]}`` for ``traced_keys``.
     shard: ``"batch"`` (the runs replicated, each batch split over the
       mesh) or ``"runs"`` (the run axis split over the mesh).
@@ -54,6 +55,7 @@ class Sweep:
   configs: list[ml_collections.ConfigDict]
   names: list[str]
   exps: list[experiment_lib.Experiment]
+  varying: tuple[str, ...]
   traced_keys: tuple[str, ...]
   values: dict[str, np.ndarray]
   shard: str
@@ -99,7 +101,7 @@ class Sweep:
     values = {k: np.asarray([float(spec.get(c, k)) for c in configs],
                             np.float32) for k in traced}
     shared = len({spec.effective_data_seed(c) for c in configs}) == 1
-    return cls(configs, names, exps, traced, values, shard, shared)
+    return cls(configs, names, exps, varying, traced, values, shard, shared)
 
   # ---------------------------------------------------------------- basics
 
