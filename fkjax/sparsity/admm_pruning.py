@@ -58,6 +58,7 @@ class ADMMSpec:
     # A spec built by hand fails here, not inside a traced update.
     operators.check_structure(self.structure)
     operators.check_group(self.group)
+    operators.check_variant(self.variant)
 
   @property
   def need_layout(self) -> bool:
