@@ -77,6 +77,8 @@ def test_groups_gather_runs_that_differ_only_in_sweepable_keys():
   configs[4].training.learning_rate = 0.05
   assert sweep.groups(configs) == [[0, 1, 4], [2], [3]]
   assert sweep.groups(configs, max_size=2) == [[0, 1], [4], [2], [3]]
+  more = [tiny.get_config() for _ in range(7)]
+  assert sweep.groups(more, max_size=3) == [[0, 1, 2], [3, 4], [5, 6]]
   configs[4].training.weight_decay = 0.0   # 0 removes the decay term
   assert sweep.groups(configs) == [[0, 1], [2], [3], [4]]
 
@@ -395,3 +397,52 @@ def test_a_run_one_save_behind_is_caught_up(whole):
     assert checkpointer.all_steps() == [2, 4]
   finally:
     checkpointer.close()
+
+
+# --------------------------------------------------------------------------
+# The reproduction runner's --sweep.
+
+
+def test_runner_groups_a_figures_lambdas_and_seeds():
+  from fkjax.reproduce import runner, scales, tables  # pylint: disable=C0415
+  runs = runner.plan(tables.TABLES["fig45"], scales.SCALES["tiny"], seeds=2,
+                     root="/nonexistent")
+  groups = [[r.key for r in g] for g in runner.sweep_groups(runs)]
+  # one sweep per network: its lambda1 values x seeds (rows that Tables 2
+  # and 3 own are trained in their workdirs, in the same sweep)
+  assert [len(g) for g in groups] == [8, 8]
+  assert all("en2resnet20" in k for k in groups[0])
+  assert "table2/en2resnet20_rgsm_l0.05_seed1" in groups[0]
+  assert all("resnet38" in k for k in groups[1])
+  assert [len(g) for g in runner.sweep_groups(runs, max_runs=3)] == [
+      3, 3, 2, 3, 3, 2]
+
+
+def test_runner_trains_rows_as_one_sweep(tmp_path):
+  from fkjax.reproduce import runner  # pylint: disable=C0415
+  rows = "en2resnet20_rgsm_l0.02,en2resnet20_rgsm_l0.2"
+  env = _env(tmp_path / "cache")
+  env["PYTHONPATH"] = str(REPO)
+  proc = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", "fig45", "--scale=tiny",
+       f"--rows={rows}", "--seeds=1", "--sweep", f"--root={tmp_path / 'w'}",
+       f"--results={tmp_path / 'results'}"], cwd=REPO, env=env,
+      capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert "sweep of 2 runs as one program" in proc.stdout
+  for lamb1 in ("0.02", "0.2"):
+    workdir = tmp_path / "w" / "tiny" / "fig45" / f"en2resnet20_rgsm_l{lamb1}_seed0"
+    record = json.loads((workdir / runner.RUN_RECORD).read_text())
+    assert record["done"] and record["train_sweep_runs"] == 2
+    assert record["stage_attempts"]["train"] == 1
+    assert 0 <= record["metrics"]["A1"] <= 100
+    assert record["metrics"]["channel_sparsity"] >= 0
+    # the run's record is its single run's config: eval.py reads it
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["sparsity"]["lamb1"] == float(lamb1)
+    assert saved["training"]["data_seed"] is None
+  table = json.loads((tmp_path / "results" / "tiny" / "fig45.json")
+                     .read_text())
+  done = [r["name"] for r in table["rows"]
+          if r["runs"] and r["runs"][0]["status"] == "done"]
+  assert done == rows.split(",")

@@ -12,6 +12,8 @@ one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 run). Rerunning the same command skips finished runs and resumes a killed
 one from its last checkpoint. ``--dry-run`` prints each run's status, exact
 ``train.py`` / ``eval.py`` commands and estimated time, and runs nothing.
+``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
+row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).
 """
 from __future__ import annotations
 
@@ -48,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
                  help="workdirs go to <root>/<scale>/<table>/<row>_seed<k>")
   p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS,
                  help="tables go to <results>/<scale>/<table>.{json,md}")
+  p.add_argument("--sweep", action="store_true",
+                 help="train the runs that differ only in seeds or "
+                      "hyperparameters (fkjax.sweep.SWEEPABLE_KEYS) as one "
+                      "program each (docs/sweeps.md)")
+  p.add_argument("--sweep-max-runs", "--sweep_max_runs", type=int,
+                 default=None, help="at most this many runs a sweep")
   p.add_argument("--data_dir", "--data-dir", default=None,
                  help="config.dataset.data_dir (default: $FKJAX_DATA_DIR, "
                       "else ~/.cache/fkjax/data)")
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
   if args.dry_run:
-    return _dry_run(plans)
+    return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs)
 
   failed = 0
   if not args.report_only:
@@ -131,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
       todo = [r for r in runs if runner_lib.status_of(r) != "done"]
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
                      f"{len(runs) - len(todo)} done, {len(todo)} to run")
+      if args.sweep and todo:
+        runner_lib.train_in_sweeps(todo, max_runs=args.sweep_max_runs)
       for i, run in enumerate(todo, 1):
         runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
                        f"{run.seed} ({runner_lib.status_of(run)})")
@@ -160,11 +170,17 @@ def main(argv: list[str] | None = None) -> int:
   return 0
 
 
-def _dry_run(plans: dict[str, list[runner_lib.Run]]) -> int:
+def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
+             max_runs: int | None = None) -> int:
   total = 0.0
   seen = set()
   for name, runs in plans.items():
     print(f"# {name}: {tables_lib.TABLES[name].title}")
+    if sweep:
+      for group in runner_lib.sweep_groups(runs, max_runs):
+        if len(group) > 1:
+          print(f"- sweep of {len(group)} runs as one program: "
+                + ", ".join(r.key for r in group))
     table_total = 0.0
     for run in runs:
       status = runner_lib.status_of(run)

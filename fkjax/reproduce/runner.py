@@ -361,6 +361,113 @@ def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
   return record
 
 
+# --------------------------------------------------------------------------
+# Sweeps (--sweep): runs that differ only in seeds or hyperparameters train
+# as one program (fkjax.sweep), then each goes through its other stages.
+
+
+def _train_pending(run: Run) -> bool:
+  progress = Progress(run.workdir)
+  return not (progress.done("train", fingerprints(run)["train"])
+              and _train_done(run))
+
+
+def sweep_groups(runs: Iterable[Run], max_runs: int | None = None
+                 ) -> list[list[Run]]:
+  """The runs whose training is not done, grouped into sweeps: runs that
+  differ only in :data:`fkjax.sweep.SWEEPABLE_KEYS` (a row's seeds; rows
+  differing in lambda1, beta, ...), at most ``max_runs`` a group. A group
+  of one trains alone."""
+  from fkjax import sweep as sweep_lib  # pylint: disable=C0415
+  seen, pending = set(), []
+  for run in runs:
+    if run.workdir not in seen and _train_pending(run):
+      pending.append(run)
+    seen.add(run.workdir)
+  return [[pending[i] for i in members] for members in
+          sweep_lib.groups([r.config for r in pending], max_runs)]
+
+
+def _timed_together(progresses: list[Progress], name: str,
+                    fingerprints_: list[str], fn: Callable[[], Any]) -> Any:
+  """:meth:`Progress.timed` for one stage several runs share: each run is
+  charged its share of the wall time (kept across kills, as there)."""
+  stages = [p.stage(name) for p in progresses]
+  for s, fp in zip(stages, fingerprints_):
+    s["attempts"] += 1
+    s["done"] = False
+    s["fingerprint"] = fp
+    s["sweep_runs"] = len(progresses)
+  bases = [s["seconds"] for s in stages]
+  start = time.monotonic()
+  stop = threading.Event()
+
+  def update():
+    share = (time.monotonic() - start) / len(progresses)
+    for p, s, base in zip(progresses, stages, bases):
+      s["seconds"] = base + share
+      p._save()   # pylint: disable=protected-access
+
+  def beat():
+    while not stop.wait(HEARTBEAT_SECONDS):
+      update()
+  thread = threading.Thread(target=beat, daemon=True)
+  update()
+  thread.start()
+  try:
+    result = fn()
+  finally:
+    stop.set()
+    thread.join()
+    update()
+  for p, s in zip(progresses, stages):
+    s["done"] = True
+    p._save()   # pylint: disable=protected-access
+  return result
+
+
+def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
+                    show_progress: bool = True) -> list[str]:
+  """Trains the runs of every group of :func:`sweep_groups` with two or more
+  runs as one ``fkjax.sweep.train_sweep`` program; returns their keys.
+
+  Each run's workdir ends up as its own training leaves it (``data_order=
+  "per_run"``: every run sees its own seed's batches, so its config and
+  numbers are the single run's, to float rounding) and its train stage is
+  marked done, with its share of the sweep's wall time; :func:`execute`
+  then runs its other stages. A group that fails leaves its runs to train
+  one at a time.
+  """
+  from fkjax import experiment  # pylint: disable=C0415
+  from fkjax import sweep as sweep_lib  # pylint: disable=C0415
+  trained = []
+  for group in sweep_groups(runs, max_runs):
+    if len(group) < 2:
+      continue
+    keys = [r.key for r in group]
+    log(f"sweep of {len(group)} runs as one program: {', '.join(keys)}")
+    configs = [_with(r.config, {"progress": show_progress}) for r in group]
+    try:
+      for run in group:
+        check_workdir(run)
+        os.makedirs(run.workdir, exist_ok=True)
+      experiment.enable_compilation_cache(configs[0])
+      progresses = [Progress(r.workdir) for r in group]
+      for p in progresses:
+        p.data.pop("error", None)
+      _timed_together(
+          progresses, "train", [fingerprints(r)["train"] for r in group],
+          lambda: sweep_lib.train_sweep(
+              configs, [r.workdir for r in group], names=keys,
+              data_order="per_run"))
+    except Exception as e:  # pylint: disable=broad-except
+      log(f"the sweep of {', '.join(keys)} failed ({type(e).__name__}: "
+          f"{e}); its runs train one at a time")
+      continue
+    trained += keys
+  return trained
+
+
 def metrics_of(workdir: str, eval_result: str,
                extra: Iterable[ExtraEvalRun] = ()) -> dict[str, float]:
   """The metric columns of a finished run (see ``tables.METRICS``)."""
@@ -411,6 +518,8 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
       "commands": commands_of(run),
       "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
       "stage_attempts": {k: v["attempts"] for k, v in stages.items()},
+      # runs its training stage shared (fkjax.sweep, --sweep); 1: alone
+      "train_sweep_runs": stages.get("train", {}).get("sweep_runs", 1),
       "wall_seconds": sum(v["seconds"] for v in stages.values()),
       "metrics": metrics_of(run.workdir, run.eval_result, run.extra_evals),
       "test_images": main.get("num_examples"),

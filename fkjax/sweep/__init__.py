@@ -12,12 +12,12 @@ checkpoint, metrics, final evaluation and workdir::
 
 or ``python train.py --config=configs/sweep.py:rgsm --workdir=W`` with a
 ``config.sweep`` section (``configs/sweep.py``). See ``docs/sweeps.md``.
+
+What needs no JAX (the sweepable keys, ``config.sweep``, :func:`groups`) is
+imported at once; the programs and the loop when first used.
 """
-from fkjax.sweep.loop import resume_step
-from fkjax.sweep.loop import SWEEP_FILE
-from fkjax.sweep.loop import train_from_config
-from fkjax.sweep.loop import train_sweep
-from fkjax.sweep.program import Sweep
+import importlib
+
 from fkjax.sweep.spec import check_configs
 from fkjax.sweep.spec import DATA_ORDERS
 from fkjax.sweep.spec import expand
@@ -25,6 +25,10 @@ from fkjax.sweep.spec import groups
 from fkjax.sweep.spec import SHARD_MODES
 from fkjax.sweep.spec import SWEEPABLE_KEYS
 from fkjax.sweep.spec import with_data_seed
+
+# name -> submodule, imported on first use (they import JAX).
+_LAZY = {"Sweep": "program", "resume_step": "loop", "SWEEP_FILE": "loop",
+         "train_from_config": "loop", "train_sweep": "loop"}
 
 __all__ = [
     "DATA_ORDERS",
@@ -40,3 +44,10 @@ __all__ = [
     "train_sweep",
     "with_data_seed",
 ]
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    return getattr(importlib.import_module(f"fkjax.sweep.{_LAZY[name]}"),
+                   name)
+  raise AttributeError(f"module 'fkjax.sweep' has no attribute {name!r}")

@@ -133,7 +133,8 @@ def groups(configs: Sequence[ml_collections.ConfigDict],
 
   Configs land in one group when they differ only in
   :data:`SWEEPABLE_KEYS` (and agree on which :data:`NONZERO_KEYS` are 0);
-  ``max_size`` splits larger groups (memory). A reproduction runner trains
+  ``max_size`` splits larger groups (memory) into the fewest groups of
+  sizes as equal as possible. A reproduction runner trains
   each group with :func:`fkjax.sweep.train_sweep`.
   """
   if max_size is not None and max_size < 1:
@@ -147,8 +148,14 @@ def groups(configs: Sequence[ml_collections.ConfigDict],
                       []).append(i)
   out = []
   for members in by_key.values():
-    size = max_size or len(members)
-    out += [members[i:i + size] for i in range(0, len(members), size)]
+    # the fewest groups of at most max_size, of sizes as equal as possible
+    parts = -(-len(members) // max_size) if max_size else 1
+    size, extra = divmod(len(members), parts)
+    start = 0
+    for part in range(parts):
+      end = start + size + (part < extra)
+      out.append(members[start:end])
+      start = end
   return out
 
 
