@@ -155,13 +155,19 @@ def create_optimizer(config: ml_collections.ConfigDict,
 
 def init_state(model, optimizer: optax.GradientTransformation,
                params_key: jax.Array, noise_key: jax.Array | None = None,
-               image_shape=(32, 32, 3)) -> dict[str, PyTree]:
-  """The training state: a plain dict, which orbax saves as is."""
+               image_shape=(32, 32, 3),
+               model_init: Callable | None = None) -> dict[str, PyTree]:
+  """The training state: a plain dict, which orbax saves as is.
+
+  ``model_init``: a jitted ``functools.partial(model.init, train=False)`` to
+  reuse (a sweep initialises its runs with one compiled program).
+  """
   if noise_key is None:
     params_key, noise_key = jax.random.split(params_key)
-  variables = jax.jit(functools.partial(model.init, train=False))(
-      {"params": params_key, "noise": noise_key},
-      jnp.zeros((1, *image_shape), jnp.float32))
+  if model_init is None:
+    model_init = jax.jit(functools.partial(model.init, train=False))
+  variables = model_init({"params": params_key, "noise": noise_key},
+                         jnp.zeros((1, *image_shape), jnp.float32))
   params = variables["params"]
   return {"step": jnp.zeros((), jnp.int32), "params": params,
           "batch_stats": variables.get("batch_stats", {}),

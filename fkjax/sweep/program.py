@@ -199,28 +199,23 @@ class Sweep:
 
   # ------------------------------------------------------- the programs
 
-  @functools.cached_property
-  def init(self):
-    """``init(params_keys, noise_keys, values) -> state``, jitted."""
-    image_shape = self.exps[0].dataset.train.images.shape[1:]
-
-    def one(params_key, noise_key, values):
-      config = self.run_config(values)
-      optimizer = experiment_lib.create_optimizer(config,
-                                                  self.steps_per_epoch)
-      return experiment_lib.init_state(self.run_model(config, values),
-                                       optimizer, params_key, noise_key,
-                                       image_shape)
-
-    def init(params_keys, noise_keys, values):
-      state = jax.vmap(one)(params_keys, noise_keys, values)
-      return jax.lax.with_sharding_constraint(state, self.run_sharding())
-    return jax.jit(init)
-
   def initial_state(self) -> PyTree:
-    """Every run's initial state, as its single run draws it."""
-    return self.init(self.keys("init_params"), self.keys("init_noise"),
-                     self.placed_values())
+    """Every run's initial state: its single run's, bit for bit.
+
+    One compiled ``model.init`` draws every run's parameters from its own
+    keys (the parameters do not depend on the swept values); each run's
+    optimizer state is its own optimizer's ``init``.
+    """
+    first = self.exps[0]
+    model_init = jax.jit(functools.partial(first.model.init, train=False))
+    image_shape = first.dataset.train.images.shape[1:]
+    return self.stack([
+        experiment_lib.init_state(
+            exp.model, exp.optimizer,
+            experiment_lib.prng_key(config.seed, "init_params"),
+            experiment_lib.prng_key(config.seed, "init_noise"), image_shape,
+            model_init=model_init)
+        for exp, config in zip(self.exps, self.configs)])
 
   @functools.cached_property
   def train_step(self):
