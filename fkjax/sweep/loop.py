@@ -203,6 +203,27 @@ class _Runs:
       c.close()
 
 
+def _validation_accuracy(sweep: program.Sweep, evaluated: Any, split,
+                         val_keys: jax.Array, epoch: int, values: Any
+                         ) -> np.ndarray:
+  """``[runs, attacks]`` accuracies (%) of ``evaluate.Evaluator`` on the
+  validation split, every run under its own keys and attack settings."""
+  names = sweep.validation_names()
+  correct = np.zeros((sweep.size, len(names)), np.int64)
+  num_examples = 0
+  for batch_index, batch in enumerate(data_lib.eval_batches(
+      split, sweep.template.validation.batch_size)):
+    batch = evaluate.real_rows(batch)   # padding rows never reach a model
+    if batch is None:
+      continue
+    num_examples += len(batch["label"])
+    placed = sweep.place_eval_batch(batch)
+    correct += np.asarray(jax.device_get(sweep.validation_counts(
+        evaluated, placed["image"], placed["label"], val_keys, epoch,
+        batch_index, values)))
+  return 100.0 * correct / max(num_examples, 1)
+
+
 def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
   for c, w in zip(configs, workdirs):
     if ckpt_lib.has_checkpoints(w):
@@ -312,28 +333,17 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
     train_seconds = time.perf_counter() - epoch_start
     step_now = int(jax.device_get(state["step"])[0])
 
-    check_batch = data_lib.eval_batches(val_split,
-                                        config.validation.batch_size)
-    check_batch = sweep.place_eval_batch(
-        evaluate.real_rows(next(check_batch)))
+    # The loss of a step is taken before its update: check the weights
+    # about to be saved, as a single run does.
+    check_batch = sweep.place_eval_batch(evaluate.real_rows(next(
+        data_lib.eval_batches(val_split, config.validation.batch_size))))
     runs.check_loss(jax.device_get(sweep.loss_check(
         evaluated, check_batch["image"], check_batch["label"], val_keys,
         values)), max_loss, f"of the weights after epoch {epoch + 1}")
     val_start = time.perf_counter()
-    correct = np.zeros((sweep.size, len(val_names)), np.int64)
-    num_examples = 0
-    for batch_index, batch in enumerate(data_lib.eval_batches(
-        val_split, config.validation.batch_size)):
-      batch = evaluate.real_rows(batch)
-      if batch is None:
-        continue
-      num_examples += len(batch["label"])
-      placed = sweep.place_eval_batch(batch)
-      correct += np.asarray(jax.device_get(sweep.validation_counts(
-          evaluated, placed["image"], placed["label"], val_keys, epoch,
-          batch_index, values)))
+    accuracy = _validation_accuracy(sweep, evaluated, val_split, val_keys,
+                                    epoch, values)
     val_seconds = time.perf_counter() - val_start
-    accuracy = 100.0 * correct / max(num_examples, 1)
     select = ("natural" if config.validation.select_by == "natural"
               else f"pgd{config.validation.attack_steps}")
     n_steps = max(1, state_step - skip)
