@@ -44,7 +44,6 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from benchmarks import bench_train
 from configs import default as default_config

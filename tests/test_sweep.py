@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
@@ -28,7 +27,7 @@ from fkjax import experiment
 from fkjax import run_config
 from fkjax import sparsity
 from fkjax import sweep
-from fkjax.sweep import spec
+from tests import sweep_devices
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -201,17 +200,17 @@ def test_runs_or_batch_sharded_over_four_devices_agree_with_one():
   assert place["batch4"]["shard_shape"][0] == 4
   # The runs really differ (seeds and hyperparameters) ...
   assert result["spread"] > 1e-2
-  # ... and each equals its computation alone on one device: a run per
-  # device is the one-device program (1e-8 measured); a split batch changes
-  # reductions' rounding, which PGD's sign steps and RVSM's threshold
-  # amplify a little (2e-4 measured, as for single runs in test_train).
-  assert result["diff_runs4_single3"] < 1e-5
-  assert result["diff_batch4_single3"] < 2e-3
-  assert result["diff_batch4_runs4"] < 2e-3
+  # ... and each equals its computation alone on one device, to rounding
+  # (see sweep_devices.py) up to weights that RVSM's hard threshold keeps in
+  # one and zeroes in the other (none measured with oneDNN's convolutions;
+  # XLA's gave one).
+  for key in ("runs4_vs_single3", "batch4_vs_single3", "batch4_vs_runs4"):
+    assert result[key]["unexplained"] == 0, (key, result[key])
+    assert result[key]["flip_share"] < 1e-3, (key, result[key])
   losses = result["losses"]
-  np.testing.assert_allclose(losses["batch4"], losses["runs4"], rtol=1e-5)
+  np.testing.assert_allclose(losses["batch4"], losses["runs4"], rtol=1e-4)
   np.testing.assert_allclose(losses["runs4"][3], losses["single3"],
-                             rtol=1e-6)
+                             rtol=1e-5)
 
 
 # --------------------------------------------------------------------------
@@ -227,7 +226,7 @@ FLAGS = [
     f"--config.sweep.zip={ZIP}", "--config.num_devices=1",
     "--config.dataset.synthetic_sizes=(64,32)",
     "--config.training.num_epochs=2", "--config.attack.num_steps=1",
-    "--config.validation.attack_steps=1", "--config.validation.batch_size=32",
+    "--config.validation.attack_steps=0", "--config.validation.batch_size=32",
     "--config.eval.batch_size=32", "--config.eval.final_attacks=natural",
 ]
 
@@ -255,11 +254,6 @@ def _restore(workdir, step):
                                                step=step)[1])
   finally:
     checkpointer.close()
-
-
-def _max_diff(a, b) -> float:
-  return max(float(np.max(np.abs(np.asarray(x, np.float64) - y)))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.fixture(scope="module")
@@ -307,18 +301,20 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
   runs = _runs(whole["full"])
   assert len(runs) == 2
   assert "sweep: 2 runs in one program" in whole["full_log"]
-  finals, gaps = [], []
+  finals = []
   for run, alone in zip(runs, whole["alone"]):
     # A few steps (the first epoch, projection included): equal to float32
-    # rounding (1e-7 measured).
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5),
-                 _restore(run, 2), _restore(alone, 2))
-    # The whole run: rounding differences (the noise of a swept
-    # coefficient is the jnp kernel's, not the fused one's) flip a few of
-    # PGD's sign steps, which moves the weights a little (2e-3 measured).
-    swept, single = _restore(run, 4), _restore(alone, 4)
-    gaps.append(_max_diff(swept, single))
-    finals.append(swept)
+    # rounding (1e-7 measured). The whole run: rounding differences (a
+    # swept noise coefficient runs the jnp noise, not the fused kernel)
+    # flip a few of PGD's sign steps, which moves the weights a little
+    # (2e-3 measured). Both up to channels RGSM's threshold keeps in one
+    # and zeroes in the other (none measured).
+    for step, atol in ((2, 1e-5), (4, 1e-2)):
+      diff = sweep_devices.compare(_restore(run, step), _restore(alone, step),
+                                   atol)
+      assert diff["unexplained"] == 0 and diff["flip_share"] < 0.02, (
+          run.name, step, diff)
+    finals.append(_restore(run, 4))
     # Metrics: the single run's records, with the sweep's size added.
     records = [[json.loads(l) for l in open(w / "metrics.jsonl")]
                for w in (run, alone)]
@@ -327,7 +323,7 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
     assert records[0][0]["sweep_runs"] == 2
     np.testing.assert_allclose([r["train_loss"] for r in records[0]],
                                [r["train_loss"] for r in records[1]],
-                               rtol=1e-4)
+                               rtol=1e-3)
     assert (run / "tensorboard").is_dir()
     # The final evaluation, as the single run's file.
     results = [json.loads((w / "final_eval.json").read_text())
@@ -338,10 +334,8 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
                - results[1]["attacks"]["natural"]["accuracy"]) <= 100 / 32
     assert results[0]["metadata"]["config"] == results[1]["metadata"][
         "config"]
-  # Each run is far closer to itself alone than to the other run: the runs
-  # differ (their own seeds and hyperparameters), the sweep mixes nothing.
-  spread = _max_diff(*finals)
-  assert max(gaps) < 1e-2 < spread / 10
+  # The runs differ (their own seeds and hyperparameters) by far more.
+  assert sweep_devices.compare(*finals, 1e-2)["unexplained"] > 1000
 
 
 def test_each_run_is_projected_with_its_own_hyperparameters(whole):
@@ -419,30 +413,26 @@ def test_runner_groups_a_figures_lambdas_and_seeds():
 
 
 def test_runner_trains_rows_as_one_sweep(tmp_path):
-  from fkjax.reproduce import runner  # pylint: disable=C0415
-  rows = "en2resnet20_rgsm_l0.02,en2resnet20_rgsm_l0.2"
-  env = _env(tmp_path / "cache")
-  env["PYTHONPATH"] = str(REPO)
-  proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "fig45", "--scale=tiny",
-       f"--rows={rows}", "--seeds=1", "--sweep", f"--root={tmp_path / 'w'}",
-       f"--results={tmp_path / 'results'}"], cwd=REPO, env=env,
-      capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "sweep of 2 runs as one program" in proc.stdout
-  for lamb1 in ("0.02", "0.2"):
-    workdir = tmp_path / "w" / "tiny" / "fig45" / f"en2resnet20_rgsm_l{lamb1}_seed0"
-    record = json.loads((workdir / runner.RUN_RECORD).read_text())
-    assert record["done"] and record["train_sweep_runs"] == 2
-    assert record["stage_attempts"]["train"] == 1
-    assert 0 <= record["metrics"]["A1"] <= 100
-    assert record["metrics"]["channel_sparsity"] >= 0
-    # the run's record is its single run's config: eval.py reads it
-    saved = json.loads((workdir / "config.json").read_text())
-    assert saved["sparsity"]["lamb1"] == float(lamb1)
+  from fkjax.reproduce import runner, scales, tables  # pylint: disable=C0415
+  runs = runner.plan(tables.TABLES["fig45"], scales.SCALES["tiny"], seeds=1,
+                     rows=["resnet38_rgsm_l0.02", "resnet38_rgsm_l0.2"],
+                     root=str(tmp_path))
+  for run in runs:   # the tiny scale, shorter
+    run.config.training.num_epochs = 1
+    run.config.eval.final_attacks = "natural"
+  assert runner.train_in_sweeps(runs, show_progress=False) == [
+      r.key for r in runs]
+  for run in runs:
+    # execute() now skips the training stage of each run ...
+    assert not runner._train_pending(run)  # pylint: disable=protected-access
+    progress = runner.Progress(run.workdir)
+    assert progress.stage("train")["sweep_runs"] == 2
+    assert progress.stage("train")["seconds"] > 0
+    # ... whose workdir holds its single run's config and results
+    runner.check_workdir(run)
+    saved = json.loads((Path(run.workdir) / "config.json").read_text())
     assert saved["training"]["data_seed"] is None
-  table = json.loads((tmp_path / "results" / "tiny" / "fig45.json")
-                     .read_text())
-  done = [r["name"] for r in table["rows"]
-          if r["runs"] and r["runs"][0]["status"] == "done"]
-  assert done == rows.split(",")
+    assert saved["sparsity"]["lamb1"] == run.config.sparsity.lamb1
+    assert (Path(run.workdir) / "final_eval.json").exists()
+  # trained: nothing left for a second call
+  assert runner.train_in_sweeps(runs, show_progress=False) == []
