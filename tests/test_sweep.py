@@ -123,6 +123,11 @@ def test_shared_data_order_records_the_data_seed():
   assert configs[1].training.data_seed is None   # inputs left alone
   with pytest.raises(run_config.ConfigError, match="data_order"):
     sweep.with_data_seed(configs, "random")
+  # data seeds a user set are never overridden
+  configs[0].training.data_seed, configs[2].training.data_seed = 7, 8
+  with pytest.raises(run_config.ConfigError, match=r"different config\."
+                     r"training\.data_seed values \(\[7, 8\]\).*per_run"):
+    sweep.with_data_seed(configs, "shared")
 
 
 def test_sparsifiers_check_every_value_of_an_array():

@@ -163,17 +163,28 @@ def with_data_seed(configs: Sequence[ml_collections.ConfigDict],
                    data_order: str) -> list[ml_collections.ConfigDict]:
   """The runs' configs for ``data_order``.
 
-  ``"shared"``: every run takes the first run's data seed (its data order
-  and augmentation), recorded as ``training.data_seed`` in the runs whose
-  own seed differs, so that each run's ``config.json`` still says exactly
-  what it trained. ``"per_run"``: the configs unchanged, each run its own.
+  ``"shared"``: every run takes one data seed (its data order and
+  augmentation): the ``training.data_seed`` the runs set, else the first
+  run's seed; it is recorded as ``training.data_seed`` in the runs whose own
+  seed differs, so that each run's ``config.json`` still says exactly what
+  it trained. ``"per_run"``: the configs unchanged, each run its own.
+
+  Raises:
+    ConfigError: ``"shared"`` with runs that set different data seeds.
   """
   if data_order not in DATA_ORDERS:
     raise ConfigError(f"sweep data_order={data_order!r} is invalid: one of "
                       f"{list(DATA_ORDERS)}")
   out = [copy.deepcopy(c) for c in configs]
   if data_order == "shared" and out:
-    shared = effective_data_seed(out[0])
+    explicit = {get(c, "training.data_seed") for c in out} - {None}
+    if len(explicit) > 1:
+      raise ConfigError(
+          "the runs set different config.training.data_seed values "
+          f"({sorted(explicit)}), but the sweep's data order is 'shared': "
+          "use data_order='per_run' (config.sweep.data_order)")
+    # a data seed a user set is the stream; else the first run's seed
+    shared = explicit.pop() if explicit else effective_data_seed(out[0])
     for c in out:
       if effective_data_seed(c) != shared:
         set_value(c, "training.data_seed", shared)
