@@ -383,3 +383,26 @@ def test_lambda_sweep_figure(tmp_path):
   assert figures.lambda_sweep(data, str(path)) == str(path)
   assert figures.lambda_sweep({"metrics": {}, "rows": []},
                               str(tmp_path / "none.png")) is None
+
+
+
+def test_a_placeholder_added_after_a_run_keeps_it_done(tmp_path):
+  # A run trained before fkjax gained an (unset) config key stays done; once
+  # the key is set, or for a run that was saved with it, it counts.
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_dict  # pylint: disable=import-outside-toplevel
+  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                    rows=[ROW], seeds=1, root=str(tmp_path))[0]
+  os.makedirs(run.workdir)
+  run_config.save(run.config, run.workdir)
+  before = runner.fingerprints(run)
+  config = run.config.copy_and_resolve_references()
+  with config.unlocked():
+    config.training.added_later = config_dict.placeholder(int)
+  newer = dataclasses.replace(run, config=config)
+  assert runner.fingerprints(newer) == before
+  config.training.added_later = 3
+  assert runner.fingerprints(newer)["train"] != before["train"]
+  config.training.added_later = None
+  run_config.save(config, run.workdir)
+  assert runner.fingerprints(newer)["train"] != before["train"]

@@ -249,13 +249,20 @@ class Progress:
     return result
 
 
-def _computed(config: ml_collections.ConfigDict, with_eval: bool
-              ) -> dict[str, Any]:
+def _computed(config: ml_collections.ConfigDict, with_eval: bool,
+              saved_keys: set[str] | None = None) -> dict[str, Any]:
   """The keys that change what a stage computes: all but the environment
-  keys (where data live, progress output, ...), and ``eval.*`` if asked."""
+  keys (where data live, progress output, ...), and ``eval.*`` if asked.
+
+  With ``saved_keys`` (those of the run's saved config), a key added to
+  fkjax's defaults after the run was trained counts only once it is set: an
+  unset placeholder keeps the old behaviour, so it must not mark finished
+  runs as changed (``run_config.differences`` reads configs the same way).
+  """
   return {k: v for k, v in run_config.flatten(run_config.as_dict(config))
-          .items() if not run_config.is_environment_key(k)
-          or (with_eval and k.startswith("eval."))}
+          .items() if (not run_config.is_environment_key(k)
+                       or (with_eval and k.startswith("eval.")))
+          and (saved_keys is None or k in saved_keys or v is not None)}
 
 
 def _fingerprint(data: Any) -> str:
@@ -285,11 +292,13 @@ def check_workdir(run: Run) -> None:
 
 def fingerprints(run: Run) -> dict[str, str]:
   """Per stage, a hash of the settings that change what it computes."""
-  out = {"train": _fingerprint(_computed(run.config, with_eval=False)),
-         "eval": _fingerprint(_computed(run.config, with_eval=True))}
+  saved = run_config.load_saved(run.workdir)
+  keys = set(run_config.flatten(saved)) if saved is not None else None
+  out = {"train": _fingerprint(_computed(run.config, False, keys)),
+         "eval": _fingerprint(_computed(run.config, True, keys))}
   for extra in run.extra_evals:
     out[f"eval_{extra.protocol}"] = _fingerprint(_computed(
-        _with(run.config, extra.overrides), with_eval=True))
+        _with(run.config, extra.overrides), True, keys))
   return out
 
 
