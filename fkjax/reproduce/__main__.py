@@ -5,12 +5,15 @@
   python -m fkjax.reproduce table1 --scale=cpu --rows=resnet20_none --seeds=1
   python -m fkjax.reproduce all --scale=paper --dry-run
   python -m fkjax.reproduce table2 --scale=cpu --report-only
+  python -m fkjax.reproduce claims --scale=cpu
 
 Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 ``<results>/<scale>/<table>.json``, ``.md`` and its figures (also after each
 run). Rerunning the same command skips finished runs and resumes a killed
-one from its last checkpoint. ``--dry-run`` prints each run's status, exact
+one from its last checkpoint. ``claims`` judges the paper's claims from
+the tables written so far (``<results>/<scale>/claims.{json,md}``, also
+rewritten with every table). ``--dry-run`` prints each run's status, exact
 ``train.py`` / ``eval.py`` commands and estimated time, and runs nothing.
 ``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
 row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).
@@ -32,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="python -m fkjax.reproduce",
       description="Reproduce the paper's tables (docs/reproduction.md).")
-  p.add_argument("table", help="a table name, 'all' or 'list'")
+  p.add_argument("table", help="a table name, 'all', 'list' or 'claims'")
   p.add_argument("--scale", default="cpu", choices=sorted(scales_lib.SCALES))
   p.add_argument("--dry-run", "--dry_run", action="store_true",
                  help="print the runs, commands and estimates; run nothing")
@@ -88,7 +91,15 @@ def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
     if drawn:
       runner_lib.log(f"figures: {', '.join(drawn)}")
   runner_lib.log(f"table written: {md_path}")
+  _write_claims(results, scale.name)
   return data
+
+
+def _write_claims(results: str, scale: str) -> str:
+  from fkjax.reproduce import claims  # pylint: disable=C0415
+  _, md_path = claims.write(results, scale)
+  runner_lib.log(f"claims written: {md_path}")
+  return md_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,11 +107,16 @@ def main(argv: list[str] | None = None) -> int:
   if args.table == "list":
     _list()
     return 0
+  if args.table == "claims":
+    scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
+    print(open(_write_claims(args.results, scale_name)).read(), end="")
+    return 0
   names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
   unknown = [n for n in names if n not in tables_lib.TABLES]
   if unknown:
     print(f"error: unknown table {unknown[0]!r}; one of "
-          f"{sorted(tables_lib.TABLES)}, 'all' or 'list'", file=sys.stderr)
+          f"{sorted(tables_lib.TABLES)}, 'all', 'list' or 'claims'",
+          file=sys.stderr)
     return 2
   scale = scales_lib.SCALES[args.scale]
   if args.variant:

@@ -1,0 +1,270 @@
+"""The paper's claims, judged from the result tables: ``claims.{json,md}``.
+
+Each claim is a list of comparisons between two rows of a table, in the
+direction the paper states ("A's metric is higher than B's"). A comparison
+is judged only from ``results/<scale>/<table>.json`` (what the runner
+wrote), never from anything typed here:
+
+* ``not yet run``: one of the two rows has no finished run;
+* ``holds`` / ``reversed``: both rows have at least ``MIN_SEEDS`` seeds
+  and the difference of their means exceeds ``Z`` standard errors (from the
+  seeds' spread) in the paper's direction / against it;
+* ``no resolved difference``: enough seeds, the difference within ``Z``
+  standard errors;
+* ``as the paper (unresolved)`` / ``against the paper (unresolved)``:
+  fewer seeds. An accuracy difference smaller than ``Z`` binomial standard
+  errors of the test sample is ``within test-sample noise`` whatever the
+  seeds: no number of seeds makes it a finding on that many images.
+
+A claim holds when every comparison holds, does not hold when one is
+reversed, and is otherwise labelled by what its comparisons show so far.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Mapping
+
+from fkjax.reproduce import files
+
+MIN_SEEDS = 3
+Z = 2.0
+ACCURACIES = ("A1", "A2", "A3")
+NOT_RUN = "not yet run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """``table``'s row ``higher`` has a larger ``metric`` than row ``lower``."""
+  table: str
+  higher: str
+  lower: str
+  metric: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  name: str
+  text: str
+  where: str
+  comparisons: tuple[Comparison, ...]
+
+
+def _pairs(table: str, pairs: list[tuple[str, str]],
+           metrics: tuple[str, ...]) -> tuple[Comparison, ...]:
+  return tuple(Comparison(table, a, b, m) for a, b in pairs for m in metrics)
+
+
+_RVSM = [(f"en2resnet20_rvsm_b{b}", f"resnet20_rvsm_b{b}")
+         for b in ("0.01", "0.1", "0.5")]
+_RGSM = [(f"en2resnet20_rgsm_l{l}", f"resnet20_rgsm_l{l}")
+         for l in ("0.05", "0.1")]
+_VS38 = [(f"en2resnet20_{s}", f"resnet38_{s}")
+         for s in ("none", "rgsm_l0.05", "rgsm_l0.1")]
+_SKIP = [("resnet20_skip", "resnet20_noskip"),
+         ("en2resnet20_skip", "en2resnet20_noskip")]
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("at_denser",
+          "Adversarial training makes weights denser: a smaller share of "
+          "conv weights of magnitude below 1e-3 than natural training",
+          "Sec. 3 (ResNet20: NT 8.66%, AT 3.64%)",
+          _pairs("sec3", [("resnet20_nt", "resnet20_at"),
+                          ("en5resnet20_nt", "en5resnet20_at")],
+                 ("small_share",))),
+    Claim("en_sparser_rvsm",
+          "Under RVSM, En2ResNet20's weights are sparser than ResNet20's",
+          "Table 1", _pairs("table1", _RVSM, ("sparsity",))),
+    Claim("en_more_accurate_rvsm",
+          "Under RVSM, En2ResNet20 is more accurate and robust than ResNet20",
+          "Table 1", _pairs("table1", _RVSM, ACCURACIES)),
+    Claim("en_sparser_rgsm",
+          "Under RGSM, En2ResNet20 has more channels pruned than ResNet20",
+          "Table 2", _pairs("table2", _RGSM, ("channel_sparsity",))),
+    Claim("en_more_accurate",
+          "En2ResNet20 is more accurate and robust than ResNet20, unpruned "
+          "and under RGSM",
+          "Table 2", _pairs("table2", [("en2resnet20_none", "resnet20_none"),
+                                       *_RGSM], ACCURACIES)),
+    Claim("en5_over_en2",
+          "At similar channel sparsity (~55%), En5ResNet20 is more accurate "
+          "and robust than En2ResNet20",
+          "Table 2 (En5 lambda1 0.02 vs En2 lambda1 0.1)",
+          _pairs("table2", [("en5resnet20_rgsm_l0.02",
+                             "en2resnet20_rgsm_l0.1")], ACCURACIES)),
+    Claim("en2_over_resnet38_sparsity",
+          "Under RGSM, En2ResNet20 has more channels pruned than the "
+          "equal-size ResNet38",
+          "Table 3", _pairs("table3", _VS38[1:], ("channel_sparsity",))),
+    Claim("en2_over_resnet38_accuracy",
+          "En2ResNet20 is more accurate and robust than the equal-size "
+          "ResNet38, unpruned and under RGSM",
+          "Table 3", _pairs("table3", _VS38, ACCURACIES)),
+    Claim("en2_sparsity_grows_faster",
+          "At every lambda1, En2ResNet20's channel sparsity is above "
+          "ResNet38's",
+          "Fig. 4", _pairs("fig45", [(f"en2resnet20_rgsm_l{l}",
+                                      f"resnet38_rgsm_l{l}")
+                                     for l in ("0.02", "0.05", "0.1", "0.2")],
+                           ("channel_sparsity",))),
+    Claim("rvsm_sparser_than_admm",
+          "RVSM prunes more weights than ADMM (unstructured)",
+          "Table 4", (Comparison("table4", "rvsm", "admm_element",
+                                 "sparsity"),)),
+    Claim("rgsm_beats_admm_channels",
+          "RGSM prunes more channels than ADMM and is more accurate and "
+          "robust",
+          "Table 4", (Comparison("table4", "rgsm", "admm_channel",
+                                 "channel_sparsity"),
+                      *_pairs("table4", [("rgsm", "admm_channel")],
+                              ACCURACIES))),
+    Claim("skip_connections_matter",
+          "Removing the skip connections lowers accuracy and robustness",
+          "Table 5", _pairs("table5", _SKIP, ACCURACIES)),
+    Claim("ensemble_helps_without_skip",
+          "Without skip connections, En2ResNet20 is still more accurate and "
+          "robust than ResNet20",
+          "Tables 5-6", (*_pairs("table5", [("en2resnet20_noskip",
+                                             "resnet20_noskip")], ACCURACIES),
+                         *_pairs("table6", [
+                             ("en2resnet20_noskip_rvsm",
+                              "resnet20_noskip_rvsm"),
+                             ("en2resnet20_noskip_rgsm",
+                              "resnet20_noskip_rgsm")], ACCURACIES))),
+    Claim("en_sparser_without_skip",
+          "Without skip connections, En2ResNet20 is sparser than ResNet20 "
+          "under RVSM (weights) and RGSM (channels)",
+          "Table 6", (Comparison("table6", "en2resnet20_noskip_rvsm",
+                                 "resnet20_noskip_rvsm", "sparsity"),
+                      Comparison("table6", "en2resnet20_noskip_rgsm",
+                                 "resnet20_noskip_rgsm", "channel_sparsity"))),
+    Claim("cifar100_en_better",
+          "On CIFAR-100, En2ResNet20 is more accurate, robust and "
+          "channel-sparse than ResNet20 under RGSM",
+          "Table 7", (*_pairs("table7", _RGSM, ACCURACIES),
+                      *_pairs("table7", _RGSM, ("channel_sparsity",)))),
+)
+
+
+def _row_stats(table: Mapping[str, Any] | None, row: str, metric: str
+               ) -> dict[str, Any] | None:
+  """Mean, std, seeds and test images of ``metric`` in ``row``, or None."""
+  if table is None:
+    return None
+  for r in table.get("rows", ()):
+    if r["name"] != row:
+      continue
+    summary = r.get("summary", {}).get(metric)
+    if not summary:
+      return None
+    images = [e.get("test_images") for e in r.get("runs", ())
+              if e.get("status") == "done" and e.get("test_images")]
+    return {**summary, "images": min(images) if images else None}
+  return None
+
+
+def judge(comparison: Comparison, table: Mapping[str, Any] | None
+          ) -> dict[str, Any]:
+  """The verdict on one comparison from its table's results data."""
+  a = _row_stats(table, comparison.higher, comparison.metric)
+  b = _row_stats(table, comparison.lower, comparison.metric)
+  out: dict[str, Any] = dataclasses.asdict(comparison)
+  if a is None or b is None:
+    return {**out, "verdict": NOT_RUN}
+  diff = a["mean"] - b["mean"]
+  out.update(higher_mean=a["mean"], lower_mean=b["mean"], difference=diff,
+             seeds=[a["n"], b["n"]])
+  if comparison.metric in ACCURACIES and a["images"] and b["images"]:
+    # The binomial standard error of the two test-sample accuracies: the
+    # floor below which no seed count makes a difference real.
+    p = (a["mean"] + b["mean"]) / 200.0
+    noise = 100.0 * math.sqrt(p * (1.0 - p) * (1.0 / a["images"]
+                                               + 1.0 / b["images"]))
+    out["sample_se"] = noise
+    if abs(diff) <= Z * noise:
+      return {**out, "verdict": "within test-sample noise"}
+  if min(a["n"], b["n"]) >= MIN_SEEDS:
+    se = math.sqrt(a["std"] ** 2 / a["n"] + b["std"] ** 2 / b["n"])
+    out["seed_se"] = se
+    if abs(diff) <= Z * se:
+      return {**out, "verdict": "no resolved difference"}
+    return {**out, "verdict": "holds" if diff > 0 else "reversed"}
+  return {**out, "verdict": ("as the paper" if diff > 0 else
+                             "against the paper") + " (unresolved)"}
+
+
+def verdict_of(verdicts: list[str]) -> str:
+  """A claim's verdict from its comparisons' verdicts."""
+  if all(v == NOT_RUN for v in verdicts):
+    return NOT_RUN
+  if any(v == "reversed" for v in verdicts):
+    return "does not hold"
+  if all(v == "holds" for v in verdicts):
+    return "holds"
+  counts: dict[str, int] = {}
+  for v in verdicts:
+    counts[v] = counts.get(v, 0) + 1
+  parts = ", ".join(f"{n} {v}" for v, n in counts.items())
+  return f"open: {parts}"
+
+
+def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
+  """Every claim judged from ``<results_dir>/<scale>/<table>.json``."""
+  tables: dict[str, Any] = {}
+  out = []
+  for claim in CLAIMS:
+    comparisons = []
+    for c in claim.comparisons:
+      if c.table not in tables:
+        tables[c.table] = files.load_json(
+            os.path.join(results_dir, scale, f"{c.table}.json"))
+      comparisons.append(judge(c, tables[c.table]))
+    out.append({"name": claim.name, "claim": claim.text, "where": claim.where,
+                "verdict": verdict_of([c["verdict"] for c in comparisons]),
+                "comparisons": comparisons})
+  return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out}
+
+
+def markdown(data: Mapping[str, Any]) -> str:
+  lines = [
+      f"# The paper's claims at the `{data['scale']}` scale",
+      "",
+      "Generated by `python -m fkjax.reproduce claims "
+      f"--scale={data['scale']}` from the result tables beside this file "
+      "(rules: `fkjax/reproduce/claims.py`). A difference is resolved with "
+      f"at least {data['min_seeds']} seeds per row and more than "
+      f"{data['z']:g} standard errors; accuracies are A1-A3 on the rows' "
+      "test images.",
+      "",
+      "| claim | paper | verdict |",
+      "| --- | --- | --- |",
+  ]
+  for c in data["claims"]:
+    lines.append(f"| {c['claim']} | {c['where']} | {c['verdict']} |")
+  lines += ["", "## Comparisons run so far", "",
+            "| claim | table | the paper's higher row | its lower row | "
+            "metric | fkjax: higher - lower | seeds | verdict |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for c in data["claims"]:
+    for k in c["comparisons"]:
+      if k["verdict"] == NOT_RUN:
+        continue
+      lines.append(
+          f"| {c['name']} | {k['table']} | {k['higher']} | {k['lower']} | "
+          f"{k['metric']} | {k['higher_mean']:.2f} - {k['lower_mean']:.2f} "
+          f"= {k['difference']:+.2f} | {k['seeds'][0]}, {k['seeds'][1]} | "
+          f"{k['verdict']} |")
+  return "\n".join(lines) + "\n"
+
+
+def write(results_dir: str, scale: str) -> tuple[str, str]:
+  """Writes ``<results_dir>/<scale>/claims.{json,md}``; returns the paths."""
+  data = evaluate(results_dir, scale)
+  folder = os.path.join(results_dir, scale)
+  os.makedirs(folder, exist_ok=True)
+  json_path = os.path.join(folder, "claims.json")
+  md_path = os.path.join(folder, "claims.md")
+  files.atomic_json(json_path, data)
+  files.atomic_text(md_path, markdown(data))
+  return json_path, md_path

@@ -1,0 +1,102 @@
+"""fkjax.reproduce.claims: the paper's claims judged from result tables."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fkjax.reproduce import claims
+from fkjax.reproduce import tables
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _table(rows):
+  """A results table as report.collect writes it: {row: [per-seed values]}."""
+  out = []
+  for name, (values, metric, images) in rows.items():
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+           ) ** 0.5 if len(values) > 1 else 0.0
+    out.append({
+        "name": name,
+        "summary": {metric: {"mean": mean, "std": std, "n": len(values)}},
+        "runs": [{"status": "done", "test_images": images,
+                  "metrics": {metric: v}} for v in values]})
+  return {"rows": out}
+
+
+def test_every_claim_names_rows_and_metrics_of_its_table():
+  for claim in claims.CLAIMS:
+    assert claim.comparisons, claim.name
+    for c in claim.comparisons:
+      table = tables.TABLES[c.table]
+      names = {r.name for r in table.rows}
+      assert {c.higher, c.lower} <= names, (claim.name, c)
+      assert c.metric in table.metrics, (claim.name, c)
+
+
+@pytest.mark.parametrize("higher,lower,metric,images,verdict", [
+    # one seed: only the direction, labelled unresolved
+    ([60.0], [50.0], "A1", 2000, "as the paper (unresolved)"),
+    ([50.0], [60.0], "A1", 2000, "against the paper (unresolved)"),
+    # 1 point on 2,000 images is inside 2 binomial standard errors (3.1)
+    ([51.0, 51.2, 50.9], [50.0, 50.1, 50.0], "A1", 2000,
+     "within test-sample noise"),
+    # three seeds, a gap far beyond their spread
+    ([60.0, 61.0, 60.5], [50.0, 50.5, 49.5], "A1", 2000, "holds"),
+    ([50.0, 50.5, 49.5], [60.0, 61.0, 60.5], "A1", 2000, "reversed"),
+    # three seeds, a gap inside their spread
+    ([70.0, 40.0, 60.0], [45.0, 55.0, 44.0], "A1", 2000,
+     "no resolved difference"),
+    # sparsities have no test-sample floor
+    ([30.0, 30.2, 30.1], [29.0, 29.1, 29.0], "sparsity", None, "holds"),
+])
+def test_a_comparison_is_judged_by_its_seeds_and_test_images(
+    higher, lower, metric, images, verdict):
+  table = _table({"a": (higher, metric, images), "b": (lower, metric, images)})
+  out = claims.judge(claims.Comparison("t", "a", "b", metric), table)
+  assert out["verdict"] == verdict
+  assert out["difference"] == pytest.approx(
+      sum(higher) / len(higher) - sum(lower) / len(lower))
+
+
+def test_a_missing_row_or_table_is_not_yet_run():
+  table = _table({"a": ([60.0], "A1", 2000)})
+  comparison = claims.Comparison("t", "a", "b", "A1")
+  assert claims.judge(comparison, table)["verdict"] == claims.NOT_RUN
+  assert claims.judge(comparison, None)["verdict"] == claims.NOT_RUN
+
+
+@pytest.mark.parametrize("verdicts,claim", [
+    (["holds", "holds"], "holds"),
+    (["holds", "reversed"], "does not hold"),
+    ([claims.NOT_RUN, claims.NOT_RUN], claims.NOT_RUN),
+    (["holds", claims.NOT_RUN, claims.NOT_RUN],
+     f"open: 1 holds, 2 {claims.NOT_RUN}"),
+])
+def test_a_claim_holds_only_when_every_comparison_does(verdicts, claim):
+  assert claims.verdict_of(verdicts) == claim
+
+
+def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
+  folder = tmp_path / "cpu"
+  folder.mkdir()
+  (folder / "table4.json").write_text(json.dumps(_table({
+      "rvsm": ([67.3], "sparsity", 2000),
+      "admm_element": ([80.0], "sparsity", 2000)})))
+  out = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", "claims", "--scale=cpu",
+       f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+      check=True).stdout
+  data = json.loads((folder / "claims.json").read_text())
+  by_name = {c["name"]: c for c in data["claims"]}
+  assert by_name["rvsm_sparser_than_admm"]["verdict"] == (
+      "open: 1 against the paper (unresolved)")
+  assert by_name["at_denser"]["verdict"] == claims.NOT_RUN
+  md = (folder / "claims.md").read_text()
+  assert out.endswith(md)
+  assert ("| rvsm_sparser_than_admm | table4 | rvsm | admm_element | sparsity"
+          " | 67.30 - 80.00 = -12.70 | 1, 1 | against the paper (unresolved) |"
+          in md)
