@@ -194,6 +194,19 @@ def test_decay_multiplier_scales_decay_and_thresholds(multiplier, presets,
     assert c.sparsity.lamb2 == pytest.approx(1e-5 * m, rel=1e-3)
 
 
+@pytest.mark.parametrize("multiplier", [1.0, 8.0])
+@pytest.mark.parametrize("structure", ["element", "channel"])
+def test_decay_multiplier_scales_the_admm_pull(multiplier, structure):
+  scale = scales.with_multiplier(scales.SCALES["cpu"], multiplier)
+  overrides = {"sparsity.structure": structure}
+  c = scales.build_config("resnet20,admm", overrides, scale, 0)
+  p = scales.build_config("resnet20,admm", overrides, scales.SCALES["paper"],
+                          0)
+  assert c.sparsity.rho == pytest.approx(p.sparsity.rho * multiplier)
+  assert c.sparsity.percent == p.sparsity.percent
+  assert c.training.weight_decay == pytest.approx(5e-4 * multiplier)
+
+
 def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
   proc = _reproduce(["all", "--scale=paper", "--dry-run"], tmp_path,
                     tmp_path / "cache")
