@@ -84,8 +84,8 @@ def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
   folder = tmp_path / "cpu"
   folder.mkdir()
   (folder / "table4.json").write_text(json.dumps(_table({
-      "rvsm": ([67.3], "sparsity", 2000),
-      "admm_element": ([80.0], "sparsity", 2000)})))
+      "rvsm": ([67.3], "w_sparsity", 2000),
+      "admm_element": ([80.0], "w_sparsity", 2000)})))
   out = subprocess.run(
       [sys.executable, "-m", "fkjax.reproduce", "claims", "--scale=cpu",
        f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
@@ -97,6 +97,6 @@ def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
   assert by_name["at_denser"]["verdict"] == claims.NOT_RUN
   md = (folder / "claims.md").read_text()
   assert out.endswith(md)
-  assert ("| rvsm_sparser_than_admm | table4 | rvsm | admm_element | sparsity"
-          " | 67.30 - 80.00 = -12.70 | 1, 1 | against the paper (unresolved) |"
+  assert ("| rvsm_sparser_than_admm | table4 | rvsm | admm_element | "
+          "w_sparsity | 67.30 - 80.00 = -12.70 | 1, 1 | against the paper (unresolved) |"
           in md)
