@@ -35,6 +35,7 @@ def test_every_claim_names_rows_and_metrics_of_its_table():
       names = {r.name for r in table.rows}
       assert {c.higher, c.lower} <= names, (claim.name, c)
       assert c.metric in table.metrics, (claim.name, c)
+      assert c.lower_metric in (None, *table.metrics), (claim.name, c)
 
 
 @pytest.mark.parametrize("higher,lower,metric,images,verdict", [
@@ -60,6 +61,19 @@ def test_a_comparison_is_judged_by_its_seeds_and_test_images(
   assert out["verdict"] == verdict
   assert out["difference"] == pytest.approx(
       sum(higher) / len(higher) - sum(lower) / len(lower))
+
+
+def test_a_comparison_may_read_the_lower_row_another_way():
+  # Table 4: RGSM's evaluated net against ADMM's dense w (the paper's reading)
+  table = _table({"rgsm": ([48.25], "A1", 2000),
+                  "admm": ([15.15], "A1", 2000)})
+  table["rows"][1]["summary"]["w_A1"] = {"mean": 60.0, "std": 0.0, "n": 1}
+  same = claims.judge(claims.Comparison("t", "rgsm", "admm", "A1"), table)
+  dense = claims.judge(claims.Comparison("t", "rgsm", "admm", "A1", "w_A1"),
+                       table)
+  assert same["verdict"] == "as the paper (unresolved)"
+  assert dense["lower_mean"] == 60.0
+  assert dense["verdict"] == "against the paper (unresolved)"
 
 
 def test_a_missing_row_or_table_is_not_yet_run():

@@ -419,3 +419,18 @@ def test_a_placeholder_added_after_a_run_keeps_it_done(tmp_path):
   config.training.added_later = None
   run_config.save(config, run.workdir)
   assert runner.fingerprints(newer)["train"] != before["train"]
+
+
+def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
+  # eval.py writes the dense w's accuracies of an ADMM run beside those of
+  # its projection; Table 4 shows both (the paper evaluated w).
+  (tmp_path / "eval_paper.json").write_text(json.dumps({
+      "attacks": {"natural": {"accuracy": 15.0}, "fgsm": {"accuracy": 12.0}},
+      "weight_sparsity": 80.0, "channel_sparsity": 1.0,
+      "admm_dense_w": {"attacks": {"natural": {"accuracy": 27.0},
+                                   "fgsm": {"accuracy": 18.0}}}}))
+  metrics = runner.metrics_of(str(tmp_path), "eval_paper.json")
+  assert (metrics["A1"], metrics["A2"]) == (15.0, 12.0)
+  assert (metrics["w_A1"], metrics["w_A2"]) == (27.0, 18.0)
+  assert "w_A3" not in metrics
+  assert {"w_A1", "w_A2", "w_A3"} <= set(tables.TABLES["table4"].metrics)

@@ -55,7 +55,11 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
       record = files.load_json(os.path.join(run.workdir,
                                             runner_lib.RUN_RECORD))
       if record and runner_lib.status_of(run) == "done":
-        entries.append({**record, "status": "done"})
+        # Read again from the run's files: a column added to the tables
+        # after the run finished is filled from what its evaluation wrote.
+        metrics = {**record.get("metrics", {}), **runner_lib.metrics_of(
+            run.workdir, run.eval_result, run.extra_evals)}
+        entries.append({**record, "metrics": metrics, "status": "done"})
       else:
         entries.append({
             "seed": run.seed, "workdir": run.workdir,
@@ -198,6 +202,10 @@ _COLUMN_DOC = {
     "channel_sparsity": ("% conv channel groups (input channels) of norm "
                          "< 1e-15 in u"),
     "small_share": "% conv weights with |w| < 1e-3 (trained weights)",
+    "w_A1": ("ADMM: A1 of the trained dense w (the paper's reading; fkjax "
+             "evaluates the projection u)"),
+    "w_A2": "ADMM: A2 of the dense w",
+    "w_A3": "ADMM: A3 of the dense w",
     "w_sparsity": "% exactly-zero conv weights of the trained (dense) w",
     "w_channel_sparsity": "% channels of norm < 1e-15 in w",
     "w_small_share": "% conv weights of w with |w| < 1e-3",

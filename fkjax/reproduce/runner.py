@@ -489,6 +489,10 @@ def metrics_of(workdir: str, eval_result: str,
   if "weight_sparsity" in main:
     out["sparsity"] = main["weight_sparsity"]
     out["channel_sparsity"] = main["channel_sparsity"]
+  dense = main.get("admm_dense_w", {}).get("attacks", {})
+  for column in ("A1", "A2", "A3"):
+    if tables_lib.ATTACK_OF[column] in dense:
+      out[f"w_{column}"] = dense[tables_lib.ATTACK_OF[column]]["accuracy"]
   for e in extra:
     data = files.load_json(os.path.join(workdir, e.result_file)) or {}
     for column, attack in tables_lib.ATTACK_OF.items():

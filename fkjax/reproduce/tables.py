@@ -27,6 +27,7 @@ METRICS: dict[str, str] = {
     "sparsity": "Sparsity",
     "channel_sparsity": "Ch. Sp.",
     "small_share": "|w|<1e-3",
+    "w_A1": "A1 of w", "w_A2": "A2 of w", "w_A3": "A3 of w",
     "w_sparsity": "Sparsity of w",
     "w_channel_sparsity": "Ch. Sp. of w",
     "w_small_share": "|w|<1e-3 of w",
@@ -366,8 +367,8 @@ TABLE4 = Table(
             label={"Pruning": "channel", "Method": "ADMM"}),
     ),
     metrics=("A1", "A2", "A3", "A4", "A4_authors", "sparsity",
-             "channel_sparsity", "w_sparsity", "w_channel_sparsity",
-             "w_small_share", "w_small_channel_share"),
+             "channel_sparsity", "w_A1", "w_A2", "w_A3", "w_sparsity",
+             "w_channel_sparsity", "w_small_share", "w_small_channel_share"),
     figures=("channel_norms",),
     notes=("The paper labels its channel-pruning row RVSM; its numbers are "
            "Table 2's RGSM ResNet20 row (lambda1 = 0.1), which this row "
