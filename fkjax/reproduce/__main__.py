@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   if args.table == "claims":
     scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
-    print(open(_write_claims(args.results, scale_name)).read(), end="")
+    with open(_write_claims(args.results, scale_name)) as f:
+      print(f.read(), end="")
     return 0
   names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
   unknown = [n for n in names if n not in tables_lib.TABLES]

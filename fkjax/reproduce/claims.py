@@ -47,6 +47,7 @@ class Comparison:
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
+  """A finding of the paper (``text``, stated in ``where``) as comparisons."""
   name: str
   text: str
   where: str
@@ -238,6 +239,7 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
 
 
 def markdown(data: Mapping[str, Any]) -> str:
+  """``claims.md``: the verdicts, then every comparison that has run."""
   lines = [
       f"# The paper's claims at the `{data['scale']}` scale",
       "",
