@@ -140,7 +140,8 @@ def markdown(data: dict[str, Any]) -> str:
   ]
   if data.get("decay_multiplier") not in (None, 1, 1.0):
     lines.append(
-        f"Weight decay x {data['decay_multiplier']}, pruning thresholds x "
+        f"Weight decay (and lambda2, ADMM's rho) x "
+        f"{data['decay_multiplier']}, pruning thresholds x "
         f"{data['decay_multiplier']}^-1/4 (the paper's schedule has "
         f"{data['shrinkage_factor']:.1f}x this one's sum of learning rates; "
         "docs/reproduction.md).")

@@ -128,8 +128,9 @@ SCALES: dict[str, Scale] = {
         description=(
             "2 CPU cores: the paper's nets and 45K/5K split, 5 epochs "
             "(1,760 steps of 128), lr 0.1 decayed 10x after epochs 2, 3, 4, "
-            "PGD-2 training (eps 8/255, step 4/255), weight decay and "
-            "lambda2 x 8, thresholds x 8^-1/4, validation on 1,000 images "
+            "PGD-2 training (eps 8/255, step 4/255), weight decay, "
+            "lambda2 and ADMM's rho x 8, thresholds x 8^-1/4, validation on "
+            "1,000 images "
             "(natural), A1-A4 on the first 2,000 test images"),
         overrides={
             "training.num_epochs": 5,
