@@ -222,31 +222,7 @@ class Progress:
 
   def timed(self, name: str, fingerprint: str, fn: Callable[[], Any]) -> Any:
     """Runs ``fn`` as stage ``name``, accounting its wall time."""
-    s = self.stage(name)
-    s["attempts"] += 1
-    s["done"] = False
-    s["fingerprint"] = fingerprint
-    base = s["seconds"]
-    start = time.monotonic()
-    stop = threading.Event()
-
-    def beat():
-      while not stop.wait(HEARTBEAT_SECONDS):
-        s["seconds"] = base + time.monotonic() - start
-        self._save()
-    thread = threading.Thread(target=beat, daemon=True)
-    self._save()
-    thread.start()
-    try:
-      result = fn()
-    finally:
-      stop.set()
-      thread.join()
-      s["seconds"] = base + time.monotonic() - start
-      self._save()
-    s["done"] = True
-    self._save()
-    return result
+    return _timed_together([self], name, [fingerprint], fn)
 
 
 def _computed(config: ml_collections.ConfigDict, with_eval: bool,
@@ -399,14 +375,16 @@ def sweep_groups(runs: Iterable[Run], max_runs: int | None = None
 
 def _timed_together(progresses: list[Progress], name: str,
                     fingerprints_: list[str], fn: Callable[[], Any]) -> Any:
-  """:meth:`Progress.timed` for one stage several runs share: each run is
-  charged its share of the wall time (kept across kills, as there)."""
+  """Runs ``fn`` as stage ``name`` of one or several runs (a sweep): each
+  run is charged its share of the wall time, saved every heartbeat so that
+  a kill keeps what was spent."""
   stages = [p.stage(name) for p in progresses]
   for s, fp in zip(stages, fingerprints_):
     s["attempts"] += 1
     s["done"] = False
     s["fingerprint"] = fp
-    s["sweep_runs"] = len(progresses)
+    if len(progresses) > 1:
+      s["sweep_runs"] = len(progresses)
   bases = [s["seconds"] for s in stages]
   start = time.monotonic()
   stop = threading.Event()
