@@ -270,12 +270,7 @@ def main() -> None:
     rows += bench_model(model, runs, args, peak)
   table = format_markdown(rows, peak_label)
   print(table)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"meta": meta, "rows": rows}, f, indent=2)
-  if args.md:
-    with open(args.md, "w") as f:
-      f.write(table + "\n")
+  bench_train.write_outputs(args, meta, rows, table)
 
 
 if __name__ == "__main__":

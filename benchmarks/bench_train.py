@@ -513,6 +513,12 @@ def main() -> None:
       print(json.dumps(row), flush=True)
   table = format_markdown(rows, peak, peak_label, devices)
   print(table)
+  write_outputs(args, meta, rows, table)
+
+
+def write_outputs(args: argparse.Namespace, meta: dict, rows: list,
+                  table: str) -> None:
+  """Writes ``--json`` (meta and rows) and ``--md`` (the table) if given."""
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"meta": meta, "rows": rows}, f, indent=2)
