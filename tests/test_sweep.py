@@ -8,7 +8,6 @@ share a persistent compilation cache, so only the first of each program
 compiles. ``tests/sweep_devices.py`` checks the step on 4 host devices.
 """
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from fkjax import run_config
 from fkjax import sparsity
 from fkjax import sweep
 from tests import sweep_devices
+from tests.subprocess_env import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,23 +175,10 @@ def test_resume_step_takes_runs_at_most_one_save_apart():
 # Several devices.
 
 
-def _env(cache_dir=None, devices=1):
-  env = dict(os.environ)
-  env.update({
-      "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-      "PYTHONUNBUFFERED": "1",
-  })
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  if cache_dir is not None:
-    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
-  return env
-
-
 def test_runs_or_batch_sharded_over_four_devices_agree_with_one():
   proc = subprocess.run([sys.executable, "-m", "tests.sweep_devices"],
-                        cwd=REPO, env=_env(devices=4), capture_output=True,
+                        cwd=REPO, env=subprocess_env(devices=4),
+                        capture_output=True,
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -239,7 +226,7 @@ FLAGS = [
 def _train(workdir, cache, check=True):
   proc = subprocess.run(
       [sys.executable, "train.py", f"--workdir={workdir}", *FLAGS], cwd=REPO,
-      env=_env(cache), capture_output=True, text=True, timeout=900)
+      env=subprocess_env(cache), capture_output=True, text=True, timeout=900)
   if check and proc.returncode != 0:
     raise AssertionError(f"train.py failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
@@ -271,7 +258,8 @@ def whole(tmp_path_factory):
   runs = _runs(out["full"])
   proc = subprocess.run(
       [sys.executable, "-m", "tests.sweep_singles", str(root / "alone"),
-       *map(str, runs)], cwd=REPO, env=_env(cache), capture_output=True,
+       *map(str, runs)], cwd=REPO, env=subprocess_env(cache),
+      capture_output=True,
       text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out["alone"] = [root / "alone" / r.name for r in runs]
@@ -280,7 +268,8 @@ def whole(tmp_path_factory):
   killed = root / "killed"
   proc = subprocess.Popen(
       [sys.executable, "train.py", f"--workdir={killed}", *FLAGS], cwd=REPO,
-      env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      env=subprocess_env(cache), stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL)
   marker = killed / runs[0].name / "checkpoints" / "2"
   deadline = time.time() + 600
   while not marker.exists() and proc.poll() is None and time.time() < deadline:
@@ -364,7 +353,8 @@ def test_a_run_of_the_sweep_is_a_single_run_for_eval(whole):
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={run}",
        "--config.eval.attacks=natural", "--config.eval.plots=false"],
-      cwd=REPO, env=_env(whole["root"] / "jax_cache"), capture_output=True,
+      cwd=REPO, env=subprocess_env(whole["root"] / "jax_cache"),
+      capture_output=True,
       text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   evaluated = json.loads((run / "eval_paper.json").read_text())

@@ -5,7 +5,6 @@ cover the command line). The runs share a persistent compilation cache, so
 only the first run of each program pays for compilation.
 """
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -23,24 +22,15 @@ from fkjax import sparsity
 from fkjax import eval_run
 from fkjax import experiment
 from fkjax import train
+from tests.subprocess_env import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _env(cache_dir):
-  """The subprocesses' environment; cache_dir None leaves the compilation
-  cache to the config (config.compilation_cache_dir)."""
-  env = dict(os.environ)
-  env.update({
-      "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-      "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-      "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-      "PYTHONUNBUFFERED": "1",
-  })
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  if cache_dir is not None:
-    env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
-  return env
+  """The subprocesses' environment, 4 host devices; cache_dir None leaves the
+  compilation cache to the config (config.compilation_cache_dir)."""
+  return subprocess_env(cache_dir, devices=4)
 
 
 def _cmd(program, workdir, overrides):
