@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
       table = tables_lib.TABLES[name]
       plans[name] = runner_lib.plan(
           table, scale, root=args.root, rows=rows or None, seeds=args.seeds,
-          environment=environment)
+          environment=environment, results=args.results)
   except (KeyError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     # The table always shows all its rows, whatever --rows ran.
     reported = runner_lib.plan_report(table, scale, root=args.root,
                                       seeds=args.seeds,
-                                      environment=environment)
+                                      environment=environment,
+                                      results=args.results)
     if not args.report_only:
       todo = [r for r in runs if runner_lib.status_of(r) != "done"]
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "

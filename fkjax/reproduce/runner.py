@@ -30,12 +30,13 @@ from typing import Any, Callable, Iterable, Mapping
 import ml_collections
 
 from fkjax import run_config
+from fkjax.reproduce import archive as archive_lib
 from fkjax.reproduce import files
 from fkjax.reproduce import scales as scales_lib
 from fkjax.reproduce import tables as tables_lib
 
-RUN_RECORD = "reproduce_run.json"
-PROGRESS_FILE = "reproduce_progress.json"
+RUN_RECORD = archive_lib.RUN_RECORD
+PROGRESS_FILE = archive_lib.PROGRESS_FILE
 HEARTBEAT_SECONDS = 10.0
 DEFAULT_ROOT = "workdirs/reproduce"
 DEFAULT_RESULTS = "results"
@@ -67,6 +68,9 @@ class Run:
   eval_command: str
   eval_result: str
   extra_evals: list[ExtraEvalRun]
+  # <results>/<scale>/runs/<table>/<row>_seed<k>: where the finished run's
+  # files are kept (fkjax.reproduce.archive); None: not kept.
+  archive: str | None = None
 
   @property
   def key(self) -> str:
@@ -101,8 +105,15 @@ def _command(program: str, args: Iterable[str]) -> str:
 def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
          root: str = DEFAULT_ROOT, rows: Iterable[str] | None = None,
          seeds: int | None = None,
-         environment: Mapping[str, Any] | None = None) -> list[Run]:
-  """The runs of ``table`` at ``scale`` (only ``rows`` if given)."""
+         environment: Mapping[str, Any] | None = None,
+         results: str | None = None) -> list[Run]:
+  """The runs of ``table`` at ``scale`` (only ``rows`` if given).
+
+  With ``results`` (the results directory), each run is kept in step with
+  its copy there (:mod:`fkjax.reproduce.archive`): a finished run missing
+  from its workdir (a fresh checkout) is restored from it, and a finished
+  run not yet copied there is copied.
+  """
   wanted = list(rows) if rows else [r.name for r in table.rows]
   runs = []
   for name in wanted:
@@ -144,17 +155,51 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
             command=_command("eval.py", [f"--workdir={workdir}", *(
                 f"--config.{k}={scales_lib.format_value(v)}"
                 for k, v in overrides.items())])))
-      runs.append(Run(table, row, owner_name, owner, seed, workdir, config,
-                      train_cmd, eval_cmd, from_eval_run, extra))
+      run = Run(table, row, owner_name, owner, seed, workdir, config,
+                train_cmd, eval_cmd, from_eval_run, extra)
+      if results is not None:
+        run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
+                                              owner.name, seed)
+        sync_archive(run, os.path.join(results, scale.name,
+                                       f"{owner_name}.json"))
+      runs.append(run)
   return runs
+
+
+def sync_archive(run: Run, table_json: str) -> None:
+  """Restores a finished run missing from its workdir from its archive (or
+  the record in ``table_json``), or archives a finished run not yet kept."""
+  assert run.archive is not None
+  if status_of(run) == "done":
+    kept = files.load_json(os.path.join(run.archive, RUN_RECORD))
+    if kept != files.load_json(os.path.join(run.workdir, RUN_RECORD)):
+      archive_lib.save(run.workdir, run.archive)
+    return
+  source = archive_lib.restore(
+      run.workdir, run.archive, table_json=table_json, table=run.owner_table,
+      row=run.owner_row.name, seed=run.seed, config=run.config,
+      fingerprints=lambda _: fingerprints(run))
+  if source is None:
+    return
+  if status_of(run) != "done":
+    # Its settings changed since it ran: it runs again from scratch.
+    import shutil  # pylint: disable=import-outside-toplevel
+    shutil.rmtree(run.workdir)
+    return
+  log(f"{run.owner_table}/{run.owner_row.name} seed {run.seed}: restored "
+      f"the finished run from {source}")
+  if source != run.archive:
+    archive_lib.save(run.workdir, run.archive)
 
 
 def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
                 root: str = DEFAULT_ROOT, seeds: int | None = None,
-                environment: Mapping[str, Any] | None = None) -> list[Run]:
+                environment: Mapping[str, Any] | None = None,
+                results: str | None = None) -> list[Run]:
   """The runs a table reports: every row, its planned seeds and any further
   seeds already finished on disk (a run with more ``--seeds`` earlier)."""
-  runs = plan(table, scale, root=root, seeds=seeds, environment=environment)
+  runs = plan(table, scale, root=root, seeds=seeds, environment=environment,
+              results=results)
   out = []
   for row in table.rows:
     mine = [r for r in runs if r.row.name == row.name]
@@ -162,7 +207,7 @@ def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
     seed = len(mine)
     while True:
       extra = plan(table, scale, root=root, rows=[row.name], seeds=seed + 1,
-                   environment=environment)[-1]
+                   environment=environment, results=results)[-1]
       if status_of(extra) != "done":
         break
       out.append(extra)
@@ -341,6 +386,8 @@ def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
                    lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
   record = make_record(run, progress.data)
   files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
+  if run.archive is not None:
+    archive_lib.save(run.workdir, run.archive)
   exp_cache.clear()
   jax.clear_caches()
   return record
