@@ -434,3 +434,85 @@ def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
   assert (metrics["w_A1"], metrics["w_A2"]) == (27.0, 18.0)
   assert "w_A3" not in metrics
   assert {"w_A1", "w_A2", "w_A3"} <= set(tables.TABLES["table4"].metrics)
+
+
+# --------------------------------------------------------------------------
+# Finished runs kept under results/ (fkjax.reproduce.archive).
+
+
+def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):
+  from fkjax.reproduce import archive  # pylint: disable=C0415
+  kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
+      *ROW_WORKDIR[1:])
+  names = {p.name for p in kept.iterdir()}
+  assert {runner.RUN_RECORD, "config.json", "metrics.jsonl",
+          "eval_paper.json", "analysis.json", "analysis.npz"} <= names
+  assert all(p.is_file() for p in kept.iterdir())   # no checkpoint folders
+  record = json.loads((kept / runner.RUN_RECORD).read_text())
+  workdir = tiny["root"] / "w" / os.path.join(*ROW_WORKDIR)
+  assert record == json.loads((workdir / runner.RUN_RECORD).read_text())
+  assert kept == Path(archive.archive_dir(str(tiny["root"] / "results"),
+                                          "tiny", "table1", "resnet20_none",
+                                          0))
+
+
+def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
+  # A fresh clone has results/ but no workdirs: the runner must report the
+  # finished run as before, and train nothing.
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(tiny["root"] / "results", tmp_path / "results")
+  again = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}"], tmp_path,
+                     tiny["cache"])
+  assert "restored the finished run" in again.stdout
+  assert "1 done, 0 to run" in again.stdout
+  assert "training" not in again.stdout
+  before, after = _table(tiny["root"]), _table(tmp_path)
+  assert before["rows"][0]["runs"][0]["metrics"] == (
+      after["rows"][0]["runs"][0]["metrics"])
+  assert (tmp_path / "w" / os.path.join(*ROW_WORKDIR) / "analysis.npz"
+          ).exists()
+
+
+def _legacy_table(tmp_path, run, saved_config, fingerprints):
+  """A table written before archives: the run's record and nothing else."""
+  entry = {"table": run.owner_table, "row": run.owner_row.name,
+           "seed": run.seed, "metrics": {"A1": 41.0},
+           "stage_seconds": {"train": 5.0, "eval": 2.0, "analysis": 1.0},
+           "fingerprints": fingerprints, "done": True, "status": "done"}
+  folder = tmp_path / "results" / "tiny"
+  folder.mkdir(parents=True)
+  (folder / "table5.json").write_text(json.dumps(
+      {"rows": [{"name": run.row.name, "runs": [entry]}]}))
+
+
+def test_a_table_written_before_archives_restores_its_runs(tmp_path):
+  plan = lambda **kw: runner.plan(   # noqa: E731
+      tables.TABLES["table5"], scales.SCALES["tiny"], rows=[ROW], seeds=1,
+      root=str(tmp_path / "w"), **kw)
+  run = plan()[0]
+  # saved before the (unset) training.data_seed placeholder existed
+  saved = run_config.as_dict(run.config)
+  del saved["training"]["data_seed"]
+  os.makedirs(run.workdir)
+  Path(run_config.config_path(run.workdir)).write_text(json.dumps(saved))
+  fps = runner.fingerprints(run)
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.rmtree(tmp_path / "w")
+  _legacy_table(tmp_path, run, saved, fps)
+  run = plan(results=str(tmp_path / "results"))[0]
+  assert runner.status_of(run) == "done"
+  assert run_config.load_saved(run.workdir) == saved
+  assert json.loads(Path(run.archive, runner.RUN_RECORD).read_text())[
+      "metrics"] == {"A1": 41.0}
+
+
+def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
+  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                    rows=[ROW], seeds=1, root=str(tmp_path / "w"))[0]
+  _legacy_table(tmp_path, run, None, {"train": "0" * 16, "eval": "0" * 16})
+  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                    rows=[ROW], seeds=1, root=str(tmp_path / "w"),
+                    results=str(tmp_path / "results"))[0]
+  assert runner.status_of(run) == "not started"
+  assert not os.path.exists(run.workdir)
+  assert not os.path.exists(run.archive)

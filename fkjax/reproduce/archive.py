@@ -71,14 +71,18 @@ def _is_empty(workdir: str) -> bool:
   return not os.path.isdir(workdir) or not os.listdir(workdir)
 
 
-def _legacy_entry(table_json: str, table: str, row: str, seed: int
-                  ) -> dict[str, Any] | None:
-  data = files.load_json(table_json) or {}
-  for r in data.get("rows", []):
-    for entry in r.get("runs", []):
-      if (entry.get("status") == "done" and entry.get("table") == table
-          and entry.get("row") == row and entry.get("seed") == seed):
-        return entry
+def _legacy_entry(tables_dir: str, table: str, row: str, seed: int
+                  ) -> tuple[str, dict[str, Any]] | None:
+  # A shared row is recorded in every table that reports it, and a table
+  # may have been written without its owner's.
+  for path in sorted(glob.glob(os.path.join(tables_dir, "*.json"))):
+    data = files.load_json(path)
+    rows = data.get("rows", []) if isinstance(data, dict) else []
+    for r in rows:
+      for entry in r.get("runs", []):
+        if (entry.get("status") == "done" and entry.get("table") == table
+            and entry.get("row") == row and entry.get("seed") == seed):
+          return path, entry
   return None
 
 
@@ -98,12 +102,12 @@ def _saved_configs(full: dict[str, Any]) -> Iterator[dict[str, Any]]:
       yield config
 
 
-def restore(workdir: str, archive: str, *, table_json: str, table: str,
+def restore(workdir: str, archive: str, *, tables_dir: str, table: str,
             row: str, seed: int, config: Any, fingerprints: Any) -> str | None:
   """Gives an empty (or missing) ``workdir`` back its finished run.
 
   From ``archive`` when it holds a whole run; else from the run's record in
-  ``table_json`` (a table written before archives existed), when the record's
+  a table of ``tables_dir`` (written before archives existed), when its
   fingerprints are those the run has now (``fingerprints(workdir)`` computes
   them from the restored ``config.json``). Returns where the run came from,
   or None when nothing was restored.
@@ -113,9 +117,10 @@ def restore(workdir: str, archive: str, *, table_json: str, table: str,
   if files.load_json(os.path.join(archive, RUN_RECORD)):
     _copy(_kept_files(archive), workdir)
     return archive
-  entry = _legacy_entry(table_json, table, row, seed)
-  if entry is None:
+  found = _legacy_entry(tables_dir, table, row, seed)
+  if found is None:
     return None
+  table_json, entry = found
   full = run_config.as_dict(config)
   # The saved config decides which unset placeholders count (runner's
   # fingerprints); a run trained before a placeholder existed saved none.

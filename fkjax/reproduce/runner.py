@@ -160,15 +160,15 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
       if results is not None:
         run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
                                               owner.name, seed)
-        sync_archive(run, os.path.join(results, scale.name,
-                                       f"{owner_name}.json"))
+        sync_archive(run, os.path.join(results, scale.name))
       runs.append(run)
   return runs
 
 
-def sync_archive(run: Run, table_json: str) -> None:
+def sync_archive(run: Run, tables_dir: str) -> None:
   """Restores a finished run missing from its workdir from its archive (or
-  the record in ``table_json``), or archives a finished run not yet kept."""
+  its record in a table of ``tables_dir``), or archives a finished run not
+  yet kept there."""
   assert run.archive is not None
   if status_of(run) == "done":
     kept = files.load_json(os.path.join(run.archive, RUN_RECORD))
@@ -176,7 +176,7 @@ def sync_archive(run: Run, table_json: str) -> None:
       archive_lib.save(run.workdir, run.archive)
     return
   source = archive_lib.restore(
-      run.workdir, run.archive, table_json=table_json, table=run.owner_table,
+      run.workdir, run.archive, tables_dir=tables_dir, table=run.owner_table,
       row=run.owner_row.name, seed=run.seed, config=run.config,
       fingerprints=lambda _: fingerprints(run))
   if source is None:
