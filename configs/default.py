@@ -175,7 +175,8 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   config.eval.nattack_success_draws = 3
   # The strong protocol (config.eval.protocol="strong").
   config.eval.strong = ml_collections.ConfigDict()
-  config.eval.strong.eot_samples = 0      # 0: 20 for noisy models, else 1
+  # draws per gradient of a noisy model (0: 20); a deterministic one takes 1
+  config.eval.strong.eot_samples = 0
   config.eval.strong.num_iters = 100
   config.eval.strong.n_restarts = 1
   config.eval.strong.targeted = False     # add APGD-T (top-9 targets)

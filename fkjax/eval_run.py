@@ -102,6 +102,7 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
             ) -> dict[str, Any]:
   """The strong protocol (``config.eval.protocol="strong"``)."""
   st = config.eval.strong
+  stochastic = bool(config.model.noise_coef)
   batch_size = config.eval.batch_size
   sanity = (list(sharded_eval_batches(limit(test, st.sanity_examples),
                                       batch_size, exp.mesh))
@@ -111,8 +112,9 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
       lambda: sharded_eval_batches(test, batch_size, exp.mesh),
       experiment_lib.prng_key(config.seed, "test"),
       epsilon=config.attack.epsilon,
-      stochastic=bool(config.model.noise_coef),
-      eot_samples=st.eot_samples or None,
+      stochastic=stochastic,
+      # Draws of a deterministic model would all give the same gradient.
+      eot_samples=(st.eot_samples or None) if stochastic else 1,
       num_noise_draws=config.eval.num_noise_draws, num_iters=st.num_iters,
       n_restarts=st.n_restarts, targeted=st.targeted,
       num_targets=st.num_targets, num_seeds=st.num_seeds,

@@ -516,3 +516,33 @@ def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   assert runner.status_of(run) == "not started"
   assert not os.path.exists(run.workdir)
   assert not os.path.exists(run.archive)
+
+
+def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
+  # Table 1 adds the strong column to the row the fixture trained for
+  # Table 5: only that evaluation runs. A checkout restored from results/
+  # has no checkpoint to run it on: the row is reported without it.
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(tiny["root"] / "results", tmp_path / "results")
+  args = ["table1", "--scale=tiny", "--rows=resnet20_none"]
+  dry = _reproduce([*args, "--dry-run"], tiny["root"], tiny["cache"])
+  assert "resnet20_none seed 0: done, eval_strong not yet run" in dry.stdout
+  out = _reproduce(args, tiny["root"], tiny["cache"])
+  assert "training" not in out.stdout
+  assert "extra evaluation strong" in out.stdout
+  run = _table(tiny["root"], "table1")["rows"][0]["runs"][0]
+  assert run["pending"] == []
+  assert 0 <= run["metrics"]["A_strong"] <= run["metrics"]["A1"]
+  strong = json.loads((tiny["root"] / "w" / os.path.join(*ROW_WORKDIR)
+                       / "eval_strong.json").read_text())
+  assert strong["settings"]["eot_samples"] == 1   # a deterministic net
+  assert run["metrics"]["A_strong"] == strong["worst_case"]["accuracy"]
+
+  restored = _reproduce(args, tmp_path, tiny["cache"])
+  assert "no checkpoint to evaluate" in restored.stdout
+  assert "extra evaluation" not in restored.stdout
+  run = _table(tmp_path, "table1")["rows"][0]["runs"][0]
+  assert (run["status"], run["pending"]) == ("done", ["eval_strong"])
+  assert "A_strong" not in run["metrics"] and "A1" in run["metrics"]
+  md = (tmp_path / "results" / "tiny" / "table1.md").read_text()
+  assert "done (eval_strong not yet run)" in md

@@ -154,7 +154,19 @@ def main(argv: list[str] | None = None) -> int:
                                       environment=environment,
                                       results=args.results)
     if not args.report_only:
-      todo = [r for r in runs if runner_lib.status_of(r) != "done"]
+      todo = []
+      for r in runs:
+        if runner_lib.status_of(r) == "done":
+          continue
+        if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
+          # Restored from results/ without checkpoints: reported as it is.
+          runner_lib.log(
+              f"{name}/{r.row.name} seed {r.seed}: "
+              f"{runner_lib.status_of(r)[6:]}, and its workdir has no "
+              "checkpoint to evaluate (restored from results/); remove "
+              f"{r.workdir} and {r.archive} to train it again")
+          continue
+        todo.append(r)
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
                      f"{len(runs) - len(todo)} done, {len(todo)} to run")
       if args.sweep and todo:
@@ -202,7 +214,15 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
     table_total = 0.0
     for run in runs:
       status = runner_lib.status_of(run)
-      estimate = runner_lib.estimate_seconds(run)
+      if not runner_lib.finished(run):
+        estimate = runner_lib.estimate_seconds(run)
+      elif runner_lib.has_checkpoint(run):
+        estimate = runner_lib.estimate_seconds(
+            run, only=runner_lib.pending_evals(run))
+      else:
+        estimate = 0.0
+        if status != "done":
+          status += " (no checkpoint here: reported without it)"
       new = run.key not in seen and status != "done"
       seen.add(run.key)
       if new:

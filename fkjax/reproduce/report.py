@@ -54,12 +54,21 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
     for run in by_row[row.name]:
       record = files.load_json(os.path.join(run.workdir,
                                             runner_lib.RUN_RECORD))
-      if record and runner_lib.status_of(run) == "done":
+      if record and runner_lib.finished(run):
         # Read again from the run's files: a column added to the tables
         # after the run finished is filled from what its evaluation wrote.
-        metrics = {**record.get("metrics", {}), **runner_lib.metrics_of(
-            run.workdir, run.eval_result, run.extra_evals)}
-        entries.append({**record, "metrics": metrics, "status": "done"})
+        # A pending extra evaluation's columns stay empty, whatever an
+        # older setting of it left.
+        pending = runner_lib.pending_evals(run)
+        current = [e for e in run.extra_evals if e not in pending]
+        stale = {c for e in pending
+                 for c in runner_lib.extra_columns(e, run.config)}
+        metrics = {k: v for k, v in {
+            **record.get("metrics", {}), **runner_lib.metrics_of(
+                run.workdir, run.eval_result, current)}.items()
+                   if k not in stale}
+        entries.append({**record, "metrics": metrics, "status": "done",
+                        "pending": [f"eval_{e.protocol}" for e in pending]})
       else:
         entries.append({
             "seed": run.seed, "workdir": run.workdir,
@@ -175,8 +184,10 @@ def markdown(data: dict[str, Any]) -> str:
   for r in rows:
     for e in r["runs"]:
       status = e["status"]
+      if e.get("pending"):
+        status += f" ({', '.join(e['pending'])} not yet run)"
       wall = (f", {runner_lib.format_seconds(e['wall_seconds'])}"
-              if status == "done" else "")
+              if e["status"] == "done" else "")
       shared = f" (trained for {r['shared']})" if r["shared"] else ""
       lines.append(f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
                    f"{shared}, `{e['workdir']}`")
@@ -199,6 +210,9 @@ _COLUMN_DOC = {
                    "steps, perturbation scaled by 0.031), which explains the "
                    "paper's A4 above A2"),
     "A5": "under NAttack (gradient-free)",
+    "A_strong": ("fkjax's strong protocol, not in the paper: robust to "
+                 "APGD-CE and APGD-DLR together (EOT over the noise); see "
+                 "the notes for its size at this scale"),
     "sparsity": "% exactly-zero conv weights of the evaluated weights u",
     "channel_sparsity": ("% conv channel groups (input channels) of norm "
                          "< 1e-15 in u"),

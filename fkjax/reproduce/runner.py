@@ -170,7 +170,7 @@ def sync_archive(run: Run, tables_dir: str) -> None:
   its record in a table of ``tables_dir``), or archives a finished run not
   yet kept there."""
   assert run.archive is not None
-  if status_of(run) == "done":
+  if finished(run):
     kept = files.load_json(os.path.join(run.archive, RUN_RECORD))
     if kept != files.load_json(os.path.join(run.workdir, RUN_RECORD)):
       archive_lib.save(run.workdir, run.archive)
@@ -181,7 +181,7 @@ def sync_archive(run: Run, tables_dir: str) -> None:
       fingerprints=lambda _: fingerprints(run))
   if source is None:
     return
-  if status_of(run) != "done":
+  if not finished(run):
     # Its settings changed since it ran: it runs again from scratch.
     import shutil  # pylint: disable=import-outside-toplevel
     shutil.rmtree(run.workdir)
@@ -208,7 +208,7 @@ def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
     while True:
       extra = plan(table, scale, root=root, rows=[row.name], seeds=seed + 1,
                    environment=environment, results=results)[-1]
-      if status_of(extra) != "done":
+      if not finished(extra):
         break
       out.append(extra)
       seed += 1
@@ -225,6 +225,9 @@ def _with(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
 
 def _result_file(config: ml_collections.ConfigDict) -> str:
   # eval_run.result_file without importing JAX (dry runs stay instant).
+  if config.eval.get("protocol") == "strong":
+    return "eval_strong" + (
+        "_targeted" if config.eval.strong.targeted else "") + ".json"
   eot = config.eval.eot_samples
   return f"eval_{config.eval.get('protocol', 'paper')}" + (
       f"_eot{eot}" if eot > 1 else "") + ".json"
@@ -502,6 +505,16 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
   return trained
 
 
+def extra_columns(extra: ExtraEvalRun, config: ml_collections.ConfigDict
+                  ) -> list[str]:
+  """The metric columns an extra evaluation fills."""
+  cfg = _with(config, extra.overrides)
+  if cfg.eval.get("protocol") == "strong":
+    return ["A_strong"]
+  attacks = cfg.eval.attacks.split(",")
+  return [c for c, a in tables_lib.ATTACK_OF.items() if a in attacks]
+
+
 def metrics_of(workdir: str, eval_result: str,
                extra: Iterable[ExtraEvalRun] = ()) -> dict[str, float]:
   """The metric columns of a finished run (see ``tables.METRICS``)."""
@@ -520,6 +533,9 @@ def metrics_of(workdir: str, eval_result: str,
       out[f"w_{column}"] = dense[tables_lib.ATTACK_OF[column]]["accuracy"]
   for e in extra:
     data = files.load_json(os.path.join(workdir, e.result_file)) or {}
+    if data.get("protocol") == "strong":
+      out["A_strong"] = data["worst_case"]["accuracy"]
+      continue
     for column, attack in tables_lib.ATTACK_OF.items():
       entry = data.get("attacks", {}).get(attack)
       if entry is not None and column not in out:
@@ -576,12 +592,45 @@ def record_failure(run: Run, error: BaseException) -> None:
   progress._save()   # pylint: disable=protected-access
 
 
+def _core_stages_done(run: Run, record: Mapping[str, Any] | None) -> bool:
+  if not (record and record.get("done")):
+    return False
+  kept, now = record.get("fingerprints", {}), fingerprints(run)
+  return all(kept.get(k) == now[k] for k in ("train", "eval"))
+
+
+def pending_evals(run: Run) -> list[ExtraEvalRun]:
+  """The extra evaluations a finished run lacks, or ran with other settings
+  (a column added to its table after it ran)."""
+  record = files.load_json(os.path.join(run.workdir, RUN_RECORD)) or {}
+  kept, now = record.get("fingerprints", {}), fingerprints(run)
+  return [e for e in run.extra_evals
+          if kept.get(f"eval_{e.protocol}") != now[f"eval_{e.protocol}"]]
+
+
+def finished(run: Run) -> bool:
+  """Trained and evaluated with its current settings: reportable, though
+  an extra evaluation may still be pending (:func:`pending_evals`)."""
+  return _core_stages_done(
+      run, files.load_json(os.path.join(run.workdir, RUN_RECORD)))
+
+
+def has_checkpoint(run: Run) -> bool:
+  """Whether the workdir holds checkpoints (a run restored from results/
+  does not: an evaluation it lacks cannot be run without training it)."""
+  directory = os.path.join(run.workdir, "checkpoints")
+  return os.path.isdir(directory) and bool(os.listdir(directory))
+
+
 def status_of(run: Run) -> str:
-  """``done``, ``failed: ...``, ``trained i/n epochs`` or ``not started``."""
+  """``done``, ``done, eval_<protocol> not yet run``, ``to update``,
+  ``failed: ...``, ``trained i/n epochs`` or ``not started``."""
   record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
   if record and record.get("done"):
-    if record.get("fingerprints") == fingerprints(run):
-      return "done"
+    if _core_stages_done(run, record):
+      pending = [f"eval_{e.protocol}" for e in pending_evals(run)]
+      return ("done" if not pending else
+              f"done, {', '.join(pending)} not yet run")
     # e.g. an evaluation setting (a new attack) changed since
     return "to update (settings changed since it ran)"
   progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
@@ -611,8 +660,10 @@ _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
                "cw_authors": 51, "fgsm_authors": 2}
 
 
-def estimate_seconds(run: Run) -> float:
-  """A rough wall-time estimate of ``run`` on 2 idle CPU cores."""
+def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None
+                     ) -> float:
+  """A rough wall-time estimate of ``run`` on 2 idle CPU cores (``only``:
+  of these extra evaluations alone)."""
   c = run.config
   m = _MEMBERS.get(c.model.ensemble_size, 1.5 * c.model.ensemble_size)
   m *= (c.model.depth - 2) / 18
@@ -627,6 +678,17 @@ def estimate_seconds(run: Run) -> float:
 
   def eval_cost(cfg):
     n = cfg.eval.num_examples or 10000
+    if cfg.eval.get("protocol") == "strong":
+      # APGD-CE + APGD-DLR (+ APGD-T per target), each num_iters + 1
+      # gradients of eot_samples draws and a check of check_draws forward
+      # passes (a third of a gradient each) per iteration; sanity checks
+      # not counted.
+      st = cfg.eval.strong
+      noisy = bool(cfg.model.noise_coef)
+      eot = (st.eot_samples or 20) if noisy else 1
+      attacks = 2 + (st.num_targets if st.targeted else 0)
+      per_image = attacks * (st.num_iters + 1) * (eot + (1 if noisy else 0))
+      return n * st.num_seeds * m * _EVAL_ITER_PER_IMAGE * per_image
     total = 0.0
     for name in cfg.eval.attacks.split(","):
       if name == "nattack":
@@ -635,6 +697,8 @@ def estimate_seconds(run: Run) -> float:
       else:
         total += n * m * _EVAL_ITER_PER_IMAGE * _EVAL_ITERS.get(name, 21)
     return total
+  if only is not None:
+    return sum(eval_cost(_with(c, e.overrides)) for e in only)
   total = train + eval_cost(c) + 60 * m
   for e in run.extra_evals:
     total += eval_cost(_with(c, e.overrides))
