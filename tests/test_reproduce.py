@@ -546,3 +546,20 @@ def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
   assert "A_strong" not in run["metrics"] and "A1" in run["metrics"]
   md = (tmp_path / "results" / "tiny" / "table1.md").read_text()
   assert "done (eval_strong not yet run)" in md
+
+
+def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
+  # Table 2 adds A5 to the runs it shares with Tables 1, 4 and 5: that
+  # extra evaluation's fingerprint in the record must not mark the run as
+  # changed for the tables that do not ask for it.
+  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                    rows=[ROW], seeds=1, root=str(tmp_path))[0]
+  os.makedirs(run.workdir)
+  run_config.save(run.config, run.workdir)
+  record = {"done": True,
+            "fingerprints": {**runner.fingerprints(run), "eval_a5": "x"}}
+  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
+  assert runner.status_of(run) == "done"
+  record["fingerprints"]["eval"] = "changed"
+  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
+  assert runner.status_of(run).startswith("to update")
