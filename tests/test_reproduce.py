@@ -563,3 +563,20 @@ def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
   record["fingerprints"]["eval"] = "changed"
   Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
   assert runner.status_of(run).startswith("to update")
+
+
+def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
+                                                                 tmp_path):
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(tiny["root"] / "results", tmp_path / "results")
+  out = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}",
+                    "--no-restore"], tmp_path, tiny["cache"])
+  assert "restored" not in out.stdout
+  assert "training" in out.stdout
+  workdir = tmp_path / "w" / os.path.join(*ROW_WORKDIR)
+  assert (workdir / "checkpoints").is_dir()
+  # the same code, data and seed: the same numbers as the kept run
+  again = _table(tmp_path)["rows"][0]["runs"][0]["metrics"]
+  kept = _table(tiny["root"])["rows"][0]["runs"][0]["metrics"]
+  assert {k: again[k] for k in ("A1", "A2")} == {k: kept[k]
+                                                 for k in ("A1", "A2")}

@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
                  help="workdirs go to <root>/<scale>/<table>/<row>_seed<k>")
   p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS,
                  help="tables go to <results>/<scale>/<table>.{json,md}")
+  p.add_argument("--no-restore", "--no_restore", action="store_true",
+                 help="do not restore finished runs missing from their "
+                      "workdirs from <results>/<scale>/runs: they train again "
+                      "(and replace what is kept there when they finish)")
   p.add_argument("--sweep", action="store_true",
                  help="train the runs that differ only in seeds or "
                       "hyperparameters (fkjax.sweep.SWEEPABLE_KEYS) as one "
@@ -134,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
       table = tables_lib.TABLES[name]
       plans[name] = runner_lib.plan(
           table, scale, root=args.root, rows=rows or None, seeds=args.seeds,
-          environment=environment, results=args.results)
+          environment=environment, results=args.results,
+          restore=not args.no_restore)
   except (KeyError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -142,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
   if args.dry_run:
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs)
 
+  # --no-restore: the runs asked for train again; the rest of each table
+  # is reported as usual.
+  not_restored = ({r.workdir for runs in plans.values() for r in runs}
+                  if args.no_restore else True)
   failed = 0
   if not args.report_only:
     from absl import logging  # pylint: disable=import-outside-toplevel
@@ -152,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     reported = runner_lib.plan_report(table, scale, root=args.root,
                                       seeds=args.seeds,
                                       environment=environment,
-                                      results=args.results)
+                                      results=args.results,
+                                      restore=not_restored)
     if not args.report_only:
       todo = []
       for r in runs:
@@ -163,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
           runner_lib.log(
               f"{name}/{r.row.name} seed {r.seed}: "
               f"{runner_lib.status_of(r)[6:]}, and its workdir has no "
-              "checkpoint to evaluate (restored from results/); remove "
-              f"{r.workdir} and {r.archive} to train it again")
+              "checkpoint to evaluate (restored from results/); to train "
+              f"it again, remove {r.workdir} and rerun with --no-restore")
           continue
         todo.append(r)
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "

@@ -25,7 +25,7 @@ import os
 import shlex
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import ml_collections
 
@@ -106,13 +106,15 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
          root: str = DEFAULT_ROOT, rows: Iterable[str] | None = None,
          seeds: int | None = None,
          environment: Mapping[str, Any] | None = None,
-         results: str | None = None) -> list[Run]:
+         results: str | None = None,
+         restore: bool | Collection[str] = True) -> list[Run]:
   """The runs of ``table`` at ``scale`` (only ``rows`` if given).
 
   With ``results`` (the results directory), each run is kept in step with
   its copy there (:mod:`fkjax.reproduce.archive`): a finished run missing
-  from its workdir (a fresh checkout) is restored from it, and a finished
-  run not yet copied there is copied.
+  from its workdir (a fresh checkout) is restored from it (unless
+  ``restore`` is False, or a collection of workdirs that holds its own: it
+  then trains again), and a finished run not yet copied there is copied.
   """
   wanted = list(rows) if rows else [r.name for r in table.rows]
   runs = []
@@ -160,12 +162,14 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
       if results is not None:
         run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
                                               owner.name, seed)
-        sync_archive(run, os.path.join(results, scale.name))
+        sync_archive(run, os.path.join(results, scale.name),
+                     restore if isinstance(restore, bool)
+                     else workdir not in restore)
       runs.append(run)
   return runs
 
 
-def sync_archive(run: Run, tables_dir: str) -> None:
+def sync_archive(run: Run, tables_dir: str, restore: bool = True) -> None:
   """Restores a finished run missing from its workdir from its archive (or
   its record in a table of ``tables_dir``), or archives a finished run not
   yet kept there."""
@@ -174,6 +178,8 @@ def sync_archive(run: Run, tables_dir: str) -> None:
     kept = files.load_json(os.path.join(run.archive, RUN_RECORD))
     if kept != files.load_json(os.path.join(run.workdir, RUN_RECORD)):
       archive_lib.save(run.workdir, run.archive)
+    return
+  if not restore:
     return
   source = archive_lib.restore(
       run.workdir, run.archive, tables_dir=tables_dir, table=run.owner_table,
@@ -195,11 +201,12 @@ def sync_archive(run: Run, tables_dir: str) -> None:
 def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
                 root: str = DEFAULT_ROOT, seeds: int | None = None,
                 environment: Mapping[str, Any] | None = None,
-                results: str | None = None) -> list[Run]:
+                results: str | None = None,
+                restore: bool | Collection[str] = True) -> list[Run]:
   """The runs a table reports: every row, its planned seeds and any further
   seeds already finished on disk (a run with more ``--seeds`` earlier)."""
   runs = plan(table, scale, root=root, seeds=seeds, environment=environment,
-              results=results)
+              results=results, restore=restore)
   out = []
   for row in table.rows:
     mine = [r for r in runs if r.row.name == row.name]
@@ -207,7 +214,8 @@ def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
     seed = len(mine)
     while True:
       extra = plan(table, scale, root=root, rows=[row.name], seeds=seed + 1,
-                   environment=environment, results=results)[-1]
+                   environment=environment, results=results,
+                   restore=restore)[-1]
       if not finished(extra):
         break
       out.append(extra)
