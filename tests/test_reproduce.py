@@ -580,3 +580,17 @@ def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
   kept = _table(tiny["root"])["rows"][0]["runs"][0]["metrics"]
   assert {k: again[k] for k in ("A1", "A2")} == {k: kept[k]
                                                  for k in ("A1", "A2")}
+
+
+def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
+  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  rng = np.random.default_rng(0)
+  stacked = rng.normal(0, 0.05, (2, 3, 3, 64, 64))
+  stacked[1, :, :, 5, :] = 0.0   # one input channel of member 1 pruned
+  w = {"members": {"conv": {"kernel": stacked}}}
+  summary, arrays = analysis.analyze_params(w, w, layout="MHWIO")
+  assert summary["w"]["num_weights"] == stacked.size
+  assert summary["w"]["num_channels"] == 2 * 64
+  assert summary["w"]["channel_sparsity"] == pytest.approx(100 / 128)
+  np.testing.assert_array_equal(arrays["figure_layer_kernel"],
+                                stacked[0].astype(np.float32))

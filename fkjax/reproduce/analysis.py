@@ -41,10 +41,12 @@ QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9)
 SMALL = 1e-3
 
 
-def conv_kernels(params: Any) -> list[tuple[str, np.ndarray]]:
-  """``(name, kernel)`` of every conv kernel, in tree order, on the host."""
+def conv_kernels(params: Any, layout: str = "HWIO"
+                 ) -> list[tuple[str, np.ndarray]]:
+  """``(name, kernel)`` of every conv kernel, in tree order, on the host
+  (``layout``: ``"MHWIO"`` for an EnResNet's member-stacked kernels)."""
   host = jax.device_get(params)
-  mask = sparsity.conv_kernel_mask(host)
+  mask = sparsity.conv_kernel_mask(host, layout)
   out = []
   for (path, leaf), keep in zip(jax.tree_util.tree_leaves_with_path(host),
                                 jax.tree.leaves(mask)):
@@ -74,10 +76,11 @@ def figure_layer(kernels: list[tuple[str, np.ndarray]]
   return name, k
 
 
-def _stats(params: Any, group: str) -> tuple[dict[str, Any], dict[str, Any]]:
-  kernels = conv_kernels(params)
+def _stats(params: Any, group: str, layout: str
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+  kernels = conv_kernels(params, layout)
   flat = np.concatenate([k.ravel() for _, k in kernels]).astype(np.float64)
-  report = sparsity.sparsity_report(params, group=group)
+  report = sparsity.sparsity_report(params, group=group, layout=layout)
   norms = report.channel_norms()
   magnitude = np.abs(flat)
   nonzero = magnitude[magnitude > 0]
@@ -102,9 +105,11 @@ def _stats(params: Any, group: str) -> tuple[dict[str, Any], dict[str, Any]]:
   return stats, arrays
 
 
-def analyze_params(w: Any, u: Any, group: str = "input"
+def analyze_params(w: Any, u: Any, group: str = "input",
+                   layout: str = "HWIO"
                    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """Statistics of trained ``w`` and evaluated ``u`` (see the module doc).
+  """Statistics of trained ``w`` and evaluated ``u`` (see the module doc);
+  ``layout`` of their conv kernels as :func:`conv_kernels`.
 
   Returns:
     ``(summary, arrays)``: JSON data ``{"w": {...}, "u": {...},
@@ -114,10 +119,10 @@ def analyze_params(w: Any, u: Any, group: str = "input"
   arrays: dict[str, np.ndarray] = {"weight_bins": WEIGHT_BINS,
                                    "log_abs_bins": LOG_ABS_BINS}
   for tag, params in (("w", w), ("u", u)):
-    stats, arr = _stats(params, group)
+    stats, arr = _stats(params, group, layout)
     summary[tag] = stats
     arrays.update({f"{tag}_{k}": v for k, v in arr.items()})
-  name, kernel = figure_layer(conv_kernels(u))
+  name, kernel = figure_layer(conv_kernels(u, layout))
   summary["figure_layer"] = name
   arrays["figure_layer_kernel"] = kernel.astype(np.float32)
   return summary, arrays
@@ -138,8 +143,9 @@ def analyze_run(config: ml_collections.ConfigDict, workdir: str,
   finally:
     checkpointer.close()
   u = experiment_lib.eval_variables(state, config)["params"]
-  summary, arrays = analyze_params(state["params"], u,
-                                   group=config.sparsity.group)
+  summary, arrays = analyze_params(
+      state["params"], u, group=config.sparsity.group,
+      layout=experiment_lib.kernel_layout(config))
   summary.update(checkpoint=config.eval.checkpoint, step=int(step))
   _atomic_npz(os.path.join(workdir, ANALYSIS_NPZ), arrays)
   atomic_json(os.path.join(workdir, ANALYSIS_JSON), summary)
