@@ -594,3 +594,23 @@ def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
   assert summary["w"]["channel_sparsity"] == pytest.approx(100 / 128)
   np.testing.assert_array_equal(arrays["figure_layer_kernel"],
                                 stacked[0].astype(np.float32))
+
+
+def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
+  # En2ResNet20 under RGSM with Table 2's extra columns: NAttack (A5) and
+  # the strong protocol with EOT over the noise; the analysis reads the
+  # member-stacked kernels.
+  row = "en2resnet20_rgsm_l0.05"
+  _reproduce(["table2", "--scale=tiny", f"--rows={row}"], tmp_path,
+             tiny["cache"])
+  data = _table(tmp_path, "table2")
+  run = next(r for r in data["rows"] if r["name"] == row)["runs"][0]
+  assert run["status"] == "done" and run["pending"] == []
+  assert {"A1", "A2", "A5", "A_strong", "channel_sparsity"} <= set(
+      run["metrics"])
+  workdir = tmp_path / "w" / "tiny" / "table2" / f"{row}_seed0"
+  strong = json.loads((workdir / "eval_strong.json").read_text())
+  assert strong["settings"]["eot_samples"] == 2   # noisy: the row's EOT
+  stats = json.loads((workdir / "analysis.json").read_text())
+  assert stats["figure_layer"].startswith("members/")
+  assert stats["w"]["num_channels"] > 0
