@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import threading
 import time
 from typing import Any, Callable, Collection, Iterable, Mapping
@@ -189,7 +190,6 @@ def sync_archive(run: Run, tables_dir: str, restore: bool = True) -> None:
     return
   if not finished(run):
     # Its settings changed since it ran: it runs again from scratch.
-    import shutil  # pylint: disable=import-outside-toplevel
     shutil.rmtree(run.workdir)
     return
   log(f"{run.owner_table}/{run.owner_row.name} seed {run.seed}: restored "
