@@ -28,6 +28,7 @@ import optax
 from fkjax import attacks
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import epoch_steps
 from fkjax import eval_run
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
@@ -256,52 +257,27 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
         process_count=jax.process_count(), drop_last=t.drop_last)
     # steps of this epoch already done (resuming from a mid-epoch checkpoint)
     skip = int(state["step"]) - epoch * exp.steps_per_epoch
-    state_step = skip
-    batches = itertools.islice(batches, skip, None)
     sums: dict[str, float] = {}
-    bar = metric_logging.progress(
-        batches, total=exp.steps_per_epoch, initial=skip,
-        desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}", unit="step",
-        disable=not config.progress, leave=False)
-    # Metrics are read one step late, so that the host prepares the next
-    # batch while the device still runs this step (reading them at once
-    # would wait for the device every step).
-    pending = None
-    # Throughput after the epoch's first step, which includes compilation.
-    seen = {"steps": 0, "first_done": None}
 
-    def consume(step_and_metrics):
-      step, metrics = step_and_metrics
-      metrics = jax.device_get(metrics)
-      seen["steps"] += 1
-      if seen["steps"] == 1:
-        seen["first_done"] = time.perf_counter()
+    def on_metrics(step, metrics, epoch=epoch, sums=sums):
       _check_loss(float(metrics["loss"]), max_loss,
                   f"at step {step} (epoch {epoch + 1})", checkpointer, workdir)
       for k, v in metrics.items():
         sums[k] = sums.get(k, 0.0) + float(v)
-      bar.set_postfix({k: f"{v:.3f}" for k, v in metrics.items()})
+      return {k: f"{v:.3f}" for k, v in metrics.items()}
 
-    for batch in bar:
-      step = epoch * exp.steps_per_epoch + state_step
-      key = jax.random.fold_in(base_key, step)
-      state, metrics = train_step(state, parallel.shard_batch(batch, exp.mesh),
-                                  key)
-      if pending is not None:
-        consume(pending)
-      pending = (step, metrics)
-      state_step += 1
-      every = t.checkpoint_every_steps
-      if every and (step + 1) % every == 0 and state_step < exp.steps_per_epoch:
-        consume(pending)  # never checkpoint a state with a non-finite loss
-        pending = None
-        checkpointer.save(step + 1, state)
-    if pending is not None:
-      consume(pending)
-    bar.close()
-    steady = (time.perf_counter() - seen["first_done"]
-              if seen["steps"] > 1 else None)
-    state = end_of_epoch(state, config)
+    ran = epoch_steps.run_epoch_steps(
+        state, itertools.islice(batches, skip, None),
+        first_step=epoch * exp.steps_per_epoch, skip=skip,
+        steps_per_epoch=exp.steps_per_epoch,
+        step_fn=lambda state, batch, step: train_step(
+            state, parallel.shard_batch(batch, exp.mesh),
+            jax.random.fold_in(base_key, step)),
+        on_metrics=on_metrics, save=checkpointer.save,
+        checkpoint_every=t.checkpoint_every_steps,
+        desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}",
+        progress=config.progress)
+    state = end_of_epoch(ran.state, config)
     train_seconds = time.perf_counter() - epoch_start
 
     evaluated = experiment_lib.eval_variables(state, config)
@@ -319,7 +295,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
                         val_split, config.validation.batch_size, exp.mesh),
                     jax.random.fold_in(val_key, epoch))
     report = experiment_lib.sparsity_report(evaluated["params"], config)
-    n_steps = max(1, state_step - skip)
+    n_steps = max(1, ran.steps)
     val_summary = {
         "epoch": epoch + 1,
         "learning_rate": float(schedule(int(state["step"]) - 1)),
@@ -330,8 +306,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
         "channel_sparsity": report.channel_sparsity,
         "train_seconds": train_seconds,
         # global batch: every process's images, after the first step
-        "train_images_per_second": (
-            (seen["steps"] - 1) * t.batch_size / steady if steady else None),
+        "train_images_per_second": ran.images_per_second(t.batch_size),
         "val_seconds": sum(r["seconds"] for r in val["attacks"].values()),
     }
     select = ("natural" if config.validation.select_by == "natural"

@@ -21,6 +21,7 @@ import numpy as np
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import epoch_steps
 from fkjax import eval_run
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
@@ -287,49 +288,27 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
     skip = step_now - epoch * spe
     for _ in range(skip):
       next(batches)
-    state_step = skip
     sums = [dict() for _ in configs]
-    bar = metric_logging.progress(
-        batches, total=spe, initial=skip,
-        desc=f"epoch {epoch + 1}/{t.num_epochs} ({sweep.size} runs)"
-             f"{synthetic}", unit="step", disable=not config.progress,
-        leave=False)
-    pending = None
-    seen = {"steps": 0, "first_done": None}
 
-    def consume(step_and_metrics):
-      step, metrics = step_and_metrics
-      metrics = jax.device_get(metrics)
-      seen["steps"] += 1
-      if seen["steps"] == 1:
-        seen["first_done"] = time.perf_counter()
+    def on_metrics(step, metrics, epoch=epoch, sums=sums):
       runs.check_loss(metrics["loss"], max_loss,
                       f"at step {step} (epoch {epoch + 1})")
       for k, v in metrics.items():
         for i in range(sweep.size):
           sums[i][k] = sums[i].get(k, 0.0) + float(v[i])
-      bar.set_postfix({k: f"{float(np.mean(v)):.3f}"
-                       for k, v in metrics.items()})
+      return {k: f"{float(np.mean(v)):.3f}" for k, v in metrics.items()}
 
-    for batch in bar:
-      step = epoch * spe + state_step
-      state, metrics = sweep.train_step(state, sweep.place_batch(batch),
-                                        train_keys, step, values)
-      if pending is not None:
-        consume(pending)
-      pending = (step, metrics)
-      state_step += 1
-      every = t.checkpoint_every_steps
-      if every and (step + 1) % every == 0 and state_step < spe:
-        consume(pending)
-        pending = None
-        runs.save(sweep, step + 1, state)
-    if pending is not None:
-      consume(pending)
-    bar.close()
-    steady = (time.perf_counter() - seen["first_done"]
-              if seen["steps"] > 1 else None)
-    state, evaluated = sweep.epoch_end(state, values)
+    ran = epoch_steps.run_epoch_steps(
+        state, batches, first_step=epoch * spe, skip=skip,
+        steps_per_epoch=spe,
+        step_fn=lambda state, batch, step: sweep.train_step(
+            state, sweep.place_batch(batch), train_keys, step, values),
+        on_metrics=on_metrics,
+        save=lambda step, state: runs.save(sweep, step, state),
+        checkpoint_every=t.checkpoint_every_steps,
+        desc=f"epoch {epoch + 1}/{t.num_epochs} ({sweep.size} runs)"
+             f"{synthetic}", progress=config.progress)
+    state, evaluated = sweep.epoch_end(ran.state, values)
     train_seconds = time.perf_counter() - epoch_start
     step_now = int(jax.device_get(state["step"])[0])
 
@@ -346,9 +325,8 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
     val_seconds = time.perf_counter() - val_start
     select = ("natural" if config.validation.select_by == "natural"
               else f"pgd{config.validation.attack_steps}")
-    n_steps = max(1, state_step - skip)
-    per_run_rate = ((seen["steps"] - 1) * t.batch_size / steady
-                    if steady else None)
+    n_steps = max(1, ran.steps)
+    per_run_rate = ran.images_per_second(t.batch_size)
     for i, (c, evaluated_i) in enumerate(zip(
         configs, sweep.unstack(evaluated, sweep.size))):
       report = experiment_lib.sparsity_report(evaluated_i["params"], c)
