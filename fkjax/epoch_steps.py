@@ -10,6 +10,7 @@ and the throughput after the epoch's first step, which includes compilation.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any, Callable, Iterable, Mapping
 
@@ -53,7 +54,8 @@ def run_epoch_steps(
 
   Args:
     state: the training state.
-    batches: the epoch's batches left to run (``skip`` already dropped).
+    batches: the epoch's batches, all of them (the first ``skip`` are
+      dropped).
     first_step: the global step of the epoch's first batch.
     skip: steps of this epoch done before (resuming mid-epoch).
     steps_per_epoch: steps of a whole epoch.
@@ -68,7 +70,7 @@ def run_epoch_steps(
       :func:`fkjax.metric_logging.progress`).
   """
   bar = metric_logging.progress(
-      batches, total=steps_per_epoch, initial=skip, desc=desc, unit="step",
+      itertools.islice(batches, skip, None), total=steps_per_epoch, initial=skip, desc=desc, unit="step",
       disable=not progress, leave=False)
   consumed = 0
   first_done = None

@@ -14,7 +14,6 @@ evaluation of a checkpoint in :mod:`fkjax.eval_run`.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 import time
@@ -267,8 +266,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
       return {k: f"{v:.3f}" for k, v in metrics.items()}
 
     ran = epoch_steps.run_epoch_steps(
-        state, itertools.islice(batches, skip, None),
-        first_step=epoch * exp.steps_per_epoch, skip=skip,
+        state, batches, first_step=epoch * exp.steps_per_epoch, skip=skip,
         steps_per_epoch=exp.steps_per_epoch,
         step_fn=lambda state, batch, step: train_step(
             state, parallel.shard_batch(batch, exp.mesh),

@@ -286,8 +286,6 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
     else:
       batches = zip(*[stream(s) for s in data_seeds])
     skip = step_now - epoch * spe
-    for _ in range(skip):
-      next(batches)
     sums = [dict() for _ in configs]
 
     def on_metrics(step, metrics, epoch=epoch, sums=sums):
