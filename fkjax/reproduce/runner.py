@@ -387,8 +387,10 @@ def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
     fp = fps[stage]
     path = os.path.join(run.workdir, extra.result_file)
     if not (progress.done(stage, fp) and files.load_json(path)):
+      attacks = ("APGD-CE, APGD-DLR" if cfg.eval.protocol == "strong"
+                 else cfg.eval.attacks)
       log(f"{what}: extra evaluation {extra.protocol} "
-          f"({cfg.eval.attacks}, {cfg.eval.num_examples or 'all'} images)")
+          f"({attacks}, {cfg.eval.num_examples or 'all'} images)")
       progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
           cfg, run.workdir, exp=exp()))
   apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
