@@ -170,11 +170,13 @@ def main(argv: list[str] | None = None) -> int:
           continue
         if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
           # Restored from results/ without checkpoints: reported as it is.
+          pending = ", ".join(f"eval_{e.protocol}"
+                              for e in runner_lib.pending_evals(r))
           runner_lib.log(
-              f"{name}/{r.row.name} seed {r.seed}: "
-              f"{runner_lib.status_of(r)[6:]}, and its workdir has no "
-              "checkpoint to evaluate (restored from results/); to train "
-              f"it again, remove {r.workdir} and rerun with --no-restore")
+              f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
+              "and its workdir has no checkpoint to evaluate (restored "
+              f"from results/); to train it again, remove {r.workdir} and "
+              "rerun with --no-restore")
           continue
         todo.append(r)
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
