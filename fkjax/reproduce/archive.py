@@ -7,8 +7,9 @@ train them again. So every finished run's small files (its record, config,
 metrics log, evaluations and weight analysis; never its checkpoints) are
 copied to ``<results>/<scale>/runs/<table>/<row>_seed<k>/``, and a run whose
 workdir is missing gets them back before anything reads it. A restored run
-is ``done`` as before; what needs its checkpoint (a new evaluation setting)
-means training it again.
+is ``done`` as before but has no checkpoint: a changed training or main
+evaluation setting trains it again, and an extra evaluation added since
+stays pending until it is trained again (``--no-restore``).
 
 Tables written before this archive existed hold each finished run's record
 in ``<results>/<scale>/<table>.json``: such a run is restored from that
