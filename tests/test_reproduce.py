@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -459,7 +460,6 @@ def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):
 def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
   # A fresh clone has results/ but no workdirs: the runner must report the
   # finished run as before, and train nothing.
-  import shutil  # pylint: disable=import-outside-toplevel
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")
   again = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}"], tmp_path,
                      tiny["cache"])
@@ -473,7 +473,7 @@ def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
           ).exists()
 
 
-def _legacy_table(tmp_path, run, saved_config, fingerprints):
+def _legacy_table(tmp_path, run, fingerprints):
   """A table written before archives: the run's record and nothing else."""
   entry = {"table": run.owner_table, "row": run.owner_row.name,
            "seed": run.seed, "metrics": {"A1": 41.0},
@@ -496,9 +496,8 @@ def test_a_table_written_before_archives_restores_its_runs(tmp_path):
   os.makedirs(run.workdir)
   Path(run_config.config_path(run.workdir)).write_text(json.dumps(saved))
   fps = runner.fingerprints(run)
-  import shutil  # pylint: disable=import-outside-toplevel
   shutil.rmtree(tmp_path / "w")
-  _legacy_table(tmp_path, run, saved, fps)
+  _legacy_table(tmp_path, run, fps)
   run = plan(results=str(tmp_path / "results"))[0]
   assert runner.status_of(run) == "done"
   assert run_config.load_saved(run.workdir) == saved
@@ -509,7 +508,7 @@ def test_a_table_written_before_archives_restores_its_runs(tmp_path):
 def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
                     rows=[ROW], seeds=1, root=str(tmp_path / "w"))[0]
-  _legacy_table(tmp_path, run, None, {"train": "0" * 16, "eval": "0" * 16})
+  _legacy_table(tmp_path, run, {"train": "0" * 16, "eval": "0" * 16})
   run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
                     rows=[ROW], seeds=1, root=str(tmp_path / "w"),
                     results=str(tmp_path / "results"))[0]
@@ -522,7 +521,6 @@ def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
   # Table 1 adds the strong column to the row the fixture trained for
   # Table 5: only that evaluation runs. A checkout restored from results/
   # has no checkpoint to run it on: the row is reported without it.
-  import shutil  # pylint: disable=import-outside-toplevel
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")
   args = ["table1", "--scale=tiny", "--rows=resnet20_none"]
   dry = _reproduce([*args, "--dry-run"], tiny["root"], tiny["cache"])
@@ -567,7 +565,6 @@ def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
 
 def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
                                                                  tmp_path):
-  import shutil  # pylint: disable=import-outside-toplevel
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")
   out = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}",
                     "--no-restore"], tmp_path, tiny["cache"])
