@@ -23,7 +23,7 @@ import glob
 import itertools
 import os
 import shutil
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from fkjax import run_config
 from fkjax.reproduce import files
@@ -104,13 +104,14 @@ def _saved_configs(full: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def restore(workdir: str, archive: str, *, tables_dir: str, table: str,
-            row: str, seed: int, config: Any, fingerprints: Any) -> str | None:
+            row: str, seed: int, config: Any,
+            fingerprints: Callable[[], Any]) -> str | None:
   """Gives an empty (or missing) ``workdir`` back its finished run.
 
   From ``archive`` when it holds a whole run; else from the run's record in
   a table of ``tables_dir`` (written before archives existed), when its
-  fingerprints are those the run has now (``fingerprints(workdir)`` computes
-  them from the restored ``config.json``). Returns where the run came from,
+  fingerprints are those the run has now (``fingerprints()`` computes them
+  from the ``config.json`` restored into ``workdir``). Returns where the run came from,
   or None when nothing was restored.
   """
   if not _is_empty(workdir):
@@ -128,7 +129,7 @@ def restore(workdir: str, archive: str, *, tables_dir: str, table: str,
   for saved in _saved_configs(full):
     os.makedirs(workdir, exist_ok=True)
     files.atomic_json(run_config.config_path(workdir), saved)
-    if fingerprints(workdir) == entry.get("fingerprints"):
+    if fingerprints() == entry.get("fingerprints"):
       break
   else:
     shutil.rmtree(workdir)

@@ -185,7 +185,7 @@ def sync_archive(run: Run, tables_dir: str, restore: bool = True) -> None:
   source = archive_lib.restore(
       run.workdir, run.archive, tables_dir=tables_dir, table=run.owner_table,
       row=run.owner_row.name, seed=run.seed, config=run.config,
-      fingerprints=lambda _: fingerprints(run))
+      fingerprints=lambda: fingerprints(run))
   if source is None:
     return
   if not finished(run):
