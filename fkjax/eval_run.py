@@ -84,20 +84,6 @@ def validation_attacks(config: ml_collections.ConfigDict
   return suite
 
 
-def result_file(workdir: str, config: ml_collections.ConfigDict,
-                final: bool = False) -> str:
-  """The result file of the protocol ``config.eval`` describes (see
-  :func:`fkjax.workdir.result_path`)."""
-  if final:
-    return workdir_lib.result_path(workdir, workdir_lib.FINAL)
-  if config.eval.protocol == "strong":
-    return workdir_lib.result_path(workdir, "strong",
-                                   targeted=config.eval.strong.targeted)
-  eot = config.eval.eot_samples
-  return workdir_lib.result_path(workdir, config.eval.protocol,
-                                 eot=eot if eot > 1 else None)
-
-
 def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
             ) -> dict[str, Any]:
   """The strong protocol (``config.eval.protocol="strong"``)."""
@@ -126,7 +112,7 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
   report = experiment_lib.sparsity_report(variables["params"], config)
   results.update(step=step, weight_sparsity=report.weight_sparsity,
                  channel_sparsity=report.channel_sparsity)
-  path = result_file(workdir, config)
+  path = workdir_lib.eval_result_path(workdir, config)
   if jax.process_index() == 0:
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
@@ -151,7 +137,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
                         ) -> dict[str, Any]:
   """Restores a checkpoint and measures A1..A5 and sparsity on the test set.
 
-  Writes ``result_file(workdir, config, final)`` (and PNG plots if asked).
+  Writes ``fkjax.workdir.eval_result_path(workdir, config, final)`` (and PNG
+  plots if asked).
   ``final`` marks train.py's own short evaluation.
   """
   from fkjax import plots as plots_lib  # matplotlib only when needed
@@ -212,7 +199,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       channel_sparsity=report.channel_sparsity)
   table = evaluate.format_table(results, sparsity=report.weight_sparsity,
                                 channel_sparsity=report.channel_sparsity)
-  path = result_file(workdir, config, final)
+  path = workdir_lib.eval_result_path(workdir, config, final)
   if jax.process_index() == 0:
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,

@@ -22,6 +22,9 @@ Results files
     result_path(workdir, "paper", checkpoint="latest", eot=None)
                                                   -> eval_paper_checkpointlatest.json
 
+  ``eval_result_path(workdir, config)`` names the file of the evaluation a
+  run config's ``eval`` section describes.
+
   ``final`` is train.py's short end-of-training evaluation; other protocols
   are eval.py's. Settings are appended in sorted key order as ``_<key><value>``;
   settings that are ``None`` or ``False`` are left out (pass ``None`` for a
@@ -201,6 +204,20 @@ def result_path(workdir: str | os.PathLike[str], protocol: str,
     parts.append(key if value is True else key + _SAFE.sub("-", str(value)))
   stem = "final_eval" if protocol == FINAL else f"eval_{protocol}"
   return os.path.join(os.fspath(workdir), "_".join([stem, *parts]) + ".json")
+
+
+def eval_result_path(workdir: str | os.PathLike[str], config: Any,
+                     final: bool = False) -> str:
+  """The results file of the evaluation ``config.eval`` describes (its
+  protocol, the strong protocol's targeting, EOT draws), or of train.py's
+  end-of-training evaluation if ``final``."""
+  if final:
+    return result_path(workdir, FINAL)
+  if config.eval.protocol == "strong":
+    return result_path(workdir, "strong", targeted=config.eval.strong.targeted)
+  eot = config.eval.eot_samples
+  return result_path(workdir, config.eval.protocol,
+                     eot=eot if eot > 1 else None)
 
 
 def source_version() -> dict[str, Any]:

@@ -66,11 +66,11 @@ def test_invalid_sparsifier_hyperparameters(method, key, value):
 
 
 def test_a_named_protocol_is_a_further_paper_evaluation(tmp_path):
-  from fkjax import eval_run
+  from fkjax import workdir
   config = default.get_config()
   config.eval.protocol = "a5"
   run_config.validate(config)
-  assert eval_run.result_file(str(tmp_path), config) == str(
+  assert workdir.eval_result_path(str(tmp_path), config) == str(
       tmp_path / "eval_a5.json")
 
 

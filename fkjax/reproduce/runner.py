@@ -31,6 +31,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping
 import ml_collections
 
 from fkjax import run_config
+from fkjax import workdir as workdir_lib
 from fkjax.reproduce import archive as archive_lib
 from fkjax.reproduce import files
 from fkjax.reproduce import scales as scales_lib
@@ -232,13 +233,7 @@ def _with(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
 
 
 def _result_file(config: ml_collections.ConfigDict) -> str:
-  # eval_run.result_file without importing JAX (dry runs stay instant).
-  if config.eval.get("protocol") == "strong":
-    return "eval_strong" + (
-        "_targeted" if config.eval.strong.targeted else "") + ".json"
-  eot = config.eval.eot_samples
-  return f"eval_{config.eval.get('protocol', 'paper')}" + (
-      f"_eot{eot}" if eot > 1 else "") + ".json"
+  return os.path.basename(workdir_lib.eval_result_path("", config))
 
 
 # --------------------------------------------------------------------------
