@@ -22,6 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from fkjax import run_config
+from fkjax.reproduce import archive as archive_lib
 from fkjax.reproduce import runner
 from fkjax.reproduce import scales
 from fkjax.reproduce import tables
@@ -473,48 +474,22 @@ def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
           ).exists()
 
 
-def _legacy_table(tmp_path, run, fingerprints):
-  """A table written before archives: the run's record and nothing else."""
-  entry = {"table": run.owner_table, "row": run.owner_row.name,
-           "seed": run.seed, "metrics": {"A1": 41.0},
-           "stage_seconds": {"train": 5.0, "eval": 2.0, "analysis": 1.0},
-           "fingerprints": fingerprints, "done": True, "status": "done"}
-  folder = tmp_path / "results" / "tiny"
-  folder.mkdir(parents=True)
-  (folder / "table5.json").write_text(json.dumps(
-      {"rows": [{"name": run.row.name, "runs": [entry]}]}))
-
-
-def test_a_table_written_before_archives_restores_its_runs(tmp_path):
-  plan = lambda **kw: runner.plan(   # noqa: E731
-      tables.TABLES["table5"], scales.SCALES["tiny"], rows=[ROW], seeds=1,
-      root=str(tmp_path / "w"), **kw)
-  run = plan()[0]
-  # saved before the (unset) training.data_seed placeholder existed
-  saved = run_config.as_dict(run.config)
-  del saved["training"]["data_seed"]
-  os.makedirs(run.workdir)
-  Path(run_config.config_path(run.workdir)).write_text(json.dumps(saved))
-  fps = runner.fingerprints(run)
-  shutil.rmtree(tmp_path / "w")
-  _legacy_table(tmp_path, run, fps)
-  run = plan(results=str(tmp_path / "results"))[0]
-  assert runner.status_of(run) == "done"
-  assert run_config.load_saved(run.workdir) == saved
-  assert json.loads(Path(run.archive, runner.RUN_RECORD).read_text())[
-      "metrics"] == {"A1": 41.0}
-
-
 def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
+  # A run kept in results/ whose training settings are not the table's any
+  # more (a changed default) trains again: its files are not restored.
   run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
                     rows=[ROW], seeds=1, root=str(tmp_path / "w"))[0]
-  _legacy_table(tmp_path, run, {"train": "0" * 16, "eval": "0" * 16})
+  archive = archive_lib.archive_dir(str(tmp_path / "results"), "tiny",
+                                    run.owner_table, run.owner_row.name, 0)
+  os.makedirs(archive)
+  Path(archive, runner.RUN_RECORD).write_text(json.dumps(
+      {"metrics": {"A1": 41.0}, "done": True,
+       "fingerprints": {"train": "0" * 16, "eval": "0" * 16}}))
   run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
                     rows=[ROW], seeds=1, root=str(tmp_path / "w"),
                     results=str(tmp_path / "results"))[0]
   assert runner.status_of(run) == "not started"
   assert not os.path.exists(run.workdir)
-  assert not os.path.exists(run.archive)
 
 
 def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):

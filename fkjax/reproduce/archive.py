@@ -10,22 +10,14 @@ workdir is missing gets them back before anything reads it. A restored run
 is ``done`` as before but has no checkpoint: a changed training or main
 evaluation setting trains it again, and an extra evaluation added since
 stays pending until it is trained again (``--no-restore``).
-
-Tables written before this archive existed hold each finished run's record
-in ``<results>/<scale>/<table>.json``: such a run is restored from that
-record (its metrics, wall time and commands; not its figures' data) when its
-settings are still those it was run with.
 """
 from __future__ import annotations
 
-import copy
 import glob
-import itertools
 import os
 import shutil
-from typing import Any, Callable, Iterable, Iterator
+from typing import Iterable
 
-from fkjax import run_config
 from fkjax.reproduce import files
 
 RUN_RECORD = "reproduce_run.json"
@@ -72,75 +64,12 @@ def _is_empty(workdir: str) -> bool:
   return not os.path.isdir(workdir) or not os.listdir(workdir)
 
 
-def _legacy_entry(tables_dir: str, table: str, row: str, seed: int
-                  ) -> tuple[str, dict[str, Any]] | None:
-  # A shared row is recorded in every table that reports it, and a table
-  # may have been written without its owner's.
-  for path in sorted(glob.glob(os.path.join(tables_dir, "*.json"))):
-    data = files.load_json(path)
-    rows = data.get("rows", []) if isinstance(data, dict) else []
-    for r in rows:
-      for entry in r.get("runs", []):
-        if (entry.get("status") == "done" and entry.get("table") == table
-            and entry.get("row") == row and entry.get("seed") == seed):
-          return path, entry
-  return None
-
-
-def _saved_configs(full: dict[str, Any]) -> Iterator[dict[str, Any]]:
-  """``full``, then ``full`` without each set of its unset keys: a run
-  trained before a placeholder key existed saved a config without it."""
-  unset = [k for k, v in run_config.flatten(full).items() if v is None]
-  for n in range(len(unset) + 1):
-    for dropped in itertools.combinations(unset, n):
-      config = copy.deepcopy(full)
-      for key in dropped:
-        *parents, leaf = key.split(".")
-        node = config
-        for p in parents:
-          node = node[p]
-        del node[leaf]
-      yield config
-
-
-def restore(workdir: str, archive: str, *, tables_dir: str, table: str,
-            row: str, seed: int, config: Any,
-            fingerprints: Callable[[], Any]) -> str | None:
-  """Gives an empty (or missing) ``workdir`` back its finished run.
-
-  From ``archive`` when it holds a whole run; else from the run's record in
-  a table of ``tables_dir`` (written before archives existed), when its
-  fingerprints are those the run has now (``fingerprints()`` computes them
-  from the ``config.json`` restored into ``workdir``). Returns where the run came from,
-  or None when nothing was restored.
-  """
-  if not _is_empty(workdir):
-    return None
-  if files.load_json(os.path.join(archive, RUN_RECORD)):
-    _copy(_kept_files(archive), workdir)
-    return archive
-  found = _legacy_entry(tables_dir, table, row, seed)
-  if found is None:
-    return None
-  table_json, entry = found
-  full = run_config.as_dict(config)
-  # The saved config decides which unset placeholders count (runner's
-  # fingerprints); a run trained before a placeholder existed saved none.
-  for saved in _saved_configs(full):
-    os.makedirs(workdir, exist_ok=True)
-    files.atomic_json(run_config.config_path(workdir), saved)
-    if fingerprints() == entry.get("fingerprints"):
-      break
-  else:
-    shutil.rmtree(workdir)
-    return None
-  record = {k: v for k, v in entry.items() if k != "status"}
-  stages = {name: {"seconds": seconds,
-                   "attempts": entry.get("stage_attempts", {}).get(name, 1),
-                   "done": True,
-                   "fingerprint": entry["fingerprints"].get(
-                       "eval" if name == "analysis" else name)}
-            for name, seconds in entry.get("stage_seconds", {}).items()}
-  files.atomic_json(os.path.join(workdir, PROGRESS_FILE), {"stages": stages})
-  files.atomic_json(os.path.join(workdir, RUN_RECORD), record)
-  return table_json
+def restore(workdir: str, archive: str) -> bool:
+  """Gives an empty (or missing) ``workdir`` back the finished run kept in
+  ``archive``; returns whether it did. The caller checks that the run's
+  settings are still those it ran with."""
+  if not _is_empty(workdir) or not files.load_json(
+      os.path.join(archive, RUN_RECORD)):
+    return False
+  _copy(_kept_files(archive), workdir)
+  return True

@@ -164,39 +164,29 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
       if results is not None:
         run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
                                               owner.name, seed)
-        sync_archive(run, os.path.join(results, scale.name),
-                     restore if isinstance(restore, bool)
+        sync_archive(run, restore if isinstance(restore, bool)
                      else workdir not in restore)
       runs.append(run)
   return runs
 
 
-def sync_archive(run: Run, tables_dir: str, restore: bool = True) -> None:
-  """Restores a finished run missing from its workdir from its archive (or
-  its record in a table of ``tables_dir``), or archives a finished run not
-  yet kept there."""
+def sync_archive(run: Run, restore: bool = True) -> None:
+  """Restores a finished run missing from its workdir from its archive, or
+  archives a finished run not yet kept there."""
   assert run.archive is not None
   if finished(run):
     kept = files.load_json(os.path.join(run.archive, RUN_RECORD))
     if kept != files.load_json(os.path.join(run.workdir, RUN_RECORD)):
       archive_lib.save(run.workdir, run.archive)
     return
-  if not restore:
-    return
-  source = archive_lib.restore(
-      run.workdir, run.archive, tables_dir=tables_dir, table=run.owner_table,
-      row=run.owner_row.name, seed=run.seed, config=run.config,
-      fingerprints=lambda: fingerprints(run))
-  if source is None:
+  if not (restore and archive_lib.restore(run.workdir, run.archive)):
     return
   if not finished(run):
     # Its settings changed since it ran: it runs again from scratch.
     shutil.rmtree(run.workdir)
     return
   log(f"{run.owner_table}/{run.owner_row.name} seed {run.seed}: restored "
-      f"the finished run from {source}")
-  if source != run.archive:
-    archive_lib.save(run.workdir, run.archive)
+      f"the finished run from {run.archive}")
 
 
 def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
