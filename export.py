@@ -43,14 +43,8 @@ def restore_pruned(config, workdir: str):
   its checkpoint restored, the variables evaluated (the sparse ``u`` of
   RVSM/RGSM).
   """
-  from fkjax import checkpoint as ckpt_lib
   from fkjax import experiment
-  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
-  try:
-    exp = experiment.Experiment.build(config)
-    step, state = exp.restore(checkpointer, config.eval.checkpoint)
-  finally:
-    checkpointer.close()
+  exp, step, state = experiment.restore_checkpoint(workdir, config)
   return exp, int(step), experiment.eval_variables(state, config)
 
 

@@ -20,7 +20,6 @@ import jax
 import ml_collections
 
 from fkjax import attacks
-from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
@@ -143,12 +142,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   """
   from fkjax import plots as plots_lib  # matplotlib only when needed
 
-  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
-  try:
-    exp = exp or experiment_lib.Experiment.build(config)
-    step, state = exp.restore(checkpointer, config.eval.checkpoint)
-  finally:
-    checkpointer.close()
+  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
   variables = experiment_lib.eval_variables(state, config)
   eval_apply, _ = experiment_lib.model_fns(exp.model)
   test = limit(exp.dataset.test, config.eval.num_examples)

@@ -190,6 +190,25 @@ def model_fns(model) -> tuple[Callable, Callable]:
   return eval_apply, train_apply
 
 
+def restore_checkpoint(workdir: str, config: ml_collections.ConfigDict,
+                       exp: Experiment | None = None
+                       ) -> tuple[Experiment, int, dict[str, PyTree]]:
+  """``(exp, step, state)``: the experiment of ``config`` (``exp`` if given,
+  else built) and the checkpoint ``config.eval.checkpoint`` of ``workdir``,
+  opened for reading only.
+
+  Raises:
+    CheckpointError: ``workdir`` has no such checkpoint.
+  """
+  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
+  try:
+    exp = exp or Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  finally:
+    checkpointer.close()
+  return exp, step, state
+
+
 def eval_variables(state: dict[str, PyTree], config: ml_collections.ConfigDict
                    ) -> dict[str, PyTree]:
   """The variables evaluated: the sparse ``u`` for every method."""

@@ -5,6 +5,7 @@ cover the command line). The runs share a persistent compilation cache, so
 only the first run of each program pays for compilation.
 """
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 
 from configs import tiny
 from fkjax import checkpoint as ckpt_lib
+from fkjax import data
 from fkjax import sparsity
 from fkjax import eval_run
 from fkjax import experiment
@@ -188,6 +190,41 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
   assert "A1 natural" in proc.stdout
   for png in ("weight_histogram.png", "channel_norms.png", "conv_filters.png"):
     assert (workdir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
+                                                                tmp_path):
+  out = tmp_path / "slim"
+  proc = subprocess.run(
+      [sys.executable, "export.py", f"--workdir={runs['full']}",
+       f"--out={out}", "--config.num_devices=1", "--check_examples=16"],
+      cwd=REPO, env=_env(runs["cache"]), capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  costs = json.loads((out / "costs.json").read_text())
+  totals = costs["totals"]
+  assert 0 < totals["params_after"] <= totals["params_before"]
+  assert 0 < totals["macs_after"] <= totals["macs_before"]
+  assert (out / "architecture.json").exists()
+  # export.py's own check: the saved model, loaded back, gives the
+  # checkpoint's logits under the same noise key.
+  check = re.search(r"check on 16 test images \(noise on, same key\): max "
+                    r"\|logit difference\| (\S+), same prediction for "
+                    r"([\d.]+)%", proc.stdout)
+  assert check, proc.stdout
+  assert float(check.group(1)) < 1e-4 and float(check.group(2)) == 100.0
+  # and a user loading it gets the same function
+  from fkjax import slim
+  apply_fn, variables = slim.load_slim(str(out))
+  config = tiny.get_config()
+  config.num_devices = 1
+  exp, _, state = experiment.restore_checkpoint(str(runs["full"]), config)
+  images = data.to_float(exp.dataset.test.images[:8])
+  key = jax.random.key(3)
+  original = exp.model.apply(experiment.eval_variables(state, config),
+                             images, train=False, rngs={"noise": key})
+  np.testing.assert_allclose(apply_fn(variables, images, key), original,
+                             atol=1e-4)
 
 
 def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):

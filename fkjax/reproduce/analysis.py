@@ -26,7 +26,6 @@ import jax
 import ml_collections
 import numpy as np
 
-from fkjax import checkpoint as ckpt_lib
 from fkjax import experiment as experiment_lib
 from fkjax import sparsity
 from fkjax.reproduce.files import atomic_json
@@ -136,12 +135,7 @@ def analyze_run(config: ml_collections.ConfigDict, workdir: str,
   Writes ``analysis.npz`` then ``analysis.json`` (the JSON last: its
   presence means both are complete) and returns the JSON data.
   """
-  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
-  try:
-    exp = exp or experiment_lib.Experiment.build(config)
-    step, state = exp.restore(checkpointer, config.eval.checkpoint)
-  finally:
-    checkpointer.close()
+  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
   u = experiment_lib.eval_variables(state, config)["params"]
   summary, arrays = analyze_params(
       state["params"], u, group=config.sparsity.group,

@@ -114,14 +114,7 @@ def _bn_relu(x: jax.Array, index, name: str) -> jax.Array:
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
                  std_over: str) -> jax.Array:
   """``out + coef * std(out) * N(0, 1)`` as fkjax's jnp form computes it."""
-  if std_over == "batch":
-    std = jnp.std(out)
-  elif std_over == "example":
-    std = jnp.std(out, axis=tuple(range(1, out.ndim)), keepdims=True)
-  else:
-    raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
-  return out + coef * std * noise_lib.standard_normal(key, out.shape,
-                                                      out.dtype)
+  return noise_lib.inject_noise(out, coef, key, std_over)
 
 
 class SlimResNet(nn.Module):
