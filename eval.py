@@ -13,7 +13,6 @@ progress). Results go to ``<workdir>/eval_<protocol>[_eot<K>].json`` and
 import os
 
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from fkjax import cli
@@ -30,19 +29,7 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {argv[1:]} (flags take the form "
-             "--name=value)", code=2)
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
-  config = run_config.config_for_eval(
-      FLAGS.workdir, cli.loaded_config(FLAGS.config),
-      config_flags.get_override_values(FLAGS["config"]),
-      config_given=FLAGS["config"].present)
-  run_config.validate(config)
-  from fkjax import kernels  # pylint: disable=import-outside-toplevel
-  kernels.apply_xla_flags()  # before JAX starts its backend
-  # orbax logs every file it writes at INFO; fkjax prints its own progress.
-  logging.set_verbosity(logging.WARNING)
+  config = cli.run_config_for_eval(argv, FLAGS.workdir, FLAGS["config"])
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
   from fkjax import workdir  # pylint: disable=import-outside-toplevel

@@ -15,7 +15,6 @@ key). Load it with ``fkjax.slim.load_slim(out)`` (docs/slim.md).
 import os
 
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from fkjax import cli
@@ -49,18 +48,7 @@ def restore_pruned(config, workdir: str):
 
 
 def main(argv):
-  if len(argv) > 1:
-    cli.fail(f"unexpected arguments: {argv[1:]} (flags take the form "
-             "--name=value)", code=2)
-  from fkjax import run_config
-  config = run_config.config_for_eval(
-      FLAGS.workdir, cli.loaded_config(FLAGS.config),
-      config_flags.get_override_values(FLAGS["config"]),
-      config_given=FLAGS["config"].present)
-  run_config.validate(config)
-  from fkjax import kernels
-  kernels.apply_xla_flags()  # before JAX starts its backend
-  logging.set_verbosity(logging.WARNING)
+  config = cli.run_config_for_eval(argv, FLAGS.workdir, FLAGS["config"])
   import dataclasses
   import json
   import jax

@@ -83,6 +83,33 @@ def loaded_config(config: Any) -> Any:
   return config
 
 
+def run_config_for_eval(argv: Sequence[str], workdir: str,
+                        config_flag: flags.Flag) -> Any:
+  """What eval.py and export.py act on: the run's ``config.json`` with the
+  command line's ``--config.*`` overrides (``config_flag``), validated.
+
+  Also sets fkjax's XLA flags (before JAX starts its backend) and absl's
+  logging to WARNING (orbax logs every file it writes at INFO; fkjax prints
+  its own progress). Stray arguments and bad configs end in one line.
+  """
+  if len(argv) > 1:
+    fail(f"unexpected arguments: {list(argv[1:])} (flags take the form "
+         "--name=value)", code=2)
+  # pylint: disable=import-outside-toplevel
+  from absl import logging
+  from ml_collections import config_flags
+  from fkjax import kernels
+  from fkjax import run_config
+  config = run_config.config_for_eval(
+      workdir, loaded_config(config_flag.value),
+      config_flags.get_override_values(config_flag),
+      config_given=config_flag.present)
+  run_config.validate(config)
+  kernels.apply_xla_flags()
+  logging.set_verbosity(logging.WARNING)
+  return config
+
+
 def _guarded(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
   try:
     return main(argv)
