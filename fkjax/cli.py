@@ -1,4 +1,5 @@
-"""What ``train.py``, ``eval.py`` and ``export.py`` share: a user error is one line.
+"""What ``train.py``, ``eval.py`` and ``export.py`` share: a user error is
+one line.
 
 A mistake of the user's (a bad flag or config value, missing data, a missing,
 corrupt or mismatching checkpoint, a diverged run, a workdir in use, a full
