@@ -111,12 +111,6 @@ def _bn_relu(x: jax.Array, index, name: str) -> jax.Array:
                               name=name)(_take(x, index)))
 
 
-def inject_noise(out: jax.Array, coef: float, key: jax.Array,
-                 std_over: str) -> jax.Array:
-  """``out + coef * std(out) * N(0, 1)`` as fkjax's jnp form computes it."""
-  return noise_lib.inject_noise(out, coef, key, std_over)
-
-
 class SlimResNet(nn.Module):
   """An inference-only pre-activation ResNet with the widths of ``spec``.
 
@@ -126,8 +120,8 @@ class SlimResNet(nn.Module):
       ``fkjax.kernels.onednn_conv.conv_general_dilated`` on CPU or
       ``fkjax.kernels.explicit_grad_conv.conv_general_dilated`` for fast attack loops.
     inject: the noise injection, ``inject(out, coef, key, std_over)``;
-      ``None`` is :func:`inject_noise`. Another implementation must draw the
-      same normals to give the same function.
+      ``None`` is :func:`fkjax.models.noise.inject_noise`. Another
+      implementation must draw the same normals to give the same function.
   """
   spec: NetSpec
   conv: ConvFn = lax.conv_general_dilated
@@ -155,7 +149,7 @@ class SlimResNet(nn.Module):
       x = (x - jnp.asarray(s.mean, x.dtype)) / jnp.asarray(s.std, x.dtype)
     x = SlimConv(s.stem, self.conv, name="stem")(x)
     coef = s.noise_coef if add_noise else 0.0
-    inject = self.inject or inject_noise
+    inject = self.inject or noise_lib.inject_noise
     for i, b in enumerate(s.blocks):
       key = None if noise_keys is None else noise_keys[i]
       x = _SlimBlock(b, self.conv, inject, name=b.name)(
