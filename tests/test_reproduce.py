@@ -482,14 +482,16 @@ def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   archive = archive_lib.archive_dir(str(tmp_path / "results"), "tiny",
                                     run.owner_table, run.owner_row.name, 0)
   os.makedirs(archive)
-  Path(archive, runner.RUN_RECORD).write_text(json.dumps(
-      {"metrics": {"A1": 41.0}, "done": True,
-       "fingerprints": {"train": "0" * 16, "eval": "0" * 16}}))
+  kept = json.dumps({"metrics": {"A1": 41.0}, "done": True,
+                     "fingerprints": {"train": "0" * 16, "eval": "0" * 16}})
+  Path(archive, runner.RUN_RECORD).write_text(kept)
   run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
                     rows=[ROW], seeds=1, root=str(tmp_path / "w"),
                     results=str(tmp_path / "results"))[0]
   assert runner.status_of(run) == "not started"
   assert not os.path.exists(run.workdir)
+  # what is kept stays as it was until the run finishes again
+  assert Path(archive, runner.RUN_RECORD).read_text() == kept
 
 
 def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
