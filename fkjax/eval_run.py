@@ -115,7 +115,8 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
   if jax.process_index() == 0:
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
-        checkpoint=config.eval.checkpoint, protocol="strong"))
+        checkpoint=config.eval.checkpoint, protocol="strong",
+        devices=experiment_lib.describe_devices()))
   text = (f"strong evaluation of the {config.eval.checkpoint} checkpoint "
           f"(step {step}, {results['num_examples']} images, "
           f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"
@@ -197,7 +198,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   if jax.process_index() == 0:
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
-        checkpoint=config.eval.checkpoint, protocol=results["protocol"]))
+        checkpoint=config.eval.checkpoint, protocol=results["protocol"],
+        devices=experiment_lib.describe_devices()))
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(
         variables["params"], report, os.path.join(workdir, "plots"),

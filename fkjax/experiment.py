@@ -109,6 +109,17 @@ def data_seed(config: ml_collections.ConfigDict) -> int:
   return config.seed if seed is None else seed
 
 
+def describe_devices() -> str:
+  """E.g. ``1 x NVIDIA H200 (gpu), jax 0.11.2``: what a result was computed on.
+
+  Kept with every result, since the same run's numbers differ in their last
+  digits from one kind of machine (and XLA version) to another.
+  """
+  devices = jax.devices()
+  return (f"{len(devices)} x {devices[0].device_kind} "
+          f"({devices[0].platform}), jax {jax.__version__}")
+
+
 def describe_model(config: ml_collections.ConfigDict,
                    state: dict[str, PyTree]) -> str:
   """E.g. ``En2ResNet20 (noise 0.1, skip), 544,564 parameters; ...``."""

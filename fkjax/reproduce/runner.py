@@ -575,6 +575,8 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
       "checkpoint_step": metadata.get("step"),
       "git_commit": metadata.get("git_commit"),
       "data": metadata.get("data"),
+      # the machine of the main evaluation (and, run by run, of training)
+      "devices": metadata.get("devices"),
       "fingerprints": fingerprints(run),
       "done": True,
   }

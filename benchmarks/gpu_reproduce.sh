@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Reproduction rows on a lent GPU machine: several `python -m fkjax.reproduce`
+# jobs at once, stopped at a deadline, their finished runs packed for home.
+#
+#   FKJAX_DATA_DIR=/data DEADLINE=480 bash benchmarks/gpu_reproduce.sh \
+#     "table1 --rows=a,b --seeds=1 --sweep" \
+#     "fig45 --rows=c,d --seeds=1 --sweep; table2 --rows=c --seeds=1"
+#
+# Each argument is one job: `;`-separated argument lists of
+# `python -m fkjax.reproduce ... --scale=$SCALE` (default cpu), run in turn.
+# The jobs run side by side on the one GPU: a ResNet20-sized net cannot fill
+# it, and one job's compilation overlaps another's steps. Jobs must not
+# share a run (the listing's "(= table/row)"), or two would train it.
+#
+# Every 20 s, and once more at the end, $OUT/runs.tgz is rewritten with
+# results/<scale>/runs (every finished run's archive, fkjax.reproduce.archive)
+# and the jobs' logs, so a call stopped at its limit still brings back every
+# run finished by then. At home: `tar xzf runs.tgz` in the repository root,
+# then `python -m fkjax.reproduce all --scale=cpu --report-only`.
+# Unfinished runs are lost with the machine (their checkpoints stay there).
+#
+# ml-collections and tensorboardX are installed from ./.whl if it holds
+# wheels (benchmarks/gpu_session.sh says how to fetch them).
+set -u
+OUT=${OUT:-/tmp/fkjax_gpu_reproduce}
+SCALE=${SCALE:-cpu}
+DEADLINE=${DEADLINE:-480}
+PY=${PY:-python3}
+LOGS=/tmp/fkjax_reproduce_logs
+mkdir -p "$OUT" "$LOGS"
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# N processes on one GPU: none may take most of its memory up front.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# Rows of one architecture share their evaluation programs: compile once.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/fkjax_jax_cache}
+: "${FKJAX_DATA_DIR:?set FKJAX_DATA_DIR to the folder holding cifar-10-batches-bin}"
+start=$SECONDS
+log() { echo "=== +$((SECONDS - start))s $*"; }
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/fkjax_site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/fkjax_site"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
+  2>/dev/null || echo "no nvidia-smi"
+
+pack() {
+  tar czf "$OUT/runs.tgz.tmp" "results/$SCALE/runs" -C "$(dirname "$LOGS")" \
+    "$(basename "$LOGS")" 2>/dev/null && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
+}
+
+pids=()
+for i in $(seq 1 $#); do
+  job=${!i}
+  # setsid: each job leads its own process group, so the deadline can stop
+  # it with every process it started.
+  setsid bash -c '
+    IFS=";" read -ra cmds <<< "$1"
+    for c in "${cmds[@]}"; do
+      echo "=== $(date +%T) python -m fkjax.reproduce $c --scale=$2"
+      '"$PY"' -m fkjax.reproduce $c --scale="$2"
+      echo "=== $(date +%T) rc=$?"
+    done' job "$job" "$SCALE" > "$LOGS/job$i.log" 2>&1 &
+  pids+=($!)
+  log "job $i (pid $!): $job"
+done
+
+running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+while running && (( SECONDS - start < DEADLINE )); do
+  sleep 20
+  pack
+  log "$(ls -d results/$SCALE/runs/*/* | wc -l) finished runs kept"
+done
+if running; then
+  log "deadline: stopping the jobs"
+  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
+  sleep 5
+  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+fi
+pack
+for i in $(seq 1 $#); do log "job $i:"; grep -E "^=== |done|Error|error" "$LOGS/job$i.log" | tail -8; done
+log end
