@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fkjax.kernels import noise_jnp
 from fkjax.models import noise
 
 
@@ -52,3 +53,40 @@ def test_other_prng_impls_keep_their_own_normal():
   key = jax.random.key(5, impl="rbg")
   np.testing.assert_array_equal(noise.standard_normal(key, (3, 4)),
                                 jax.random.normal(key, (3, 4)))
+
+
+@pytest.mark.parametrize("inject", [noise.inject_noise,
+                                    noise_jnp.inject_noise],
+                         ids=["models", "kernels_jnp"])
+@pytest.mark.parametrize("std_over", ["batch", "example"])
+def test_a_constant_group_gets_no_noise_and_a_finite_gradient(inject,
+                                                              std_over):
+  # A residual branch pruned to all zeros: jnp.std's gradient is NaN there.
+  x = jnp.zeros((3, 4, 4, 2)).at[1].set(
+      jax.random.normal(jax.random.key(1), (4, 4, 2)))
+  if std_over == "batch":
+    x = jnp.zeros_like(x)
+  key = jax.random.key(0)
+  y, vjp = jax.vjp(lambda a: inject(a, 0.5, key, std_over), x)
+  (dx,) = vjp(jnp.ones_like(x))
+  assert np.isfinite(np.asarray(dx)).all()
+  np.testing.assert_array_equal(y[0], x[0])
+  np.testing.assert_array_equal(dx[0], jnp.ones_like(x[0]))
+
+
+@pytest.mark.parametrize("std_over", ["batch", "example"])
+def test_values_and_gradients_are_jnp_stds_where_it_is_positive(std_over):
+  x = jax.random.normal(jax.random.key(3), (3, 4, 4, 2))
+  key, ct = jax.random.key(0), jax.random.normal(jax.random.key(4), x.shape)
+  axis = None if std_over == "batch" else (1, 2, 3)
+
+  def reference(a):
+    std = jnp.std(a, axis=axis, keepdims=axis is not None)
+    return a + 0.5 * std * noise.standard_normal(key, a.shape)
+
+  want, vjp_want = jax.vjp(reference, x)
+  got, vjp_got = jax.vjp(lambda a: noise.inject_noise(a, 0.5, key, std_over),
+                         x)
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(vjp_got(ct)[0], vjp_want(ct)[0], rtol=1e-6,
+                             atol=1e-7)

@@ -55,9 +55,24 @@ def inject_noise(out: jax.Array, coef: float, key: jax.Array,
   per example, which makes each prediction independent of its batch.
   """
   if std_over == "batch":
-    std = jnp.std(out)
+    std = spread(out)
   elif std_over == "example":
-    std = jnp.std(out, axis=tuple(range(1, out.ndim)), keepdims=True)
+    std = spread(out, axis=tuple(range(1, out.ndim)))
   else:
     raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
   return out + coef * std * standard_normal(key, out.shape, out.dtype)
+
+
+def spread(out: jax.Array, axis: tuple[int, ...] | None = None) -> jax.Array:
+  """``jnp.std(out, axis)`` (axes kept), with no gradient where it is 0.
+
+  The standard deviation is not differentiable at a constant tensor, and
+  ``jnp.std``'s gradient there is NaN (so is ``torch.std``'s): a residual
+  branch pruned to all zeros would turn training into NaNs. Such a group
+  gets a zero gradient through its ``std``, as the fused CPU kernel
+  (``fkjax.kernels.noise_cpu``) gives; elsewhere values and gradients are
+  ``jnp.std``'s.
+  """
+  var = jnp.var(out, axis=axis, keepdims=axis is not None)
+  nonzero = var > 0
+  return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, var, 1.0)), 0.0)
