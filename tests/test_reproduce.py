@@ -23,6 +23,7 @@ from ml_collections import config_flags
 
 from fkjax import run_config
 from fkjax.reproduce import archive as archive_lib
+from fkjax.reproduce import report
 from fkjax.reproduce import runner
 from fkjax.reproduce import scales
 from fkjax.reproduce import tables
@@ -277,6 +278,20 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
   assert f"| {run['metrics']['A1']:.2f} | 76.07 |" in md
   assert "without skip connections | not yet run | 75.45 |" in md
   assert run["commands"]["train"] in md
+  # the record names the machine, and the table says where each run ran
+  assert re.fullmatch(r"\d+ x .+ \((cpu|gpu|tpu)\), jax [\d.]+",
+                      run["devices"]), run["devices"]
+  wall = runner.format_seconds(run["wall_seconds"])
+  assert f"done, {wall} on {run['devices']}" in md
+
+
+def test_wall_times_name_the_machine_where_not_a_cpu():
+  cpu = {"wall_seconds": 60.0}   # a record from before records named it
+  cpu_new = {"wall_seconds": 180.0, "devices": "1 x cpu (cpu), jax 0.10.2"}
+  gpu = {"wall_seconds": 30.0,
+         "devices": "1 x NVIDIA H200 (gpu), jax 0.11.2"}
+  assert report._wall_times([cpu, cpu_new]) == "2m00s"
+  assert report._wall_times([cpu, gpu]) == "1m00s, 0m30s (NVIDIA H200)"
 
 
 def test_rerun_skips_finished_rows(tiny):

@@ -39,6 +39,28 @@ def _git_head() -> str | None:
   return out.stdout.strip() or None
 
 
+# Records written before they named their machine: every such run of this
+# repository ran on its 2-core CPU machine.
+CPU_BEFORE_DEVICES = "cpu"
+
+
+def _machine(entry: dict[str, Any]) -> str:
+  """``NVIDIA H200`` from ``1 x NVIDIA H200 (gpu), jax 0.11.2``."""
+  devices = entry.get("devices") or CPU_BEFORE_DEVICES
+  return devices.split(" x ", 1)[-1].split(" (", 1)[0]
+
+
+def _wall_times(done: list[dict[str, Any]]) -> str:
+  """Mean wall time per seed, by machine where a row ran on more than one."""
+  by_machine: dict[str, list[float]] = {}
+  for e in done:
+    by_machine.setdefault(_machine(e), []).append(e["wall_seconds"])
+  cells = [runner_lib.format_seconds(sum(t) / len(t)) +
+           ("" if m == CPU_BEFORE_DEVICES else f" ({m})")
+           for m, t in by_machine.items()]
+  return ", ".join(cells)
+
+
 def collect(table: tables_lib.Table, scale: scales_lib.Scale,
             runs: Iterable[runner_lib.Run]) -> dict[str, Any]:
   """The results of ``table`` from its runs' workdirs, as JSON data."""
@@ -157,7 +179,9 @@ def markdown(data: dict[str, Any]) -> str:
   lines += [
       "",
       "fkjax: mean ± sample std over the finished seeds; paper: the "
-      "paper's number (— where it gives none). Percentages.",
+      "paper's number (— where it gives none). Percentages. Wall time: "
+      "per seed, on a CPU unless a GPU is named (jobs that shared one GPU "
+      "each count their own wall time).",
       "",
       "| " + " | ".join(header) + " |",
       "|" + "|".join("---" for _ in header) + "|",
@@ -170,8 +194,7 @@ def markdown(data: dict[str, Any]) -> str:
       cells.append(_paper_cell(r["paper"].get(m)))
     cells.append(f"{len(done)}/{r['seeds']}")
     if done:
-      mean = sum(e["wall_seconds"] for e in done) / len(done)
-      cells.append(runner_lib.format_seconds(mean))
+      cells.append(_wall_times(done))
     else:
       cells.append("—")
     lines.append("| " + " | ".join(cells) + " |")
@@ -186,7 +209,8 @@ def markdown(data: dict[str, Any]) -> str:
       status = e["status"]
       if e.get("pending"):
         status += f" ({', '.join(e['pending'])} not yet run)"
-      wall = (f", {runner_lib.format_seconds(e['wall_seconds'])}"
+      wall = (f", {runner_lib.format_seconds(e['wall_seconds'])} on "
+              f"{e.get('devices') or CPU_BEFORE_DEVICES}"
               if e["status"] == "done" else "")
       shared = f" (trained for {r['shared']})" if r["shared"] else ""
       lines.append(f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
