@@ -19,8 +19,10 @@
 # then `python -m fkjax.reproduce all --scale=cpu --report-only`.
 # Unfinished runs are lost with the machine (their checkpoints stay there).
 #
-# ml-collections and tensorboardX are installed from ./.whl if it holds
-# wheels (benchmarks/gpu_session.sh says how to fetch them).
+# ml-collections and tensorboardX, which such machines may lack, are
+# installed from ./.whl if it holds wheels (e.g. `pip download --no-deps
+# --only-binary=:all: -d .whl ml-collections==1.1.0 tensorboardX==2.6.5`).
+# docs/reproduction.md ("Many rows on one GPU") has what one such run gave.
 set -u
 OUT=${OUT:-/tmp/fkjax_gpu_reproduce}
 SCALE=${SCALE:-cpu}
