@@ -15,9 +15,14 @@
 # Every 20 s, and once more at the end, $OUT/runs.tgz is rewritten with
 # results/<scale>/runs (every finished run's archive, fkjax.reproduce.archive)
 # and the jobs' logs, so a call stopped at its limit still brings back every
-# run finished by then. At home: `tar xzf runs.tgz` in the repository root,
-# then `python -m fkjax.reproduce all --scale=cpu --report-only`.
-# Unfinished runs are lost with the machine (their checkpoints stay there).
+# run finished by then. At the deadline the jobs are stopped and
+# $OUT/workdirs.tgz gets the workdirs of the runs not finished (checkpoints
+# included), so that a later lease resumes them: runs longer than one lease
+# (the paper scale's) finish over several. At home, in the repository root:
+#   tar xzf runs.tgz && tar xzf workdirs.tgz
+#   python -m fkjax.reproduce all --scale=$SCALE --report-only
+# and the next lease carries the workdirs back (the device tool's `carry`:
+# workdirs/reproduce/<scale>).
 #
 # ml-collections and tensorboardX, which such machines may lack, are
 # installed from ./.whl if it holds wheels (e.g. `pip download --no-deps
@@ -28,6 +33,7 @@ OUT=${OUT:-/tmp/fkjax_gpu_reproduce}
 SCALE=${SCALE:-cpu}
 DEADLINE=${DEADLINE:-480}
 PY=${PY:-python3}
+ROOT=${ROOT:-workdirs/reproduce}   # the runner's --root (its default)
 LOGS=/tmp/fkjax_reproduce_logs
 mkdir -p "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1
@@ -53,6 +59,18 @@ pack() {
     "$(basename "$LOGS")" 2>/dev/null && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
 }
 
+# The workdirs of runs without a record (fkjax.reproduce.archive.RUN_RECORD):
+# stopped mid-way; their checkpoints let a later lease resume them.
+pack_unfinished() {
+  local dirs=()
+  for d in "$ROOT/$SCALE"/*/*/; do
+    [ -d "$d" ] && [ ! -f "$d/reproduce_run.json" ] && dirs+=("${d%/}")
+  done
+  (( ${#dirs[@]} )) || return 0
+  tar czf "$OUT/workdirs.tgz" "${dirs[@]}"
+  log "unfinished runs packed: ${dirs[*]} ($(du -k "$OUT/workdirs.tgz" | cut -f1) KiB)"
+}
+
 pids=()
 for i in $(seq 1 $#); do
   job=${!i}
@@ -70,10 +88,14 @@ for i in $(seq 1 $#); do
 done
 
 running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+last_pack=$SECONDS
 while running && (( SECONDS - start < DEADLINE )); do
-  sleep 20
-  pack
-  log "$(ls -d results/$SCALE/runs/*/* | wc -l) finished runs kept"
+  sleep 2
+  if (( SECONDS - last_pack >= 20 )); then
+    pack
+    last_pack=$SECONDS
+    log "$(ls -d results/$SCALE/runs/*/* 2>/dev/null | wc -l) finished runs kept"
+  fi
 done
 if running; then
   log "deadline: stopping the jobs"
@@ -82,5 +104,6 @@ if running; then
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
 fi
 pack
+pack_unfinished
 for i in $(seq 1 $#); do log "job $i:"; grep -E "^=== |done|Error|error" "$LOGS/job$i.log" | tail -8; done
 log end
