@@ -158,7 +158,13 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
       experiment_lib.prng_key(config.seed, "test"),
       num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-      num_batches=num_batches)
+      per_image=True, num_batches=num_batches)
+  # Which images each attack left right: nets evaluated on the same images
+  # compare image by image (a paired test, fkjax.reproduce.claims).
+  results["correct_per_image"] = {
+      name: workdir_lib.encode_correct(v)
+      for name, v in results.pop("per_image").items()}
+  results["correct_per_image_encoding"] = workdir_lib.CORRECT_ENCODING
   report = experiment_lib.sparsity_report(variables["params"], config)
   results["near_zero"] = experiment_lib.near_zero_shares(variables["params"],
                                                          config)

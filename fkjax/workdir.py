@@ -36,9 +36,15 @@ Results files
   commit, checkpoint step, data, UTC date) atomically: a temporary file in the
   same directory, ``fsync``, then ``os.replace``. A crash or a full disk
   leaves the previous file intact.
+
+  An evaluation also keeps which test images each attack left correctly
+  classified (``correct_per_image``: attack -> ``encode_correct(vector)``),
+  so two nets evaluated on the same images can be compared image by image
+  (``decode_correct``).
 """
 from __future__ import annotations
 
+import base64
 import datetime
 import errno
 import fcntl
@@ -350,3 +356,23 @@ def _fsync_dir(directory: str) -> None:
     pass
   finally:
     os.close(fd)
+
+
+# How ``correct_per_image`` vectors are written: one bit per test image, in
+# test-set order, packed by ``numpy.packbits`` (first image in the highest
+# bit of the first byte), then base64.
+CORRECT_ENCODING = "base64 of numpy.packbits (bitorder big), one bit per image"
+
+
+def encode_correct(correct: Any) -> str:
+  """A boolean vector (one entry per test image) as a short ASCII string."""
+  bits = np.packbits(np.asarray(correct, dtype=bool).reshape(-1))
+  return base64.b64encode(bits.tobytes()).decode("ascii")
+
+
+def decode_correct(text: str, num_images: int) -> np.ndarray:
+  """The boolean vector of :func:`encode_correct` (``num_images`` long)."""
+  bits = np.frombuffer(base64.b64decode(text), dtype=np.uint8)
+  if bits.size != (num_images + 7) // 8:
+    raise ValueError(f"{bits.size} bytes cannot hold {num_images} images")
+  return np.unpackbits(bits, count=num_images).astype(bool)

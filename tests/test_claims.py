@@ -4,8 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fkjax import workdir as workdir_lib
 from fkjax.reproduce import claims
 from fkjax.reproduce import tables
 
@@ -112,5 +114,57 @@ def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
   md = (folder / "claims.md").read_text()
   assert out.endswith(md)
   assert ("| rvsm_sparser_than_admm | table4 | rvsm | admm_element | "
-          "w_sparsity | 67.30 - 80.00 = -12.70 | 1, 1 | against the paper (unresolved) |"
+          "w_sparsity | 67.30 - 80.00 = -12.70 | 1, 1 | — | "
+          "against the paper (unresolved) |"
           in md)
+
+
+def _with_correct(table, row, vectors):
+  """Gives ``row``'s seeds their per-image correctness (and its accuracy)."""
+  r = next(r for r in table["rows"] if r["name"] == row)
+  for run, v in zip(r["runs"], vectors):
+    run["correct_per_image"] = {"A1": workdir_lib.encode_correct(v)}
+    assert run["metrics"]["A1"] == pytest.approx(100.0 * v.mean())
+
+
+def test_a_paired_test_resolves_what_independent_samples_cannot():
+  # Both nets right and wrong on the same images, except 60 of 2,000 that
+  # only the first gets right: +3 points, inside 2 binomial standard errors
+  # of two independent samples (3.1), far outside the paired one (0.76).
+  rng = np.random.default_rng(0)
+  base = rng.random(2000) < 0.5
+  base[:60] = False
+  better = base.copy()
+  better[:60] = True
+  table = _table({"a": ([100.0 * better.mean()] * 3, "A1", 2000),
+                  "b": ([100.0 * base.mean()] * 3, "A1", 2000)})
+  comparison = claims.Comparison("t", "a", "b", "A1")
+  independent = claims.judge(comparison, table)
+  assert independent["verdict"] == "within test-sample noise"
+  assert not independent["paired"]
+  _with_correct(table, "a", [better] * 3)
+  _with_correct(table, "b", [base] * 3)
+  paired = claims.judge(comparison, table)
+  assert paired["paired"]
+  assert paired["difference"] == pytest.approx(3.0)
+  assert 2 * paired["sample_se"] == pytest.approx(
+      2 * 100 * np.std(better.astype(float) - base, ddof=1) / np.sqrt(2000))
+  assert paired["verdict"] == "holds"
+  # One seed without its images: back to independent samples.
+  del table["rows"][0]["runs"][2]["correct_per_image"]
+  assert claims.judge(comparison, table)["verdict"] == (
+      "within test-sample noise")
+
+
+def test_paired_noise_averages_each_rows_seeds_per_image():
+  # Seeds that disagree image by image: d_i is the difference of the rows'
+  # seed-averaged correctness, not of one seed's.
+  a = [np.array([1, 1, 0, 0], bool), np.array([1, 0, 1, 0], bool)]
+  b = [np.array([0, 1, 0, 0], bool), np.array([0, 1, 0, 1], bool)]
+  table = _table({"a": ([50.0, 50.0], "A1", 4), "b": ([25.0, 50.0], "A1", 4)})
+  _with_correct(table, "a", a)
+  _with_correct(table, "b", b)
+  out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
+  d = 100 * (np.mean(a, axis=0) - np.mean(b, axis=0))   # 100, -50, 50, -50
+  assert out["sample_se"] == pytest.approx(np.std(d, ddof=1) / 2)
+  assert out["difference"] == pytest.approx(d.mean())

@@ -22,6 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from fkjax import run_config
+from fkjax import workdir as workdir_lib
 from fkjax.reproduce import archive as archive_lib
 from fkjax.reproduce import report
 from fkjax.reproduce import runner
@@ -281,6 +282,11 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
   # the record names the machine, and the table says where each run ran
   assert re.fullmatch(r"\d+ x .+ \((cpu|gpu|tpu)\), jax [\d.]+",
                       run["devices"]), run["devices"]
+  # which test images each attack left right, as the accuracies say
+  for column in ("A1", "A2"):
+    right = workdir_lib.decode_correct(run["correct_per_image"][column],
+                                       run["test_images"])
+    assert 100.0 * right.mean() == pytest.approx(run["metrics"][column])
   wall = runner.format_seconds(run["wall_seconds"])
   assert f"done, {wall} on {run['devices']}" in md
 
@@ -487,6 +493,22 @@ def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
       after["rows"][0]["runs"][0]["metrics"])
   assert (tmp_path / "w" / os.path.join(*ROW_WORKDIR) / "analysis.npz"
           ).exists()
+
+
+def test_an_archive_is_rewritten_when_its_runs_files_change(tmp_path):
+  # e.g. a finished run evaluated again: its archive must follow
+  work, kept = tmp_path / "w", tmp_path / "kept"
+  work.mkdir()
+  (work / archive_lib.RUN_RECORD).write_text('{"done": true}')
+  (work / "eval_paper.json").write_text('{"attacks": {}}')
+  (work / "checkpoints").mkdir()
+  assert archive_lib.differs(str(work), str(kept))
+  archive_lib.save(str(work), str(kept))
+  assert not archive_lib.differs(str(work), str(kept))
+  (kept / "eval_old.json").write_text("{}")   # kept only: no difference
+  assert not archive_lib.differs(str(work), str(kept))
+  (work / "eval_paper.json").write_text('{"attacks": {}, "more": 1}')
+  assert archive_lib.differs(str(work), str(kept))
 
 
 def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):

@@ -60,6 +60,19 @@ def save(workdir: str, archive: str) -> None:
   _copy([record], archive)
 
 
+def differs(workdir: str, archive: str) -> bool:
+  """Whether one of ``workdir``'s kept files is missing from ``archive`` or
+  differs there (a finished run evaluated again, say)."""
+  for path in _kept_files(workdir):
+    kept = os.path.join(archive, os.path.basename(path))
+    if not os.path.isfile(kept):
+      return True
+    with open(path, "rb") as a, open(kept, "rb") as b:
+      if a.read() != b.read():
+        return True
+  return False
+
+
 def _is_empty(workdir: str) -> bool:
   return not os.path.isdir(workdir) or not os.listdir(workdir)
 

@@ -12,9 +12,18 @@ wrote), never from anything typed here:
 * ``no resolved difference``: enough seeds, the difference within ``Z``
   standard errors;
 * ``as the paper (unresolved)`` / ``against the paper (unresolved)``:
-  fewer seeds. An accuracy difference smaller than ``Z`` binomial standard
-  errors of the test sample is ``within test-sample noise`` whatever the
-  seeds: no number of seeds makes it a finding on that many images.
+  fewer seeds. An accuracy difference smaller than ``Z`` standard errors of
+  the test sample is ``within test-sample noise`` whatever the seeds: no
+  number of seeds makes it a finding on that many images.
+
+The test sample's standard error is paired where it can be: when every
+finished seed of both rows kept which test images it got right (the same
+images for all), it is that of the mean over images of ``d_i``, the
+difference of the two rows' seed-averaged correctness on image ``i``
+(``sd(d) / sqrt(N)``). Two nets mostly right and wrong on the same images
+differ far less from one test sample to another than two independent
+samples would, so this resolves smaller gaps. Otherwise it is the binomial
+standard error of two independent samples.
 
 A claim holds when every comparison holds, does not hold when one is
 reversed, and is otherwise labelled by what its comparisons show so far.
@@ -26,6 +35,9 @@ import math
 import os
 from typing import Any, Mapping
 
+import numpy as np
+
+from fkjax import workdir as workdir_lib
 from fkjax.reproduce import files
 
 MIN_SEEDS = 3
@@ -175,6 +187,41 @@ def _row_stats(table: Mapping[str, Any] | None, row: str, metric: str
   return None
 
 
+def _row_correct(table: Mapping[str, Any] | None, row: str, metric: str
+                 ) -> np.ndarray | None:
+  """``row``'s seed-averaged correctness per test image under ``metric``'s
+  attack (1: every seed right), or None unless every finished seed kept it
+  for the same number of images."""
+  for r in (table or {}).get("rows", ()):
+    if r["name"] != row:
+      continue
+    done = [e for e in r.get("runs", ()) if e.get("status") == "done"]
+    kept = [e.get("correct_per_image", {}).get(metric) for e in done]
+    sizes = {e.get("test_images") for e in done}
+    if not done or None in kept or len(sizes) != 1 or None in sizes:
+      return None
+    (size,) = sizes
+    return np.mean([workdir_lib.decode_correct(k, size) for k in kept],
+                   axis=0)
+  return None
+
+
+def _sample_se(comparison: Comparison, table: Mapping[str, Any],
+               a: Mapping[str, Any], b: Mapping[str, Any]
+               ) -> tuple[float, bool]:
+  """The test sample's standard error of the difference (percentage
+  points), and whether it is paired (module docstring)."""
+  if comparison.lower_metric is None:
+    x = _row_correct(table, comparison.higher, comparison.metric)
+    y = _row_correct(table, comparison.lower, comparison.metric)
+    if x is not None and y is not None and x.size == y.size and x.size > 1:
+      d = 100.0 * (x - y)
+      return float(np.std(d, ddof=1) / math.sqrt(d.size)), True
+  p = (a["mean"] + b["mean"]) / 200.0
+  return 100.0 * math.sqrt(p * (1.0 - p) * (1.0 / a["images"]
+                                            + 1.0 / b["images"])), False
+
+
 def judge(comparison: Comparison, table: Mapping[str, Any] | None
           ) -> dict[str, Any]:
   """The verdict on one comparison from its table's results data."""
@@ -188,12 +235,9 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
   out.update(higher_mean=a["mean"], lower_mean=b["mean"], difference=diff,
              seeds=[a["n"], b["n"]])
   if comparison.metric in ACCURACIES and a["images"] and b["images"]:
-    # The binomial standard error of the two test-sample accuracies: the
-    # floor below which no seed count makes a difference real.
-    p = (a["mean"] + b["mean"]) / 200.0
-    noise = 100.0 * math.sqrt(p * (1.0 - p) * (1.0 / a["images"]
-                                               + 1.0 / b["images"]))
-    out["sample_se"] = noise
+    # The floor below which no seed count makes a difference real.
+    noise, paired = _sample_se(comparison, table, a, b)
+    out.update(sample_se=noise, paired=paired)
     if abs(diff) <= Z * noise:
       return {**out, "verdict": "within test-sample noise"}
   if min(a["n"], b["n"]) >= MIN_SEEDS:
@@ -248,7 +292,9 @@ def markdown(data: Mapping[str, Any]) -> str:
       "(rules: `fkjax/reproduce/claims.py`). A difference is resolved with "
       f"at least {data['min_seeds']} seeds per row and more than "
       f"{data['z']:g} standard errors; accuracies are A1-A3 on the rows' "
-      "test images.",
+      "test images, and a gap within the test sample's noise (paired, image "
+      "by image, where both rows kept which images they got right) is "
+      "never resolved.",
       "",
       "| claim | paper | verdict |",
       "| --- | --- | --- |",
@@ -257,8 +303,9 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines.append(f"| {c['claim']} | {c['where']} | {c['verdict']} |")
   lines += ["", "## Comparisons run so far", "",
             "| claim | table | the paper's higher row | its lower row | "
-            "metric | fkjax: higher - lower | seeds | verdict |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "metric | fkjax: higher - lower | seeds | test-sample noise "
+            f"({data['z']:g} SE) | verdict |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for c in data["claims"]:
     for k in c["comparisons"]:
       if k["verdict"] == NOT_RUN:
@@ -269,8 +316,15 @@ def markdown(data: Mapping[str, Any]) -> str:
           + (f" vs {k['lower_metric']}" if k.get("lower_metric") else "")
           + f" | {k['higher_mean']:.2f} - {k['lower_mean']:.2f} "
           f"= {k['difference']:+.2f} | {k['seeds'][0]}, {k['seeds'][1]} | "
-          f"{k['verdict']} |")
+          f"{_noise_cell(k, data['z'])} | {k['verdict']} |")
   return "\n".join(lines) + "\n"
+
+
+def _noise_cell(comparison: Mapping[str, Any], z: float) -> str:
+  if "sample_se" not in comparison:
+    return "—"
+  kind = "paired" if comparison.get("paired") else "independent"
+  return f"±{z * comparison['sample_se']:.2f} ({kind})"
 
 
 def write(results_dir: str, scale: str) -> tuple[str, str]:

@@ -90,7 +90,9 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
                 run.workdir, run.eval_result, current)}.items()
                    if k not in stale}
         entries.append({**record, "metrics": metrics, "status": "done",
-                        "pending": [f"eval_{e.protocol}" for e in pending]})
+                        "pending": [f"eval_{e.protocol}" for e in pending],
+                        "correct_per_image": runner_lib.correct_per_image_of(
+                            run.workdir, run.eval_result)})
       else:
         entries.append({
             "seed": run.seed, "workdir": run.workdir,

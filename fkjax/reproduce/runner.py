@@ -175,8 +175,7 @@ def sync_archive(run: Run, restore: bool = True) -> None:
   archives a finished run not yet kept there."""
   assert run.archive is not None
   if finished(run):
-    kept = files.load_json(os.path.join(run.archive, RUN_RECORD))
-    if kept != files.load_json(os.path.join(run.workdir, RUN_RECORD)):
+    if archive_lib.differs(run.workdir, run.archive):
       archive_lib.save(run.workdir, run.archive)
     return
   if not (restore and archive_lib.restore(run.workdir, run.archive)):
@@ -543,6 +542,16 @@ def metrics_of(workdir: str, eval_result: str,
     out["w_small_share"] = stats["w"]["small_share"]
     out["w_small_channel_share"] = stats["w"]["small_channel_share"]
   return out
+
+
+def correct_per_image_of(workdir: str, eval_result: str) -> dict[str, str]:
+  """Column (A1...) -> which test images the main evaluation's attack left
+  right (``fkjax.workdir.encode_correct``); empty for an evaluation written
+  before evaluations kept them."""
+  main = files.load_json(os.path.join(workdir, eval_result)) or {}
+  kept = main.get("correct_per_image", {})
+  return {column: kept[attack] for column, attack in
+          tables_lib.ATTACK_OF.items() if attack in kept}
 
 
 def commands_of(run: Run) -> dict[str, str]:
