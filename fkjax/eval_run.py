@@ -116,7 +116,7 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
         checkpoint=config.eval.checkpoint, protocol="strong",
-        devices=experiment_lib.describe_devices()))
+        devices=experiment_lib.describe_devices(exp.mesh.size)))
   text = (f"strong evaluation of the {config.eval.checkpoint} checkpoint "
           f"(step {step}, {results['num_examples']} images, "
           f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"
@@ -205,7 +205,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
         checkpoint=config.eval.checkpoint, protocol=results["protocol"],
-        devices=experiment_lib.describe_devices()))
+        devices=experiment_lib.describe_devices(exp.mesh.size)))
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(
         variables["params"], report, os.path.join(workdir, "plots"),

@@ -109,14 +109,15 @@ def data_seed(config: ml_collections.ConfigDict) -> int:
   return config.seed if seed is None else seed
 
 
-def describe_devices() -> str:
+def describe_devices(count: int | None = None) -> str:
   """E.g. ``1 x NVIDIA H200 (gpu), jax 0.11.2``: what a result was computed on.
 
   Kept with every result, since the same run's numbers differ in their last
-  digits from one kind of machine (and XLA version) to another.
+  digits from one kind of machine (and XLA version) to another. ``count``:
+  the devices used (a mesh's size; default all).
   """
   devices = jax.devices()
-  return (f"{len(devices)} x {devices[0].device_kind} "
+  return (f"{count or len(devices)} x {devices[0].device_kind} "
           f"({devices[0].platform}), jax {jax.__version__}")
 
 

@@ -214,7 +214,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   logger = metric_logging.MetricLogger(workdir,
                                        enabled=jax.process_index() == 0)
   logger.log_text(f"data: {exp.dataset.description}")
-  logger.log_text(f"devices: {experiment_lib.describe_devices()}")
+  logger.log_text(
+      f"devices: {experiment_lib.describe_devices(exp.mesh.size)}")
   logger.log_text(
       f"model: {experiment_lib.describe_model(config, exp.abstract_state())}")
   checkpointer = ckpt_lib.Checkpointer(workdir)

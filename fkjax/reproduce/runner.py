@@ -584,7 +584,7 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
       "checkpoint_step": metadata.get("step"),
       "git_commit": metadata.get("git_commit"),
       "data": metadata.get("data"),
-      # the machine of the main evaluation (and, run by run, of training)
+      # the main evaluation's machine: training's, unless resumed elsewhere
       "devices": metadata.get("devices"),
       "fingerprints": fingerprints(run),
       "done": True,
