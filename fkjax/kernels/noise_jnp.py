@@ -89,9 +89,9 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
                  std_over: str = "batch") -> jax.Array:
   """:func:`fkjax.models.noise.inject_noise` with :func:`standard_normal`."""
-  axis = None if std_over == "batch" else tuple(range(1, out.ndim))
   if std_over not in ("batch", "example"):
     raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+  axis = None if std_over == "batch" else tuple(range(1, out.ndim))
   var = jnp.var(out, axis=axis, keepdims=axis is not None)
   # no gradient through a zero std (NaN in jnp.std), as the fused kernel
   nonzero = var > 0
