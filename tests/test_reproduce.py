@@ -231,6 +231,17 @@ def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
   assert not list(tmp_path.glob("w/*")), "a dry run must not create workdirs"
 
 
+def test_the_runner_imports_every_module_it_uses_at_its_start():
+  # A row runs for an hour; a module first imported when it ends would be
+  # read from a checkout edited meanwhile, next to old ones in memory.
+  code = ("import sys, fkjax.reproduce.__main__; print(' '.join(sorted("
+          "m for m in sys.modules if m.startswith('fkjax.reproduce.'))))")
+  loaded = subprocess.run([sys.executable, "-c", code], check=True,
+                          capture_output=True, text=True).stdout.split()
+  for name in ("claims", "figures", "report", "runner", "tables"):
+    assert f"fkjax.reproduce.{name}" in loaded
+
+
 # --------------------------------------------------------------------------
 # The runner end to end (tiny scale).
 

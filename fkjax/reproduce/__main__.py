@@ -26,6 +26,12 @@ import sys
 import traceback
 from typing import Any
 
+# Every module the runner uses is imported here, at its start, not when the
+# first run finishes: a run takes an hour, and a checkout edited meanwhile
+# would otherwise mix old modules in memory with new ones from disk.
+from fkjax.reproduce import claims
+from fkjax.reproduce import figures
+from fkjax.reproduce import report
 from fkjax.reproduce import runner as runner_lib
 from fkjax.reproduce import scales as scales_lib
 from fkjax.reproduce import tables as tables_lib
@@ -80,11 +86,9 @@ def _list() -> None:
 
 
 def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
-  from fkjax.reproduce import report  # pylint: disable=C0415
   data = report.collect(table, scale, runs)
   json_path, md_path = report.write(data, results)
   if table.figures and any(r["summary"] for r in data["rows"]):
-    from fkjax.reproduce import figures  # pylint: disable=C0415
     folder = os.path.dirname(json_path)
     drawn = []
     for kind in table.figures:
@@ -100,7 +104,6 @@ def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
 
 
 def _write_claims(results: str, scale: str) -> str:
-  from fkjax.reproduce import claims  # pylint: disable=C0415
   _, md_path = claims.write(results, scale)
   runner_lib.log(f"claims written: {md_path}")
   return md_path
