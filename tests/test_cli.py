@@ -1,4 +1,5 @@
-"""train.py and eval.py end a user's mistake in one line, before any work.
+"""train.py, eval.py and ``python -m fkjax.reproduce`` end a user's mistake
+in one line, before any work.
 
 Each case is a real process: what a user sees is its stderr and exit code.
 """
@@ -106,3 +107,26 @@ def test_missing_data_is_one_line(tmp_path):
                "--config.dataset.download=false"])
   _assert_one_line_error(proc, str(tmp_path / "empty"))
   assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["table1", "--rows=nope", "--dry-run"],
+     ["table1 has no row 'nope'", "resnet20_none"]),
+    (["tableX"], ["unknown table 'tableX'"]),
+    (["table1", "--seeds=0", "--dry-run"], ["--seeds must be >= 1"]),
+    (["table1", "--sweep", "--sweep-max-runs=0", "--dry-run"],
+     ["--sweep-max-runs must be >= 1"]),
+])
+def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
+  proc = _run(["-m", "fkjax.reproduce", *args, f"--root={tmp_path / 'w'}",
+               f"--results={tmp_path / 'r'}"])
+  _assert_one_line_error(proc, *fragments, code=2)
+  assert not proc.stdout, "nothing planned or run before the error"
+  assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
+
+
+def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
+  proc = _run(["-m", "fkjax.reproduce", "claims", "--scale=paper",
+               f"--results={tmp_path}"])
+  _assert_one_line_error(proc, f"no result tables in {tmp_path}/paper", code=2)
+  assert not list(tmp_path.iterdir())

@@ -111,11 +111,21 @@ def _write_claims(results: str, scale: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
+  for flag, value in (("--seeds", args.seeds),
+                      ("--sweep-max-runs", args.sweep_max_runs)):
+    if value is not None and value < 1:
+      print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
+      return 2
   if args.table == "list":
     _list()
     return 0
   if args.table == "claims":
     scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
+    if not os.path.isdir(os.path.join(args.results, scale_name)):
+      print(f"error: no result tables in {args.results}/{scale_name} yet: "
+            f"run one first (python -m fkjax.reproduce table1 "
+            f"--scale={args.scale})", file=sys.stderr)
+      return 2
     with open(_write_claims(args.results, scale_name)) as f:
       print(f.read(), end="")
     return 0
@@ -144,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
           environment=environment, results=args.results,
           restore=not args.no_restore)
   except (KeyError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    # str() of a KeyError is its message in quotes.
+    print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
     return 2
 
   if args.dry_run:
