@@ -130,3 +130,25 @@ def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
                f"--results={tmp_path}"])
   _assert_one_line_error(proc, f"no result tables in {tmp_path}/paper", code=2)
   assert not list(tmp_path.iterdir())
+
+
+def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
+  not_data = tmp_path / "not_data"
+  not_data.write_text("")
+  proc = _run(["-m", "fkjax.reproduce", "table5", "--scale=cpu", "--seeds=1",
+               "--rows=resnet20_skip,resnet20_noskip",
+               f"--data_dir={not_data}", f"--root={tmp_path / 'w'}",
+               f"--results={tmp_path / 'r'}"])
+  assert proc.returncode == 1
+  out = proc.stdout + proc.stderr
+  assert "Traceback" not in out, out
+  failed = [l for l in out.splitlines() if "FAILED" in l]
+  assert len(failed) == 1 and "DataError" in failed[0], out
+  assert str(not_data) in failed[0]
+  assert "1 other run(s) to run read the same data: not started" in out
+  assert "1 run(s) failed, 1 not started" in out
+  # The failure is kept for the table, the run not started is not touched.
+  assert not (tmp_path / "w" / "cpu" / "table5").exists()
+  progress = json.loads(next((tmp_path / "w").rglob("reproduce_progress.json"))
+                        .read_text())
+  assert progress["error"].startswith("DataError")

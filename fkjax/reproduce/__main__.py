@@ -29,6 +29,8 @@ from typing import Any
 # Every module the runner uses is imported here, at its start, not when the
 # first run finishes: a run takes an hour, and a checkout edited meanwhile
 # would otherwise mix old modules in memory with new ones from disk.
+from fkjax import cli
+from fkjax.data.types import DataError
 from fkjax.reproduce import claims
 from fkjax.reproduce import figures
 from fkjax.reproduce import report
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
   # is reported as usual.
   not_restored = ({r.workdir for runs in plans.values() for r in runs}
                   if args.no_restore else True)
-  failed = 0
+  failed = not_started = 0
   if not args.report_only:
     from absl import logging  # pylint: disable=import-outside-toplevel
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
@@ -208,8 +210,19 @@ def main(argv: list[str] | None = None) -> int:
           failed += 1
           runner_lib.record_failure(run, e)
           runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                         f"{run.seed} FAILED: {type(e).__name__}: {e}")
-          traceback.print_exc()
+                         f"{run.seed} FAILED: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())}")
+          # A user's mistake (missing data, a workdir in use) is said in
+          # that one line; a bug also shows where it happened.
+          if (not isinstance(e, cli.user_error_types())
+              or cli.show_traceback(sys.argv if argv is None else argv)):
+            traceback.print_exc()
+          if isinstance(e, DataError) and i < len(todo):
+            # Every run of a table reads the same data: all would fail so.
+            runner_lib.log(f"{name}: its {len(todo) - i} other run(s) to "
+                           "run read the same data: not started")
+            not_started += len(todo) - i
+            break
           continue
         metrics = ", ".join(f"{k} {v:.2f}" for k, v in
                             record["metrics"].items() if k in table.metrics)
@@ -220,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         _write_table(table, scale, reported, args.results)
     _write_table(table, scale, reported, args.results)
   if failed:
-    runner_lib.log(f"{failed} run(s) failed; rerun the same command to retry "
-                   "them (finished runs are skipped)")
+    also = f", {not_started} not started" if not_started else ""
+    runner_lib.log(f"{failed} run(s) failed{also}; rerun the same command to "
+                   "retry them (finished runs are skipped)")
     return 1
   return 0
 
