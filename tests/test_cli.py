@@ -152,3 +152,17 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   progress = json.loads(next((tmp_path / "w").rglob("reproduce_progress.json"))
                         .read_text())
   assert progress["error"].startswith("DataError")
+
+
+def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
+  proc = _run(["-m", "fkjax.reproduce.analysis",
+               f"--workdir={tmp_path / 'nowhere'}"])
+  _assert_one_line_error(proc, "no config.json", "nowhere", code=1)
+  # A run kept without its checkpoints (results/<scale>/runs/...)
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  (kept / "config.json").write_text(
+      _run(["-c", "from configs import tiny; print(tiny.get_config()"
+                  ".to_json())"]).stdout)
+  proc = _run(["-m", "fkjax.reproduce.analysis", f"--workdir={kept}"])
+  _assert_one_line_error(proc, "no checkpoints", str(kept), code=1)

@@ -156,12 +156,19 @@ def main(argv: list[str] | None = None) -> int:
   """``python -m fkjax.reproduce.analysis --workdir=W``: analyses a run
   with its own ``config.json`` (as ``eval.py`` evaluates it)."""
   import argparse  # pylint: disable=import-outside-toplevel
+  from fkjax import cli  # pylint: disable=import-outside-toplevel
   from fkjax import run_config  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args(argv)
-  config = run_config.config_for_eval(args.workdir, None, {}, False)
-  summary = analyze_run(config, args.workdir)
+  try:
+    config = run_config.config_for_eval(args.workdir, None, {}, False)
+    summary = analyze_run(config, args.workdir)
+  except Exception as e:  # pylint: disable=broad-except
+    # A wrong or unfinished workdir is one line, as in eval.py.
+    if cli.show_traceback() or not isinstance(e, cli.user_error_types()):
+      raise
+    cli.fail(" ".join(str(e).split()))
   for tag in ("w", "u"):
     s = summary[tag]
     print(f"{tag}: |w|<1e-3 {s['small_share']:.2f}%, zeros "
