@@ -214,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"{' '.join(str(e).split())}")
           # A user's mistake (missing data, a workdir in use) is said in
           # that one line; a bug also shows where it happened.
-          if (not isinstance(e, cli.user_error_types())
-              or cli.show_traceback(sys.argv if argv is None else argv)):
+          if cli.show_traceback() or not isinstance(e, cli.user_error_types()):
             traceback.print_exc()
           if isinstance(e, DataError) and i < len(todo):
             # Every run of a table reads the same data: all would fail so.
