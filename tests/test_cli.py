@@ -152,6 +152,11 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   progress = json.loads(next((tmp_path / "w").rglob("reproduce_progress.json"))
                         .read_text())
   assert progress["error"].startswith("DataError")
+  proc = _run(["-m", "fkjax.reproduce", "table5", "--scale=cpu", "--seeds=1",
+               "--rows=resnet20_skip", f"--data_dir={not_data}",
+               f"--root={tmp_path / 'w'}", f"--results={tmp_path / 'r'}"],
+              env={"FKJAX_TRACEBACK": "1"})
+  assert "Traceback" in proc.stderr
 
 
 def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
