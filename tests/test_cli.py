@@ -116,10 +116,17 @@ def test_missing_data_is_one_line(tmp_path):
     (["table1", "--seeds=0", "--dry-run"], ["--seeds must be >= 1"]),
     (["table1", "--sweep", "--sweep-max-runs=0", "--dry-run"],
      ["--sweep-max-runs must be >= 1"]),
+    (["table1", "--scale=tiny", "--root={file}"], ["--root=", "is a file"]),
+    (["table1", "--report-only", "--results={file}"],
+     ["--results=", "is a file"]),
 ])
 def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
-  proc = _run(["-m", "fkjax.reproduce", *args, f"--root={tmp_path / 'w'}",
-               f"--results={tmp_path / 'r'}"])
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  args = [a.format(file=a_file) for a in args]
+  # The case's own --root/--results come last: argparse keeps the last.
+  proc = _run(["-m", "fkjax.reproduce", f"--root={tmp_path / 'w'}",
+               f"--results={tmp_path / 'r'}", *args])
   _assert_one_line_error(proc, *fragments, code=2)
   assert not proc.stdout, "nothing planned or run before the error"
   assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()

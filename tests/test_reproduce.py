@@ -231,6 +231,14 @@ def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
   assert not list(tmp_path.glob("w/*")), "a dry run must not create workdirs"
 
 
+def test_a_row_named_twice_runs_once(tmp_path):
+  out = _reproduce(["table1", "--scale=paper", "--dry-run", "--seeds=1",
+                    "--rows=resnet20_none,resnet20_none"], tmp_path,
+                   tmp_path / "cache").stdout
+  runs = [l for l in out.splitlines() if l.startswith("- ")]
+  assert len(runs) == 1 and runs[0].startswith("- resnet20_none seed 0:")
+
+
 def test_the_runner_imports_every_module_it_uses_at_its_start():
   # A row runs for an hour; a module first imported when it ends would be
   # read from a checkout edited meanwhile, next to old ones in memory.

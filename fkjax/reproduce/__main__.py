@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     if value is not None and value < 1:
       print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
       return 2
+  for flag, path in (("--root", args.root), ("--results", args.results)):
+    if os.path.exists(path) and not os.path.isdir(path):
+      print(f"error: {flag}={path} is a file, not a folder", file=sys.stderr)
+      return 2
   if args.table == "list":
     _list()
     return 0
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
       print(f"error: {e}", file=sys.stderr)
       return 2
   environment = {"dataset.data_dir": args.data_dir} if args.data_dir else {}
-  rows = [r for r in args.rows.split(",") if r]
+  rows = list(dict.fromkeys(r for r in args.rows.split(",") if r))
   plans = {}
   try:
     for name in names:
