@@ -44,9 +44,17 @@ def user_error_types() -> tuple[type[BaseException], ...]:
           errors.TrainingError, workdir.WorkdirError)
 
 
-def _message(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+  """``exc``'s message on one line (its type's name where it has none)."""
   text = " ".join(str(exc).split())
   return text or type(exc).__name__
+
+
+def is_user_error(exc: BaseException) -> bool:
+  """Whether ``exc`` is said in one line: a user's mistake
+  (:func:`user_error_types`), unless ``FKJAX_TRACEBACK`` asks for the
+  traceback."""
+  return not show_traceback() and isinstance(exc, user_error_types())
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -127,10 +135,10 @@ def _guarded(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
       fail(f"{e.strerror}: {e.filename}")
     raise
   except Exception as e:  # pylint: disable=broad-except
-    if flags.FLAGS.traceback or show_traceback():
+    if flags.FLAGS.traceback:
       raise
-    if isinstance(e, user_error_types()):
-      fail(_message(e))
+    if is_user_error(e):
+      fail(one_line(e))
     raise
   return None
 

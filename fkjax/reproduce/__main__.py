@@ -215,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
           runner_lib.record_failure(run, e)
           runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
                          f"{run.seed} FAILED: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())}")
+                         f"{cli.one_line(e)}")
           # A user's mistake (missing data, a workdir in use) is said in
           # that one line; a bug also shows where it happened.
-          if cli.show_traceback() or not isinstance(e, cli.user_error_types()):
+          if not cli.is_user_error(e):
             traceback.print_exc()
           if isinstance(e, DataError) and i < len(todo):
             # Every run of a table reads the same data: all would fail so.

@@ -166,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = analyze_run(config, args.workdir)
   except Exception as e:  # pylint: disable=broad-except
     # A wrong or unfinished workdir is one line, as in eval.py.
-    if cli.show_traceback() or not isinstance(e, cli.user_error_types()):
+    if not cli.is_user_error(e):
       raise
-    cli.fail(" ".join(str(e).split()))
+    cli.fail(cli.one_line(e))
   for tag in ("w", "u"):
     s = summary[tag]
     print(f"{tag}: |w|<1e-3 {s['small_share']:.2f}%, zeros "
