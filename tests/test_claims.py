@@ -150,10 +150,36 @@ def test_a_paired_test_resolves_what_independent_samples_cannot():
   assert 2 * paired["sample_se"] == pytest.approx(
       2 * 100 * np.std(better.astype(float) - base, ddof=1) / np.sqrt(2000))
   assert paired["verdict"] == "holds"
-  # One seed without its images: back to independent samples.
-  del table["rows"][0]["runs"][2]["correct_per_image"]
+  assert paired["paired_seeds"] == [[3, 3], [3, 3]]
+  # No seed of a row kept its images: back to independent samples.
+  for run in table["rows"][0]["runs"]:
+    del run["correct_per_image"]
   assert claims.judge(comparison, table)["verdict"] == (
       "within test-sample noise")
+
+
+def test_paired_noise_rests_on_the_seeds_that_kept_their_images():
+  # Seed 2 of row a was evaluated before fkjax kept images: d uses a's
+  # seeds 0-1 against all of b's, and the markdown says so.
+  rng = np.random.default_rng(1)
+  a = [rng.random(400) < 0.6 for _ in range(3)]
+  b = [rng.random(400) < 0.5 for _ in range(3)]
+  table = _table({"a": ([100.0 * v.mean() for v in a], "A1", 400),
+                  "b": ([100.0 * v.mean() for v in b], "A1", 400)})
+  _with_correct(table, "a", a)
+  _with_correct(table, "b", b)
+  full = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
+  del table["rows"][0]["runs"][2]["correct_per_image"]
+  out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
+  assert out["paired"] and out["paired_seeds"] == [[2, 3], [3, 3]]
+  d = 100 * (np.mean(a[:2], axis=0) - np.mean(b, axis=0))
+  assert out["sample_se"] == pytest.approx(np.std(d, ddof=1) / 20)
+  # The difference itself is still that of every seed's accuracy.
+  assert out["difference"] == pytest.approx(full["difference"])
+  # Two seeds average out less image-by-image disagreement than three.
+  assert out["sample_se"] > full["sample_se"]
+  assert "(paired on 2/3 and 3/3 seeds)" in claims._noise_cell(out, 2.0)
+  assert claims._noise_cell(full, 2.0).endswith("(paired)")
 
 
 def test_paired_noise_averages_each_rows_seeds_per_image():

@@ -16,14 +16,17 @@ wrote), never from anything typed here:
   the test sample is ``within test-sample noise`` whatever the seeds: no
   number of seeds makes it a finding on that many images.
 
-The test sample's standard error is paired where it can be: when every
-finished seed of both rows kept which test images it got right (the same
-images for all), it is that of the mean over images of ``d_i``, the
-difference of the two rows' seed-averaged correctness on image ``i``
-(``sd(d) / sqrt(N)``). Two nets mostly right and wrong on the same images
-differ far less from one test sample to another than two independent
-samples would, so this resolves smaller gaps. Otherwise it is the binomial
-standard error of two independent samples.
+The test sample's standard error is paired where it can be: when at least
+one finished seed of each row kept which test images it got right (the
+same images for all), it is that of the mean over images of ``d_i``, the
+difference of the two rows' correctness on image ``i`` averaged over those
+seeds (``sd(d) / sqrt(N)``). Two nets mostly right and wrong on the same
+images differ far less from one test sample to another than two
+independent samples would, so this resolves smaller gaps. Seeds that did
+not keep their images (runs evaluated before fkjax kept them) are left out
+of ``d`` only: a row averaged over fewer seeds disagrees more with the
+other image by image, so the noise is overstated, never understated.
+Otherwise it is the binomial standard error of two independent samples.
 
 A claim holds when every comparison holds, does not hold when one is
 reversed, and is otherwise labelled by what its comparisons show so far.
@@ -188,38 +191,43 @@ def _row_stats(table: Mapping[str, Any] | None, row: str, metric: str
 
 
 def _row_correct(table: Mapping[str, Any] | None, row: str, metric: str
-                 ) -> np.ndarray | None:
-  """``row``'s seed-averaged correctness per test image under ``metric``'s
-  attack (1: every seed right), or None unless every finished seed kept it
-  for the same number of images."""
+                 ) -> tuple[np.ndarray, int, int] | None:
+  """``row``'s correctness per test image under ``metric``'s attack,
+  averaged over the finished seeds that kept it (1: each of them right),
+  with how many seeds kept it and how many finished; None unless at least
+  one did and every finished seed was evaluated on as many images."""
   for r in (table or {}).get("rows", ()):
     if r["name"] != row:
       continue
     done = [e for e in r.get("runs", ()) if e.get("status") == "done"]
-    kept = [e.get("correct_per_image", {}).get(metric) for e in done]
     sizes = {e.get("test_images") for e in done}
-    if not done or None in kept or len(sizes) != 1 or None in sizes:
+    kept = [k for k in (e.get("correct_per_image", {}).get(metric)
+                        for e in done) if k is not None]
+    if not kept or len(sizes) != 1 or None in sizes:
       return None
     (size,) = sizes
-    return np.mean([workdir_lib.decode_correct(k, size) for k in kept],
-                   axis=0)
+    return (np.mean([workdir_lib.decode_correct(k, size) for k in kept],
+                    axis=0), len(kept), len(done))
   return None
 
 
 def _sample_se(comparison: Comparison, table: Mapping[str, Any],
                a: Mapping[str, Any], b: Mapping[str, Any]
-               ) -> tuple[float, bool]:
+               ) -> tuple[float, list[list[int]] | None]:
   """The test sample's standard error of the difference (percentage
-  points), and whether it is paired (module docstring)."""
+  points) and, when it is paired (module docstring), the seeds it pairs:
+  ``[[kept, finished] of the higher row, [kept, finished] of the lower]``."""
   if comparison.lower_metric is None:
     x = _row_correct(table, comparison.higher, comparison.metric)
     y = _row_correct(table, comparison.lower, comparison.metric)
-    if x is not None and y is not None and x.size == y.size and x.size > 1:
-      d = 100.0 * (x - y)
-      return float(np.std(d, ddof=1) / math.sqrt(d.size)), True
+    if (x is not None and y is not None and x[0].size == y[0].size
+        and x[0].size > 1):
+      d = 100.0 * (x[0] - y[0])
+      return (float(np.std(d, ddof=1) / math.sqrt(d.size)),
+              [list(x[1:]), list(y[1:])])
   p = (a["mean"] + b["mean"]) / 200.0
   return 100.0 * math.sqrt(p * (1.0 - p) * (1.0 / a["images"]
-                                            + 1.0 / b["images"])), False
+                                            + 1.0 / b["images"])), None
 
 
 def judge(comparison: Comparison, table: Mapping[str, Any] | None
@@ -236,8 +244,10 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
              seeds=[a["n"], b["n"]])
   if comparison.metric in ACCURACIES and a["images"] and b["images"]:
     # The floor below which no seed count makes a difference real.
-    noise, paired = _sample_se(comparison, table, a, b)
-    out.update(sample_se=noise, paired=paired)
+    noise, paired_seeds = _sample_se(comparison, table, a, b)
+    out.update(sample_se=noise, paired=paired_seeds is not None)
+    if paired_seeds is not None:
+      out["paired_seeds"] = paired_seeds
     if abs(diff) <= Z * noise:
       return {**out, "verdict": "within test-sample noise"}
   if min(a["n"], b["n"]) >= MIN_SEEDS:
@@ -293,7 +303,8 @@ def markdown(data: Mapping[str, Any]) -> str:
       f"at least {data['min_seeds']} seeds per row and more than "
       f"{data['z']:g} standard errors; accuracies are A1-A3 on the rows' "
       "test images, and a gap within the test sample's noise (paired, image "
-      "by image, where both rows kept which images they got right) is "
+      "by image, where both rows kept which images they got right: "
+      "\"paired on 2/3 and 3/3 seeds\" where some seeds did not) is "
       "never resolved.",
       "",
       "| claim | paper | verdict |",
@@ -324,6 +335,10 @@ def _noise_cell(comparison: Mapping[str, Any], z: float) -> str:
   if "sample_se" not in comparison:
     return "—"
   kind = "paired" if comparison.get("paired") else "independent"
+  seeds = comparison.get("paired_seeds")
+  if seeds and any(kept < done for kept, done in seeds):
+    # Which seeds the pairing rests on, where some did not keep their images.
+    kind += " on " + " and ".join(f"{k}/{n}" for k, n in seeds) + " seeds"
   return f"±{z * comparison['sample_se']:.2f} ({kind})"
 
 
