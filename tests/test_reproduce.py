@@ -308,6 +308,25 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
     assert 100.0 * right.mean() == pytest.approx(run["metrics"][column])
   wall = runner.format_seconds(run["wall_seconds"])
   assert f"done, {wall} on {run['devices']}" in md
+  # the epoch whose checkpoint the numbers are of
+  assert 1 <= run["checkpoint_epoch"] <= run["epochs"]
+  assert (f"checkpoint of epoch {run['checkpoint_epoch']}/{run['epochs']}"
+          in md)
+
+
+def test_the_checkpoint_epoch_counts_a_started_epoch_as_reached():
+  row = tables.TABLES["table1"].rows[0]
+  config = scales.build_config(row.presets, row.overrides,
+                               scales.SCALES["cpu"], seed=0)
+  # 45,000 images in batches of 128, the last one smaller: 1,760 steps.
+  per_epoch = scales.steps_per_epoch(scales.train_size(config), config)
+  assert per_epoch == 352
+  assert report._checkpoint_epoch({"checkpoint_step": 2 * per_epoch},
+                                  config) == {"checkpoint_epoch": 2,
+                                              "epochs": 5}
+  assert report._checkpoint_epoch({"checkpoint_step": 2 * per_epoch + 1},
+                                  config)["checkpoint_epoch"] == 3
+  assert report._checkpoint_epoch({}, config) == {}
 
 
 def test_wall_times_name_the_machine_where_not_a_cpu():

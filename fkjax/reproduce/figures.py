@@ -135,28 +135,45 @@ def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
 
 
 def lambda_sweep(data: dict[str, Any], path: str) -> str | None:
-  """Figs. 4-5 from a table's collected results (mean +- std per point)."""
-  series: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+  """Figs. 4-5 from a table's collected results (mean +- std per point).
+
+  The channel-sparsity panel labels each point with the epochs of the
+  checkpoints evaluated (one per seed): where the best-validation rule kept
+  an early one, the point shows that epoch's net, not the last one's.
+  """
+  series: dict[str, list[tuple[float, dict[str, Any], list[int]]]] = {}
   for row in data["rows"]:
     if not row["summary"] or "sparsity.lamb1" not in row["overrides"]:
       continue
+    epochs = [e["checkpoint_epoch"] for e in row.get("runs", ())
+              if e.get("status") == "done" and e.get("checkpoint_epoch")]
     series.setdefault(row["label"]["Net"], []).append(
-        (row["overrides"]["sparsity.lamb1"], row["summary"]))
+        (row["overrides"]["sparsity.lamb1"], row["summary"], epochs))
   if not series:
     return None
   panels = ["channel_sparsity", "A1", "A2", "A3", "A4"]
   fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2))
   for ax, metric in zip(axes, panels):
-    for net, points in sorted(series.items()):
-      points = sorted((x, s[metric]) for x, s in points if metric in s)
+    for i, (net, points) in enumerate(sorted(series.items())):
+      points = sorted((x, s[metric], e) for x, s, e in points if metric in s)
       if not points:
         continue
-      xs = [x for x, _ in points]
-      ax.errorbar(xs, [s["mean"] for _, s in points],
-                  yerr=[s["std"] for _, s in points], marker="o", capsize=3,
-                  label=net)
+      xs = [x for x, _, _ in points]
+      line = ax.errorbar(xs, [s["mean"] for _, s, _ in points],
+                         yerr=[s["std"] for _, s, _ in points], marker="o",
+                         capsize=3, label=net)
+      if metric == "channel_sparsity":
+        for x, s, epochs in points:
+          if epochs:
+            ax.annotate("ep " + ",".join(map(str, epochs)), (x, s["mean"]),
+                        textcoords="offset points",
+                        # Each net's labels on their own side of the line.
+                        xytext=(4, -10 if i % 2 == 0 else 5),
+                        fontsize=6, color=line[0].get_color())
     ax.set_xlabel("lambda1")
-    ax.set_title(data["metrics"].get(metric, metric), fontsize=9)
+    ax.set_title(data["metrics"].get(metric, metric)
+                 + (" (ep: checkpoint epochs)" if metric == "channel_sparsity"
+                    else ""), fontsize=9)
     ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

@@ -14,6 +14,8 @@ import statistics
 import subprocess
 from typing import Any, Iterable
 
+import ml_collections
+
 from fkjax.reproduce import files
 from fkjax.reproduce import runner as runner_lib
 from fkjax.reproduce import scales as scales_lib
@@ -61,6 +63,20 @@ def _wall_times(done: list[dict[str, Any]]) -> str:
   return ", ".join(cells)
 
 
+def _checkpoint_epoch(record: dict[str, Any],
+                      config: ml_collections.ConfigDict) -> dict[str, int]:
+  """The epoch of the checkpoint a run was evaluated at, and its number of
+  epochs: a short schedule's best-validation checkpoint may come from
+  before a sparsifier has pruned anything, which its numbers then show."""
+  step = record.get("checkpoint_step")
+  if not step:
+    return {}
+  per_epoch = scales_lib.steps_per_epoch(scales_lib.train_size(config),
+                                         config)
+  return {"checkpoint_epoch": -(-step // per_epoch),
+          "epochs": config.training.num_epochs}
+
+
 def collect(table: tables_lib.Table, scale: scales_lib.Scale,
             runs: Iterable[runner_lib.Run]) -> dict[str, Any]:
   """The results of ``table`` from its runs' workdirs, as JSON data."""
@@ -92,7 +108,8 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
         entries.append({**record, "metrics": metrics, "status": "done",
                         "pending": [f"eval_{e.protocol}" for e in pending],
                         "correct_per_image": runner_lib.correct_per_image_of(
-                            run.workdir, run.eval_result)})
+                            run.workdir, run.eval_result),
+                        **_checkpoint_epoch(record, run.config)})
       else:
         entries.append({
             "seed": run.seed, "workdir": run.workdir,
@@ -214,6 +231,9 @@ def markdown(data: dict[str, Any]) -> str:
       wall = (f", {runner_lib.format_seconds(e['wall_seconds'])} on "
               f"{e.get('devices') or CPU_BEFORE_DEVICES}"
               if e["status"] == "done" else "")
+      if e.get("checkpoint_epoch"):
+        wall += (f", checkpoint of epoch {e['checkpoint_epoch']}/"
+                 f"{e['epochs']}")
       shared = f" (trained for {r['shared']})" if r["shared"] else ""
       lines.append(f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
                    f"{shared}, `{e['workdir']}`")
