@@ -314,19 +314,33 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
           in md)
 
 
-def test_the_checkpoint_epoch_counts_a_started_epoch_as_reached():
+def test_the_checkpoint_epoch_and_the_last_epochs_sparsity(tmp_path):
   row = tables.TABLES["table1"].rows[0]
   config = scales.build_config(row.presets, row.overrides,
                                scales.SCALES["cpu"], seed=0)
   # 45,000 images in batches of 128, the last one smaller: 1,760 steps.
   per_epoch = scales.steps_per_epoch(scales.train_size(config), config)
   assert per_epoch == 352
+  workdir = str(tmp_path)
   assert report._checkpoint_epoch({"checkpoint_step": 2 * per_epoch},
-                                  config) == {"checkpoint_epoch": 2,
-                                              "epochs": 5}
+                                  config, workdir) == {"checkpoint_epoch": 2,
+                                                       "epochs": 5}
   assert report._checkpoint_epoch({"checkpoint_step": 2 * per_epoch + 1},
-                                  config)["checkpoint_epoch"] == 3
-  assert report._checkpoint_epoch({}, config) == {}
+                                  config, workdir)["checkpoint_epoch"] == 3
+  assert report._checkpoint_epoch({}, config, workdir) == {}
+  # An early checkpoint of a run that pruned later: the log's last epoch.
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    for epoch, pruned in ((1, 0.2), (5, 92.0)):
+      f.write(json.dumps({"epoch": epoch, "step": epoch * per_epoch,
+                          "weight_sparsity": pruned - 1,
+                          "channel_sparsity": pruned}) + "\n")
+  early = report._checkpoint_epoch({"checkpoint_step": per_epoch}, config,
+                                   workdir)
+  assert early == {"checkpoint_epoch": 1, "epochs": 5,
+                   "last_epoch_sparsity": 91.0,
+                   "last_epoch_channel_sparsity": 92.0}
+  assert "last_epoch_sparsity" not in report._checkpoint_epoch(
+      {"checkpoint_step": 5 * per_epoch}, config, workdir)
 
 
 def test_wall_times_name_the_machine_where_not_a_cpu():

@@ -64,17 +64,27 @@ def _wall_times(done: list[dict[str, Any]]) -> str:
 
 
 def _checkpoint_epoch(record: dict[str, Any],
-                      config: ml_collections.ConfigDict) -> dict[str, int]:
-  """The epoch of the checkpoint a run was evaluated at, and its number of
-  epochs: a short schedule's best-validation checkpoint may come from
-  before a sparsifier has pruned anything, which its numbers then show."""
+                      config: ml_collections.ConfigDict,
+                      workdir: str) -> dict[str, Any]:
+  """The epoch of the checkpoint a run was evaluated at, its number of
+  epochs and, when the two differ, the sparsity its training log gives for
+  the last epoch: a short schedule's best-validation checkpoint may come
+  from before a sparsifier has pruned much, which its numbers then show."""
   step = record.get("checkpoint_step")
   if not step:
     return {}
   per_epoch = scales_lib.steps_per_epoch(scales_lib.train_size(config),
                                          config)
-  return {"checkpoint_epoch": -(-step // per_epoch),
-          "epochs": config.training.num_epochs}
+  out: dict[str, Any] = {"checkpoint_epoch": -(-step // per_epoch),
+                         "epochs": config.training.num_epochs}
+  if out["checkpoint_epoch"] < out["epochs"]:
+    from fkjax import metric_logging  # pylint: disable=C0415
+    last = [r for r in metric_logging.read_metrics(workdir)
+            if r.get("epoch") == out["epochs"] and "weight_sparsity" in r]
+    if last:
+      out["last_epoch_sparsity"] = last[-1]["weight_sparsity"]
+      out["last_epoch_channel_sparsity"] = last[-1]["channel_sparsity"]
+  return out
 
 
 def collect(table: tables_lib.Table, scale: scales_lib.Scale,
@@ -109,7 +119,8 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
                         "pending": [f"eval_{e.protocol}" for e in pending],
                         "correct_per_image": runner_lib.correct_per_image_of(
                             run.workdir, run.eval_result),
-                        **_checkpoint_epoch(record, run.config)})
+                        **_checkpoint_epoch(record, run.config,
+                                            run.workdir)})
       else:
         entries.append({
             "seed": run.seed, "workdir": run.workdir,
@@ -234,6 +245,12 @@ def markdown(data: dict[str, Any]) -> str:
       if e.get("checkpoint_epoch"):
         wall += (f", checkpoint of epoch {e['checkpoint_epoch']}/"
                  f"{e['epochs']}")
+        if e.get("last_epoch_sparsity") or e.get(
+            "last_epoch_channel_sparsity"):
+          wall += (f" (at epoch {e['epochs']}: "
+                   f"{e['last_epoch_sparsity']:.2f}% of weights and "
+                   f"{e['last_epoch_channel_sparsity']:.2f}% of channels "
+                   "pruned)")
       shared = f" (trained for {r['shared']})" if r["shared"] else ""
       lines.append(f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
                    f"{shared}, `{e['workdir']}`")
