@@ -34,6 +34,7 @@ import hashlib
 import logging
 import math
 import os
+import pathlib
 import re
 import shutil
 from typing import Any
@@ -235,6 +236,7 @@ class Checkpointer:
           f"no {which} checkpoint in {self.directory}" +
           (" (none has finished an epoch yet)" if which == "best" else ""))
     where = self.step_dir(step)
+    _check_stored_shapes(template, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
       state = self._manager.restore(step,
@@ -334,6 +336,52 @@ def _check_same_structure(template: Any, state: Any, where: str) -> None:
     raise CheckpointError(
         f"checkpoint {where} does not match the config's model/optimizer: "
         "different parameter structure or shapes")
+
+
+def _shapes_by_path(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """``{path: shape}`` of a tree's array leaves, each path entry a plain
+  string, so that a state and the metadata orbax kept of it compare."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if getattr(leaf, "shape", None) is None:
+      continue
+    key = tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+                for k in path)
+    out[key] = tuple(leaf.shape)
+  return out
+
+
+def _check_stored_shapes(template: Any, where: str) -> None:
+  """Refuses a checkpoint whose arrays have other shapes than
+  ``template``'s, from its metadata alone.
+
+  Restoring it would fail too, but inside orbax's concurrent reads: the
+  reads that fail after the first leave asyncio tracebacks on stderr at
+  exit, after the one-line error. Where the metadata cannot be read or
+  names other arrays, the restore itself decides.
+  """
+  reader = ocp.StandardCheckpointHandler()
+  try:
+    # The manager keeps its one item under "default".
+    stored = _shapes_by_path(
+        reader.metadata(pathlib.Path(os.path.abspath(where), "default")))
+  except Exception:  # pylint: disable=broad-except
+    return
+  finally:
+    reader.close()
+  want = _shapes_by_path(template)
+  if set(stored) != set(want):
+    return
+  differ = [k for k in want if stored[k] != want[k]]
+  if differ:
+    first = differ[0]
+    raise CheckpointError(
+        f"checkpoint {where} does not match the config's model/optimizer: "
+        f"{'/'.join(first)} has shape {stored[first]} there and "
+        f"{want[first]} in the config"
+        + (f" ({len(differ) - 1} more arrays differ)" if len(differ) > 1
+           else "")
+        + "; was it written with another config?")
 
 
 def has_checkpoints(workdir: str) -> bool:

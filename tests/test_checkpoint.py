@@ -244,6 +244,35 @@ def test_real_write_failure_is_one_line(tmp_path):
   np.testing.assert_array_equal(state["w"], np.ones(8))
 
 
+_OTHER_SHAPES = textwrap.dedent("""
+    import sys
+    import jax.numpy as jnp
+    from fkjax import checkpoint as ckpt_lib
+    ck = ckpt_lib.Checkpointer(sys.argv[1])
+    ck.save(1, {"w": jnp.ones((16,)), "b": jnp.ones((16,))}, val_accuracy=0.1)
+    try:
+      ck.restore({"w": jnp.ones((32,)), "b": jnp.ones((32,))}, "latest")
+    except ckpt_lib.CheckpointError as e:
+      print("error:", e, file=sys.stderr)
+      sys.exit(1)
+""")
+
+
+def test_a_checkpoint_of_other_shapes_is_one_line(tmp_path):
+  """Refused from its metadata: orbax's concurrent reads, each failing,
+  used to leave asyncio tracebacks after the error line."""
+  proc = subprocess.run([sys.executable, "-c", _OTHER_SHAPES, str(tmp_path)],
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert proc.returncode == 1, proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines == [
+      f"error: checkpoint {tmp_path / 'checkpoints' / '1'} does not match "
+      "the config's model/optimizer: b has shape (16,) there and (32,) in "
+      "the config (1 more arrays differ); was it written with another "
+      "config?"], proc.stderr
+
+
 def _legacy_workdir(workdir):
   """Checkpoints as fkjax wrote them with two managers (latest + best)."""
   root = Path(workdir) / "checkpoints"
