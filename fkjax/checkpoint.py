@@ -236,15 +236,24 @@ class Checkpointer:
           f"no {which} checkpoint in {self.directory}" +
           (" (none has finished an epoch yet)" if which == "best" else ""))
     where = self.step_dir(step)
-    _check_stored_shapes(template, where)
+    stored = _stored_shapes(where)
+    _check_stored_shapes(template, stored, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
       state = self._manager.restore(step,
                                     args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # orbax raises many types; name the cause
+      other_arrays = _other_arrays(template, stored)
+      if other_arrays:
+        raise CheckpointError(
+            f"checkpoint {where} does not match the config's "
+            f"model/optimizer: {other_arrays}; was it written with another "
+            "config?") from e
+      # orbax's messages run over several lines: the first says what.
+      first = (str(e).strip().splitlines() or [""])[0]
       raise CheckpointError(
           f"could not restore the {which} checkpoint at step {step} from "
-          f"{where}: {type(e).__name__}: {e}. Is it complete, and was it "
+          f"{where}: {type(e).__name__}: {first} Is it complete, and was it "
           "written with the same model/optimizer config? If it is damaged, "
           f"delete {where} to use the previous checkpoint") from e
     _check_same_structure(template, state, where)
@@ -351,7 +360,40 @@ def _shapes_by_path(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
   return out
 
 
-def _check_stored_shapes(template: Any, where: str) -> None:
+def _stored_shapes(where: str) -> dict[tuple[str, ...], tuple[int, ...]] | None:
+  """The checkpoint's ``{path: shape}`` from its metadata (None: unreadable)."""
+  reader = ocp.StandardCheckpointHandler()
+  try:
+    # The manager keeps its one item under "default".
+    return _shapes_by_path(
+        reader.metadata(pathlib.Path(os.path.abspath(where), "default")))
+  except Exception:  # pylint: disable=broad-except
+    return None
+  finally:
+    reader.close()
+
+
+def _other_arrays(template: Any,
+                  stored: dict[tuple[str, ...], tuple[int, ...]] | None) -> str:
+  """What the checkpoint has that ``template`` lacks and the reverse, in a
+  few words ("" if the same arrays, or unknown)."""
+  if stored is None:
+    return ""
+  want = _shapes_by_path(template)
+  parts = []
+  for keys, says in ((sorted(set(want) - set(stored)),
+                      "the config has {} that the checkpoint lacks"),
+                     (sorted(set(stored) - set(want)),
+                      "the checkpoint has {} that the config lacks")):
+    if keys:
+      more = f" and {len(keys) - 1} more" if len(keys) > 1 else ""
+      parts.append(says.format("/".join(keys[0]) + more))
+  return "; ".join(parts)
+
+
+def _check_stored_shapes(
+    template: Any, stored: dict[tuple[str, ...], tuple[int, ...]] | None,
+    where: str) -> None:
   """Refuses a checkpoint whose arrays have other shapes than
   ``template``'s, from its metadata alone.
 
@@ -360,17 +402,8 @@ def _check_stored_shapes(template: Any, where: str) -> None:
   exit, after the one-line error. Where the metadata cannot be read or
   names other arrays, the restore itself decides.
   """
-  reader = ocp.StandardCheckpointHandler()
-  try:
-    # The manager keeps its one item under "default".
-    stored = _shapes_by_path(
-        reader.metadata(pathlib.Path(os.path.abspath(where), "default")))
-  except Exception:  # pylint: disable=broad-except
-    return
-  finally:
-    reader.close()
   want = _shapes_by_path(template)
-  if set(stored) != set(want):
+  if stored is None or set(stored) != set(want):
     return
   differ = [k for k in want if stored[k] != want[k]]
   if differ:

@@ -167,6 +167,17 @@ def test_wrong_structure_is_an_error(tmp_path):
   ck.save(1, _state(1, size=8))
   with pytest.raises(ckpt_lib.CheckpointError, match="config"):
     ck.restore(_state(0, size=16), "latest")
+  # Arrays one side lacks: named, in one line.
+  other = _state(0, size=8)
+  other["params"]["extra"] = jnp.zeros((2,))
+  del other["opt_state"]
+  with pytest.raises(ckpt_lib.CheckpointError) as info:
+    ck.restore(other, "latest")
+  assert str(info.value) == (
+      f"checkpoint {tmp_path / 'checkpoints' / '1'} does not match the "
+      "config's model/optimizer: the config has params/extra that the "
+      "checkpoint lacks; the checkpoint has opt_state/momentum that the "
+      "config lacks; was it written with another config?")
 
 
 @pytest.mark.parametrize("error", [
