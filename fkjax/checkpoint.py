@@ -61,13 +61,14 @@ class CheckpointError(RuntimeError):
 
 
 class _DropMetriclessWarning(logging.Filter):
-  """Mid-epoch saves deliberately carry no metric; orbax warns on each."""
+  """Mid-epoch saves deliberately carry no metric; orbax warns on each.
+
+  Installed around fkjax's own saves only: importing fkjax leaves the
+  ``absl`` logger as it was.
+  """
 
   def filter(self, record: logging.LogRecord) -> bool:
     return "did not provide metrics" not in str(record.msg)
-
-
-logging.getLogger("absl").addFilter(_DropMetriclessWarning())
 
 
 class _HeldLogRecords(logging.Filter):
@@ -168,7 +169,9 @@ class Checkpointer:
       metrics = {"val_accuracy": float(val_accuracy)}
     digests = _digests(state)
     held = _HeldLogRecords()
+    metricless = _DropMetriclessWarning()
     absl_logger = logging.getLogger("absl")
+    absl_logger.addFilter(metricless)
     absl_logger.addFilter(held)
     try:
       self._manager.save(
@@ -193,6 +196,7 @@ class Checkpointer:
           "to resume (the previous checkpoints are intact)") from e
     finally:
       absl_logger.removeFilter(held)  # I/O errors: the held records go
+      absl_logger.removeFilter(metricless)
     held.replay(absl_logger)
 
   def latest_step(self) -> int | None:

@@ -154,12 +154,20 @@ def test_kernels_import_no_models():
 # No global side effects on import.
 
 _IMPORTS = """
-import json, os, sys
+import json, logging, os, sys
 import jax, matplotlib
 config_before = {k: repr(v) for k, v in jax.config.values.items()}
 backend_before = dict.__getitem__(matplotlib.rcParams, "backend")
+def log_setup():
+  return {name: (len(logger.filters), len(logger.handlers), logger.level)
+          for name, logger in [("", logging.getLogger())] + [
+              (n, logging.getLogger(n)) for n in ("absl", "jax", "orbax")]}
+# orbax adds a handler to the root logger when imported; fkjax must not
+# add more.
+import orbax.checkpoint
+logging_before = log_setup()
 import fkjax, fkjax.sparsity, fkjax.train, fkjax.evaluate, fkjax.plots
-import fkjax.kernels, fkjax.models
+import fkjax.kernels, fkjax.models, fkjax.checkpoint
 from fkjax import sparsity
 changed = sorted(k for k, v in jax.config.values.items()
                  if config_before.get(k) != repr(v))
@@ -171,6 +179,7 @@ print(json.dumps({
     "pyplot_imported": "matplotlib.pyplot" in sys.modules,
     "backends_started": __import__("jax._src.xla_bridge").
         _src.xla_bridge.backends_are_initialized(),
+    "logging_changed": log_setup() != logging_before,
 }))
 """
 
@@ -189,4 +198,5 @@ def test_importing_fkjax_changes_nothing_global():
   state = json.loads(out.stdout.strip().splitlines()[-1])
   assert state == {"xla_flags": None, "jax_config_changed": [],
                    "matplotlib_backend_changed": False,
-                   "pyplot_imported": False, "backends_started": False}
+                   "pyplot_imported": False, "backends_started": False,
+                   "logging_changed": False}
