@@ -351,20 +351,29 @@ def _check_same_structure(template: Any, state: Any, where: str) -> None:
         "different parameter structure or shapes")
 
 
-def _shapes_by_path(tree: Any) -> dict[tuple[str, ...], tuple[int, ...]]:
+_Shapes = dict[tuple[str, ...], tuple[int, ...]]
+
+
+def _path_entry(key: Any) -> str:
+  """A dict key, attribute name or index as a plain string."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _shapes_by_path(tree: Any) -> _Shapes:
   """``{path: shape}`` of a tree's array leaves, each path entry a plain
   string, so that a state and the metadata orbax kept of it compare."""
   out = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     if getattr(leaf, "shape", None) is None:
       continue
-    key = tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-                for k in path)
-    out[key] = tuple(leaf.shape)
+    out[tuple(_path_entry(k) for k in path)] = tuple(leaf.shape)
   return out
 
 
-def _stored_shapes(where: str) -> dict[tuple[str, ...], tuple[int, ...]] | None:
+def _stored_shapes(where: str) -> _Shapes | None:
   """The checkpoint's ``{path: shape}`` from its metadata (None: unreadable)."""
   reader = ocp.StandardCheckpointHandler()
   try:
@@ -377,8 +386,7 @@ def _stored_shapes(where: str) -> dict[tuple[str, ...], tuple[int, ...]] | None:
     reader.close()
 
 
-def _other_arrays(template: Any,
-                  stored: dict[tuple[str, ...], tuple[int, ...]] | None) -> str:
+def _other_arrays(template: Any, stored: _Shapes | None) -> str:
   """What the checkpoint has that ``template`` lacks and the reverse, in a
   few words ("" if the same arrays, or unknown)."""
   if stored is None:
@@ -395,9 +403,8 @@ def _other_arrays(template: Any,
   return "; ".join(parts)
 
 
-def _check_stored_shapes(
-    template: Any, stored: dict[tuple[str, ...], tuple[int, ...]] | None,
-    where: str) -> None:
+def _check_stored_shapes(template: Any, stored: _Shapes | None,
+                         where: str) -> None:
   """Refuses a checkpoint whose arrays have other shapes than
   ``template``'s, from its metadata alone.
 
