@@ -240,14 +240,14 @@ class Checkpointer:
           f"no {which} checkpoint in {self.directory}" +
           (" (none has finished an epoch yet)" if which == "best" else ""))
     where = self.step_dir(step)
-    stored = _stored_shapes(where)
-    _check_stored_shapes(template, stored, where)
+    want, stored = _shapes_by_path(template), _stored_shapes(where)
+    _check_stored_shapes(want, stored, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
       state = self._manager.restore(step,
                                     args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # orbax raises many types; name the cause
-      other_arrays = _other_arrays(template, stored)
+      other_arrays = _other_arrays(want, stored)
       if other_arrays:
         raise CheckpointError(
             f"checkpoint {where} does not match the config's "
@@ -386,12 +386,12 @@ def _stored_shapes(where: str) -> _Shapes | None:
     reader.close()
 
 
-def _other_arrays(template: Any, stored: _Shapes | None) -> str:
-  """What the checkpoint has that ``template`` lacks and the reverse, in a
-  few words ("" if the same arrays, or unknown)."""
+def _other_arrays(want: _Shapes, stored: _Shapes | None) -> str:
+  """What the checkpoint (``stored``) has that the config's state (``want``)
+  lacks and the reverse, in a few words ("" if the same arrays, or
+  unknown)."""
   if stored is None:
     return ""
-  want = _shapes_by_path(template)
   parts = []
   for keys, says in ((sorted(set(want) - set(stored)),
                       "the config has {} that the checkpoint lacks"),
@@ -403,17 +403,16 @@ def _other_arrays(template: Any, stored: _Shapes | None) -> str:
   return "; ".join(parts)
 
 
-def _check_stored_shapes(template: Any, stored: _Shapes | None,
+def _check_stored_shapes(want: _Shapes, stored: _Shapes | None,
                          where: str) -> None:
-  """Refuses a checkpoint whose arrays have other shapes than
-  ``template``'s, from its metadata alone.
+  """Refuses a checkpoint whose arrays have other shapes than the config's
+  state (``want``), from its metadata alone.
 
   Restoring it would fail too, but inside orbax's concurrent reads: the
   reads that fail after the first leave asyncio tracebacks on stderr at
   exit, after the one-line error. Where the metadata cannot be read or
   names other arrays, the restore itself decides.
   """
-  want = _shapes_by_path(template)
   if stored is None or set(stored) != set(want):
     return
   differ = [k for k in want if stored[k] != want[k]]
