@@ -109,16 +109,16 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
         # older setting of it left.
         pending = runner_lib.pending_evals(run)
         current = [e for e in run.extra_evals if e not in pending]
-        stale = {c for e in pending
-                 for c in runner_lib.extra_columns(e, run.config)}
+        stale = {c for e in pending for c in e.columns}
+        main = runner_lib.main_eval(run)
         metrics = {k: v for k, v in {
             **record.get("metrics", {}), **runner_lib.metrics_of(
-                run.workdir, run.eval_result, current)}.items()
+                run.workdir, run.eval_result, current, main)}.items()
                    if k not in stale}
         entries.append({**record, "metrics": metrics, "status": "done",
                         "pending": [f"eval_{e.protocol}" for e in pending],
-                        "correct_per_image": runner_lib.correct_per_image_of(
-                            run.workdir, run.eval_result),
+                        "correct_per_image":
+                            runner_lib.correct_per_image_of(main),
                         **_checkpoint_epoch(record, run.config,
                                             run.workdir)})
       else:

@@ -50,10 +50,54 @@ ORDER = ("table1", "table2", "table3", "fig45", "table4", "table5", "table6",
 
 @dataclasses.dataclass
 class ExtraEvalRun:
+  """An extra evaluation of one run: what it fills and how it is read.
+
+  Attributes:
+    protocol: its stage is ``eval_<protocol>``.
+    overrides: ``config.eval`` keys (eval.py flags), ``eval.protocol`` set.
+    result_file: what it writes in the workdir.
+    command: the equivalent ``eval.py`` command.
+    columns: the metric columns it fills (``tables.METRICS`` keys).
+    attacks: what it runs, for the log.
+  """
   protocol: str
   overrides: dict[str, Any]
   result_file: str
   command: str
+  columns: tuple[str, ...]
+  attacks: str
+
+  @property
+  def strong(self) -> bool:
+    """The strong protocol: one worst case over its attacks (A_strong)."""
+    return self.overrides.get("eval.protocol") == "strong"
+
+  def read(self, result: Mapping[str, Any]) -> dict[str, float]:
+    """Its columns from its result file's data (empty where it lacks them)."""
+    if self.strong:
+      return ({"A_strong": result["worst_case"]["accuracy"]}
+              if result.get("protocol") == "strong" else {})
+    attacks = result.get("attacks", {})
+    return {c: attacks[tables_lib.ATTACK_OF[c]]["accuracy"]
+            for c in self.columns if tables_lib.ATTACK_OF[c] in attacks}
+
+
+def _extra_eval_run(protocol: str, overrides: dict[str, Any],
+                    config: ml_collections.ConfigDict, workdir: str
+                    ) -> ExtraEvalRun:
+  cfg = _with(config, overrides)
+  if cfg.eval.get("protocol") == "strong":
+    columns, attacks = ("A_strong",), "APGD-CE, APGD-DLR"
+  else:
+    names = cfg.eval.attacks.split(",")
+    columns = tuple(c for c, a in tables_lib.ATTACK_OF.items() if a in names)
+    attacks = cfg.eval.attacks
+  return ExtraEvalRun(
+      protocol=protocol, overrides=overrides, result_file=_result_file(cfg),
+      command=_command("eval.py", [f"--workdir={workdir}", *(
+          f"--config.{k}={scales_lib.format_value(v)}"
+          for k, v in overrides.items())]),
+      columns=columns, attacks=attacks)
 
 
 @dataclasses.dataclass
@@ -153,12 +197,8 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
           continue
         overrides = dict(spec.overrides.get(scale.name, {}))
         overrides.setdefault("eval.protocol", spec.protocol)
-        extra.append(ExtraEvalRun(
-            protocol=spec.protocol, overrides=overrides,
-            result_file=_result_file(_with(config, overrides)),
-            command=_command("eval.py", [f"--workdir={workdir}", *(
-                f"--config.{k}={scales_lib.format_value(v)}"
-                for k, v in overrides.items())])))
+        extra.append(_extra_eval_run(spec.protocol, overrides, config,
+                                     workdir))
       run = Run(table, row, owner_name, owner, seed, workdir, config,
                 train_cmd, eval_cmd, from_eval_run, extra)
       if results is not None:
@@ -371,10 +411,8 @@ def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
     fp = fps[stage]
     path = os.path.join(run.workdir, extra.result_file)
     if not (progress.done(stage, fp) and files.load_json(path)):
-      attacks = ("APGD-CE, APGD-DLR" if cfg.eval.protocol == "strong"
-                 else cfg.eval.attacks)
       log(f"{what}: extra evaluation {extra.protocol} "
-          f"({attacks}, {cfg.eval.num_examples or 'all'} images)")
+          f"({extra.attacks}, {cfg.eval.num_examples or 'all'} images)")
       progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
           cfg, run.workdir, exp=exp()))
   apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
@@ -499,21 +537,19 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
   return trained
 
 
-def extra_columns(extra: ExtraEvalRun, config: ml_collections.ConfigDict
-                  ) -> list[str]:
-  """The metric columns an extra evaluation fills."""
-  cfg = _with(config, extra.overrides)
-  if cfg.eval.get("protocol") == "strong":
-    return ["A_strong"]
-  attacks = cfg.eval.attacks.split(",")
-  return [c for c, a in tables_lib.ATTACK_OF.items() if a in attacks]
+def main_eval(run: Run) -> dict[str, Any]:
+  """A run's main evaluation result (``{}`` where it has none)."""
+  return files.load_json(os.path.join(run.workdir, run.eval_result)) or {}
 
 
 def metrics_of(workdir: str, eval_result: str,
-               extra: Iterable[ExtraEvalRun] = ()) -> dict[str, float]:
-  """The metric columns of a finished run (see ``tables.METRICS``)."""
+               extra: Iterable[ExtraEvalRun] = (),
+               main: Mapping[str, Any] | None = None) -> dict[str, float]:
+  """The metric columns of a finished run (see ``tables.METRICS``);
+  ``main``: its main evaluation's result, where already read."""
   out: dict[str, float] = {}
-  main = files.load_json(os.path.join(workdir, eval_result)) or {}
+  if main is None:
+    main = files.load_json(os.path.join(workdir, eval_result)) or {}
   for column, attack in tables_lib.ATTACK_OF.items():
     entry = main.get("attacks", {}).get(attack)
     if entry is not None:
@@ -527,13 +563,9 @@ def metrics_of(workdir: str, eval_result: str,
       out[f"w_{column}"] = dense[tables_lib.ATTACK_OF[column]]["accuracy"]
   for e in extra:
     data = files.load_json(os.path.join(workdir, e.result_file)) or {}
-    if data.get("protocol") == "strong":
-      out["A_strong"] = data["worst_case"]["accuracy"]
-      continue
-    for column, attack in tables_lib.ATTACK_OF.items():
-      entry = data.get("attacks", {}).get(attack)
-      if entry is not None and column not in out:
-        out[column] = entry["accuracy"]
+    # The main evaluation's column wins over an extra one of the same attack.
+    for column, value in e.read(data).items():
+      out.setdefault(column, value)
   stats = files.load_json(os.path.join(workdir, "analysis.json"))
   if stats:
     out["small_share"] = stats["w"]["small_share"]
@@ -544,11 +576,10 @@ def metrics_of(workdir: str, eval_result: str,
   return out
 
 
-def correct_per_image_of(workdir: str, eval_result: str) -> dict[str, str]:
+def correct_per_image_of(main: Mapping[str, Any]) -> dict[str, str]:
   """Column (A1...) -> which test images the main evaluation's attack left
-  right (``fkjax.workdir.encode_correct``); empty for an evaluation written
-  before evaluations kept them."""
-  main = files.load_json(os.path.join(workdir, eval_result)) or {}
+  right (``fkjax.workdir.encode_correct``), from its result ``main``; empty
+  for an evaluation written before evaluations kept them."""
   kept = main.get("correct_per_image", {})
   return {column: kept[attack] for column, attack in
           tables_lib.ATTACK_OF.items() if attack in kept}
@@ -564,7 +595,7 @@ def commands_of(run: Run) -> dict[str, str]:
 
 def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
   stages = progress.get("stages", {})
-  main = files.load_json(os.path.join(run.workdir, run.eval_result)) or {}
+  main = main_eval(run)
   metadata = main.get("metadata", {})
   return {
       "table": run.owner_table,
@@ -579,7 +610,8 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
       # runs its training stage shared (fkjax.sweep, --sweep); 1: alone
       "train_sweep_runs": stages.get("train", {}).get("sweep_runs", 1),
       "wall_seconds": sum(v["seconds"] for v in stages.values()),
-      "metrics": metrics_of(run.workdir, run.eval_result, run.extra_evals),
+      "metrics": metrics_of(run.workdir, run.eval_result, run.extra_evals,
+                            main),
       "test_images": main.get("num_examples"),
       "checkpoint_step": metadata.get("step"),
       "git_commit": metadata.get("git_commit"),
