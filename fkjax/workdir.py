@@ -226,11 +226,12 @@ def eval_result_path(workdir: str | os.PathLike[str], config: Any,
                      eot=eot if eot > 1 else None)
 
 
-def source_version() -> dict[str, Any]:
+def source_version(package_only: bool = False) -> dict[str, Any]:
   """fkjax's version and, when run from a git checkout, its commit.
 
-  ``git_commit`` and ``git_dirty`` (uncommitted changes to tracked files)
-  are None when the package is not inside a git work tree of its own.
+  ``git_commit`` and ``git_dirty`` (uncommitted changes to tracked files;
+  with ``package_only``, to those of the ``fkjax`` package alone) are None
+  when the package is not inside a git work tree of its own.
   """
   import fkjax
   package = os.path.dirname(os.path.abspath(fkjax.__file__))
@@ -252,7 +253,8 @@ def source_version() -> dict[str, Any]:
       os.path.realpath(package)):
     return out
   out["git_commit"] = git("rev-parse", "HEAD")
-  status = git("status", "--porcelain", "--untracked-files=no")
+  status = git("status", "--porcelain", "--untracked-files=no",
+               *(["--", package] if package_only else []))
   out["git_dirty"] = None if status is None else bool(status)
   return out
 

@@ -153,3 +153,29 @@ def test_source_version_outside_a_checkout(tmp_path, monkeypatch):
   info = workdir_lib.source_version()
   assert info == {"fkjax_version": fkjax.__version__, "git_commit": None,
                   "git_dirty": None}
+
+
+def test_source_version_of_the_package_alone(tmp_path, monkeypatch):
+  # A checkout whose results/ were rewritten is not other code; one whose
+  # package changed is.
+  def git(*args):
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t",
+                    "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)
+  (tmp_path / "fkjax").mkdir()
+  (tmp_path / "results").mkdir()
+  (tmp_path / "fkjax" / "__init__.py").write_text("x = 1\n")
+  (tmp_path / "results" / "t.json").write_text("{}\n")
+  git("init", "-q")
+  git("add", ".")
+  git("commit", "-q", "-m", "c")
+  monkeypatch.delenv("GIT_DIR", raising=False)
+  monkeypatch.setattr(fkjax, "__file__",
+                      str(tmp_path / "fkjax" / "__init__.py"))
+  assert workdir_lib.source_version(package_only=True)["git_dirty"] is False
+  (tmp_path / "results" / "t.json").write_text("{\"a\": 1}\n")
+  assert workdir_lib.source_version()["git_dirty"] is True
+  assert workdir_lib.source_version(package_only=True)["git_dirty"] is False
+  (tmp_path / "fkjax" / "__init__.py").write_text("x = 2\n")
+  info = workdir_lib.source_version(package_only=True)
+  assert info["git_dirty"] is True and len(info["git_commit"]) == 40

@@ -11,11 +11,11 @@ import datetime
 import math
 import os
 import statistics
-import subprocess
 from typing import Any, Iterable
 
 import ml_collections
 
+from fkjax import workdir as workdir_lib
 from fkjax.reproduce import files
 from fkjax.reproduce import runner as runner_lib
 from fkjax.reproduce import scales as scales_lib
@@ -28,17 +28,6 @@ def _summary(values: list[float]) -> dict[str, float | int]:
   mean = statistics.fmean(values)
   std = statistics.stdev(values) if len(values) > 1 else 0.0
   return {"mean": mean, "std": std, "n": len(values)}
-
-
-def _git_head() -> str | None:
-  here = os.path.dirname(os.path.abspath(__file__))
-  try:
-    out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"],
-                         capture_output=True, text=True, timeout=10,
-                         check=True)
-  except (OSError, subprocess.SubprocessError):
-    return None
-  return out.stdout.strip() or None
 
 
 # Records written before they named their machine: every such run of this
@@ -148,6 +137,7 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
         "summary": summary,
     })
   example = runs[0].config if runs else None
+  version = workdir_lib.source_version(package_only=True)
   return {
       "table": table.name,
       "title": table.title,
@@ -163,7 +153,9 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
       "notes": list(table.notes),
       "generated": datetime.datetime.now(datetime.timezone.utc).isoformat(
           timespec="seconds"),
-      "git_commit": _git_head(),
+      # The tables are computed by the package alone (results/ and docs/
+      # being rewritten do not make it another program).
+      **{k: version[k] for k in ("git_commit", "git_dirty")},
       "rows": rows,
   }
 
@@ -257,7 +249,9 @@ def markdown(data: dict[str, Any]) -> str:
       for name, cmd in e["commands"].items():
         lines.append(f"  - {name}: `{cmd}`")
   lines += ["", f"Generated {data['generated']} from fkjax "
-            f"{data['git_commit'] or '(unknown commit)'} by "
+            f"{data['git_commit'] or '(unknown commit)'}"
+            f"{' with uncommitted changes' if data.get('git_dirty') else ''}"
+            " by "
             f"`python -m fkjax.reproduce {data['table']} "
             f"--scale={data['scale']}`.", ""]
   return "\n".join(lines)
