@@ -194,3 +194,29 @@ def test_paired_noise_averages_each_rows_seeds_per_image():
   d = 100 * (np.mean(a, axis=0) - np.mean(b, axis=0))   # 100, -50, 50, -50
   assert out["sample_se"] == pytest.approx(np.std(d, ddof=1) / 2)
   assert out["difference"] == pytest.approx(d.mean())
+
+
+def test_a_sparsity_the_last_epoch_would_turn_round_is_flagged():
+  # The checkpoint rule picked epoch 1 of row a, before RGSM pruned: its
+  # sparsity is below b's there, above it at the last epoch.
+  table = _table({"a": ([0.22, 80.0, 82.0], "channel_sparsity", None),
+                  "b": ([70.0, 71.0, 72.0], "channel_sparsity", None)})
+  first = table["rows"][0]["runs"][0]
+  first.update(seed=0, checkpoint_epoch=1, epochs=5,
+               last_epoch_channel_sparsity=92.0)
+  out = claims.judge(claims.Comparison("t", "a", "b", "channel_sparsity"),
+                     table)
+  assert out["verdict"] == "no resolved difference"
+  assert out["early_checkpoints"] == {
+      "difference_at_last_epoch": pytest.approx((92 + 80 + 82 - 213) / 3),
+      "runs": {"a": ["seed 0 at epoch 1/5"]}}
+  assert "at the last epoch +13.67" in claims._early_note(out)
+  assert claims.verdict_of([out["verdict"]], 1).endswith(
+      "; 1 on a checkpoint before the last epoch, whose sparsity goes the "
+      "other way")
+  # An early checkpoint whose sparsity the last epoch keeps on the same
+  # side is not flagged.
+  first["last_epoch_channel_sparsity"] = 1.0
+  out = claims.judge(claims.Comparison("t", "a", "b", "channel_sparsity"),
+                     table)
+  assert "early_checkpoints" not in out

@@ -28,6 +28,12 @@ of ``d`` only: a row averaged over fewer seeds disagrees more with the
 other image by image, so the noise is overstated, never understated.
 Otherwise it is the binomial standard error of two independent samples.
 
+A sparsity comparison is flagged when a run's evaluated checkpoint (the
+best natural validation accuracy) is from before its last epoch and the
+sparsity its training log gives for the last epoch would turn the
+comparison round: a short schedule may select a net from before the
+sparsifier pruned.
+
 A claim holds when every comparison holds, does not hold when one is
 reversed, and is otherwise labelled by what its comparisons show so far.
 """
@@ -36,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import statistics
 from typing import Any, Mapping
 
 import numpy as np
@@ -44,6 +51,10 @@ from fkjax import workdir as workdir_lib
 from fkjax.reproduce import files
 
 MIN_SEEDS = 3
+# A sparsity column and what the run's training log says of it at the last
+# epoch (fkjax.reproduce.report: runs evaluated at an earlier checkpoint).
+LAST_EPOCH = {"sparsity": "last_epoch_sparsity",
+              "channel_sparsity": "last_epoch_channel_sparsity"}
 Z = 2.0
 ACCURACIES = ("A1", "A2", "A3")
 NOT_RUN = "not yet run"
@@ -184,9 +195,17 @@ def _row_stats(table: Mapping[str, Any] | None, row: str, metric: str
     summary = r.get("summary", {}).get(metric)
     if not summary:
       return None
-    images = [e.get("test_images") for e in r.get("runs", ())
-              if e.get("status") == "done" and e.get("test_images")]
-    return {**summary, "images": min(images) if images else None}
+    done = [e for e in r.get("runs", ()) if e.get("status") == "done"]
+    images = [e["test_images"] for e in done if e.get("test_images")]
+    out = {**summary, "images": min(images) if images else None}
+    done = [e for e in done if metric in e.get("metrics", {})]
+    if metric in LAST_EPOCH:
+      out["early"] = [f"seed {e['seed']} at epoch {e['checkpoint_epoch']}/"
+                      f"{e['epochs']}" for e in done
+                      if LAST_EPOCH[metric] in e]
+      out["last_epoch_mean"] = statistics.fmean(
+          e.get(LAST_EPOCH[metric], e["metrics"][metric]) for e in done)
+    return out
   return None
 
 
@@ -242,6 +261,17 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
   diff = a["mean"] - b["mean"]
   out.update(higher_mean=a["mean"], lower_mean=b["mean"], difference=diff,
              seeds=[a["n"], b["n"]])
+  if a.get("early") or b.get("early"):
+    # The selection rule (best validation accuracy) picked a checkpoint
+    # from before the last epoch: where the last epoch's sparsity would
+    # turn the comparison round, the reader must know.
+    last = a["last_epoch_mean"] - b["last_epoch_mean"]
+    if (last > 0) != (diff > 0):
+      out["early_checkpoints"] = {
+          "difference_at_last_epoch": last,
+          "runs": {row: stats["early"] for row, stats in
+                   ((comparison.higher, a), (comparison.lower, b))
+                   if stats["early"]}}
   if comparison.metric in ACCURACIES and a["images"] and b["images"]:
     # The floor below which no seed count makes a difference real.
     noise, paired_seeds = _sample_se(comparison, table, a, b)
@@ -260,19 +290,26 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
                              "against the paper") + " (unresolved)"}
 
 
-def verdict_of(verdicts: list[str]) -> str:
-  """A claim's verdict from its comparisons' verdicts."""
+def verdict_of(verdicts: list[str], turned: int = 0) -> str:
+  """A claim's verdict from its comparisons' verdicts; ``turned``: how many
+  of them the last epoch's sparsity would turn round (``judge``)."""
   if all(v == NOT_RUN for v in verdicts):
     return NOT_RUN
   if any(v == "reversed" for v in verdicts):
-    return "does not hold"
-  if all(v == "holds" for v in verdicts):
-    return "holds"
-  counts: dict[str, int] = {}
-  for v in verdicts:
-    counts[v] = counts.get(v, 0) + 1
-  parts = ", ".join(f"{n} {v}" for v, n in counts.items())
-  return f"open: {parts}"
+    verdict = "does not hold"
+  elif all(v == "holds" for v in verdicts):
+    verdict = "holds"
+  else:
+    counts: dict[str, int] = {}
+    for v in verdicts:
+      counts[v] = counts.get(v, 0) + 1
+    verdict = "open: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+  if turned:
+    verdict += (f"; {turned} of them on a checkpoint before the last epoch, "
+                "whose sparsity goes the other way" if turned > 1 else
+                "; 1 on a checkpoint before the last epoch, whose sparsity "
+                "goes the other way")
+  return verdict
 
 
 def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
@@ -287,7 +324,9 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
             os.path.join(results_dir, scale, f"{c.table}.json"))
       comparisons.append(judge(c, tables[c.table]))
     out.append({"name": claim.name, "claim": claim.text, "where": claim.where,
-                "verdict": verdict_of([c["verdict"] for c in comparisons]),
+                "verdict": verdict_of(
+                    [c["verdict"] for c in comparisons],
+                    sum("early_checkpoints" in c for c in comparisons)),
                 "comparisons": comparisons})
   return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out}
 
@@ -327,8 +366,19 @@ def markdown(data: Mapping[str, Any]) -> str:
           + (f" vs {k['lower_metric']}" if k.get("lower_metric") else "")
           + f" | {k['higher_mean']:.2f} - {k['lower_mean']:.2f} "
           f"= {k['difference']:+.2f} | {k['seeds'][0]}, {k['seeds'][1]} | "
-          f"{_noise_cell(k, data['z'])} | {k['verdict']} |")
+          f"{_noise_cell(k, data['z'])} | {k['verdict']}"
+          f"{_early_note(k)} |")
   return "\n".join(lines) + "\n"
+
+
+def _early_note(comparison: Mapping[str, Any]) -> str:
+  early = comparison.get("early_checkpoints")
+  if not early:
+    return ""
+  runs = "; ".join(f"{row} {', '.join(seeds)}"
+                   for row, seeds in early["runs"].items())
+  return (f" (evaluated checkpoint: {runs}; at the last epoch "
+          f"{early['difference_at_last_epoch']:+.2f})")
 
 
 def _noise_cell(comparison: Mapping[str, Any], z: float) -> str:
