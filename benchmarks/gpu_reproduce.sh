@@ -12,14 +12,17 @@
 # it, and one job's compilation overlaps another's steps. Jobs must not
 # share a run (the listing's "(= table/row)"), or two would train it.
 #
-# Every 20 s, and once more at the end, $OUT/runs.tgz is rewritten with
-# results/<scale>/runs (every finished run's archive, fkjax.reproduce.archive)
-# and the jobs' logs, so a call stopped at its limit still brings back every
-# run finished by then. At the deadline the jobs are stopped and
-# $OUT/workdirs.tgz gets the workdirs of the runs not finished (checkpoints
-# included), so that a later lease resumes them: runs longer than one lease
-# (the paper scale's) finish over several. At home, in the repository root:
-#   tar xzf runs.tgz && tar xzf workdirs.tgz
+# Every 20 s, and once more at the end, $OUT/runs.tgz is rewritten with the
+# runs finished in this call (their archives under results/<scale>/runs,
+# fkjax.reproduce.archive; not those the checkout brought) and the jobs'
+# logs, so a call stopped at its limit still brings back every run finished
+# by then. At the deadline the jobs are stopped and $OUT/workdirs.tgz gets
+# the workdirs of the runs not finished (checkpoints included), so that a
+# later lease resumes them: runs longer than one lease (the paper scale's)
+# finish over several. A file larger than PART_BYTES (15 MiB: the device
+# tool brings back files of 16 MiB at most) is cut into numbered parts,
+# workdirs.tgz.part-00, -01, ... At home, in the repository root:
+#   cat runs.tgz* | tar xz && cat workdirs.tgz* | tar xz
 #   python -m fkjax.reproduce all --scale=$SCALE --report-only
 # and the next lease carries the workdirs back (the device tool's `carry`:
 # workdirs/reproduce/<scale>).
@@ -35,6 +38,7 @@ DEADLINE=${DEADLINE:-480}
 PY=${PY:-python3}
 ROOT=${ROOT:-workdirs/reproduce}   # the runner's --root (its default)
 LOGS=/tmp/fkjax_reproduce_logs
+PART_BYTES=${PART_BYTES:-15728640}
 mkdir -p "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -54,9 +58,23 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>/dev/null || echo "no nvidia-smi"
 
+run_dirs() { ls -d "results/$SCALE/runs"/*/*/ 2>/dev/null | sed 's:/$::' | sort; }
+RUNS_BEFORE=$(mktemp)
+run_dirs > "$RUNS_BEFORE"
+
+# The runs finished since the call began, and the logs.
 pack() {
-  tar czf "$OUT/runs.tgz.tmp" "results/$SCALE/runs" -C "$(dirname "$LOGS")" \
+  local new
+  mapfile -t new < <(run_dirs | comm -13 "$RUNS_BEFORE" -)
+  tar czf "$OUT/runs.tgz.tmp" "${new[@]}" -C "$(dirname "$LOGS")" \
     "$(basename "$LOGS")" 2>/dev/null && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
+}
+
+# Cuts $1 into parts of PART_BYTES when it is larger.
+cut_up() {
+  (( $(stat -c %s "$1") > PART_BYTES )) || return 0
+  split -b "$PART_BYTES" -d -a 2 "$1" "$1.part-" && rm "$1"
+  log "$(basename "$1") cut into $(ls "$1".part-* | wc -l) parts"
 }
 
 # The workdirs of runs without a record (fkjax.reproduce.archive.RUN_RECORD):
@@ -69,6 +87,7 @@ pack_unfinished() {
   (( ${#dirs[@]} )) || return 0
   tar czf "$OUT/workdirs.tgz" "${dirs[@]}"
   log "unfinished runs packed: ${dirs[*]} ($(du -k "$OUT/workdirs.tgz" | cut -f1) KiB)"
+  cut_up "$OUT/workdirs.tgz"
 }
 
 pids=()
@@ -94,7 +113,7 @@ while running && (( SECONDS - start < DEADLINE )); do
   if (( SECONDS - last_pack >= 20 )); then
     pack
     last_pack=$SECONDS
-    log "$(ls -d results/$SCALE/runs/*/* 2>/dev/null | wc -l) finished runs kept"
+    log "$(run_dirs | comm -13 "$RUNS_BEFORE" - | wc -l) runs finished"
   fi
 done
 if running; then
@@ -104,6 +123,7 @@ if running; then
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
 fi
 pack
+cut_up "$OUT/runs.tgz"
 pack_unfinished
 for i in $(seq 1 $#); do log "job $i:"; grep -E "^=== |done|Error|error" "$LOGS/job$i.log" | tail -8; done
 log end

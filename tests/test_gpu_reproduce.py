@@ -13,28 +13,65 @@ def _members(path):
     return {m.name for m in tar.getmembers() if m.isfile()}
 
 
-def test_finished_runs_and_unfinished_workdirs_are_packed(tmp_path):
-  kept = tmp_path / "results/tiny/runs/table5/row_seed0"
-  kept.mkdir(parents=True)
-  (kept / "reproduce_run.json").write_text('{"done": true}')
+def _call(tmp_path, job, **env):
+  out = tmp_path / "out"
+  env = {**os.environ, "OUT": str(out), "SCALE": "tiny",
+         "FKJAX_DATA_DIR": str(tmp_path), **env}
+  proc = subprocess.run(
+      ["bash", str(REPO / "benchmarks/gpu_reproduce.sh"), job],
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  return out, proc.stdout
+
+
+def _finishing_python(tmp_path):
+  """A stand-in for python that "finishes" a run of the table it is given."""
+  script = tmp_path / "python"
+  script.write_text(
+      "#!/bin/bash\n"
+      "d=results/tiny/runs/table5/$4_seed0\n"
+      "mkdir -p $d && echo '{\"done\": true}' > $d/reproduce_run.json\n")
+  script.chmod(0o755)
+  return str(script)
+
+
+def test_runs_finished_in_the_call_and_unfinished_workdirs_are_packed(
+    tmp_path):
+  brought = tmp_path / "results/tiny/runs/table5/old_seed0"
+  brought.mkdir(parents=True)
+  (brought / "reproduce_run.json").write_text('{"done": true}')
   root = tmp_path / "workdirs/reproduce/tiny/table5"
   (root / "done_seed0").mkdir(parents=True)
   (root / "done_seed0/reproduce_run.json").write_text('{"done": true}')
   (root / "stopped_seed0/checkpoints/352").mkdir(parents=True)
   (root / "stopped_seed0/checkpoints/352/state").write_text("weights")
-  out = tmp_path / "out"
-  env = {**os.environ, "OUT": str(out), "SCALE": "tiny",
-         "FKJAX_DATA_DIR": str(tmp_path), "PY": sys.executable}
-  # a job that ends at once: only the packing is under test
-  proc = subprocess.run(
-      ["bash", str(REPO / "benchmarks/gpu_reproduce.sh"), "--help"],
-      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
-  assert "results/tiny/runs/table5/row_seed0/reproduce_run.json" in _members(
-      out / "runs.tgz")
-  packed = _members(out / "workdirs.tgz")
-  assert packed == {
+  out, _ = _call(tmp_path, "table5 new", PY=_finishing_python(tmp_path))
+  runs = _members(out / "runs.tgz")
+  # what the checkout brought stays home; what finished here comes back
+  assert "results/tiny/runs/table5/new_seed0/reproduce_run.json" in runs
+  assert not any("old_seed0" in m for m in runs)
+  assert any(m.endswith("job1.log") for m in runs)
+  assert _members(out / "workdirs.tgz") == {
       "workdirs/reproduce/tiny/table5/stopped_seed0/checkpoints/352/state"}
+
+
+def test_a_large_file_comes_back_in_parts(tmp_path):
+  state = tmp_path / "workdirs/reproduce/tiny/table5/stopped_seed0/state"
+  state.parent.mkdir(parents=True)
+  state.write_bytes(os.urandom(50_000))   # incompressible
+  out, log = _call(tmp_path, "--help", PY=sys.executable, PART_BYTES="20000")
+  parts = sorted(out.glob("workdirs.tgz.part-*"))
+  assert [p.name for p in parts] == [f"workdirs.tgz.part-0{i}"
+                                     for i in range(3)]
+  assert all(p.stat().st_size <= 20000 for p in parts)
+  assert not (out / "workdirs.tgz").exists()
+  assert "workdirs.tgz cut into 3 parts" in log
+  whole = tmp_path / "whole.tgz"
+  whole.write_bytes(b"".join(p.read_bytes() for p in parts))
+  with tarfile.open(whole) as tar:
+    assert tar.extractfile(
+        "workdirs/reproduce/tiny/table5/stopped_seed0/state").read() == (
+            state.read_bytes())
 
 
 def test_data_dir_is_required(tmp_path):
