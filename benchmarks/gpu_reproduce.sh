@@ -13,15 +13,16 @@
 # share a run (the listing's "(= table/row)"), or two would train it.
 #
 # Every 20 s, and once more at the end, $OUT/runs.tgz is rewritten with the
-# runs finished in this call (their archives under results/<scale>/runs,
-# fkjax.reproduce.archive; not those the checkout brought) and the jobs'
-# logs, so a call stopped at its limit still brings back every run finished
-# by then. At the deadline the jobs are stopped and $OUT/workdirs.tgz gets
-# the workdirs of the runs not finished (checkpoints included), so that a
-# later lease resumes them: runs longer than one lease (the paper scale's)
-# finish over several. A file larger than PART_BYTES (15 MiB: the device
-# tool brings back files of 16 MiB at most) is cut into numbered parts,
-# workdirs.tgz.part-00, -01, ... At home, in the repository root:
+# runs finished or updated in this call (their archives under
+# results/<scale>/runs, fkjax.reproduce.archive; not those the checkout
+# brought unchanged) and the jobs' logs, so a call stopped at its limit
+# still brings back every run finished by then. At the deadline the jobs
+# are stopped and $OUT/workdirs.tgz gets the workdirs of the runs not
+# finished (checkpoints included), so that a later lease resumes them: runs
+# longer than one lease (the paper scale's) finish over several. A file
+# larger than PART_BYTES (15 MiB: the device tool brings back files of 16
+# MiB at most) is cut into numbered parts, workdirs.tgz.part-00, -01, ...
+# At home, in the repository root:
 #   cat runs.tgz* | tar xz && cat workdirs.tgz* | tar xz
 #   python -m fkjax.reproduce all --scale=$SCALE --report-only
 # and the next lease carries the workdirs back (the device tool's `carry`:
@@ -58,14 +59,18 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>/dev/null || echo "no nvidia-smi"
 
-run_dirs() { ls -d "results/$SCALE/runs"/*/*/ 2>/dev/null | sed 's:/$::' | sort; }
-RUNS_BEFORE=$(mktemp)
-run_dirs > "$RUNS_BEFORE"
+# The runs finished (or updated: an extra evaluation added) since the call
+# began: their records are newer than this mark.
+STARTED=$(mktemp)
+new_runs() {
+  find "results/$SCALE/runs" -mindepth 3 -maxdepth 3 \
+    -name reproduce_run.json -newer "$STARTED" -printf '%h\n' 2>/dev/null
+}
 
-# The runs finished since the call began, and the logs.
+# Those runs, and the logs.
 pack() {
   local new
-  mapfile -t new < <(run_dirs | comm -13 "$RUNS_BEFORE" -)
+  mapfile -t new < <(new_runs)
   tar czf "$OUT/runs.tgz.tmp" "${new[@]}" -C "$(dirname "$LOGS")" \
     "$(basename "$LOGS")" 2>/dev/null && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
 }
@@ -113,7 +118,7 @@ while running && (( SECONDS - start < DEADLINE )); do
   if (( SECONDS - last_pack >= 20 )); then
     pack
     last_pack=$SECONDS
-    log "$(run_dirs | comm -13 "$RUNS_BEFORE" - | wc -l) runs finished"
+    log "$(new_runs | wc -l) runs finished"
   fi
 done
 if running; then

@@ -37,18 +37,22 @@ def _finishing_python(tmp_path):
 
 def test_runs_finished_in_the_call_and_unfinished_workdirs_are_packed(
     tmp_path):
-  brought = tmp_path / "results/tiny/runs/table5/old_seed0"
-  brought.mkdir(parents=True)
-  (brought / "reproduce_run.json").write_text('{"done": true}')
+  for name in ("old", "updated"):
+    brought = tmp_path / f"results/tiny/runs/table5/{name}_seed0"
+    brought.mkdir(parents=True)
+    (brought / "reproduce_run.json").write_text('{"done": true}')
   root = tmp_path / "workdirs/reproduce/tiny/table5"
   (root / "done_seed0").mkdir(parents=True)
   (root / "done_seed0/reproduce_run.json").write_text('{"done": true}')
   (root / "stopped_seed0/checkpoints/352").mkdir(parents=True)
   (root / "stopped_seed0/checkpoints/352/state").write_text("weights")
-  out, _ = _call(tmp_path, "table5 new", PY=_finishing_python(tmp_path))
+  out, _ = _call(tmp_path, "table5 new; table5 updated",
+                 PY=_finishing_python(tmp_path))
   runs = _members(out / "runs.tgz")
-  # what the checkout brought stays home; what finished here comes back
-  assert "results/tiny/runs/table5/new_seed0/reproduce_run.json" in runs
+  # what the checkout brought unchanged stays home; what finished or was
+  # updated here (an extra evaluation added) comes back
+  for name in ("new", "updated"):
+    assert f"results/tiny/runs/table5/{name}_seed0/reproduce_run.json" in runs
   assert not any("old_seed0" in m for m in runs)
   assert any(m.endswith("job1.log") for m in runs)
   assert _members(out / "workdirs.tgz") == {
