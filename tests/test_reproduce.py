@@ -677,3 +677,24 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
   stats = json.loads((workdir / "analysis.json").read_text())
   assert stats["figure_layer"].startswith("members/")
   assert stats["w"]["num_channels"] > 0
+
+
+def test_the_cpu_scale_checkpoints_within_an_epoch_without_changing_runs(
+    tmp_path):
+  # A run killed mid-epoch (an hour-long ensemble epoch on 2 cores) loses
+  # only what followed its last checkpoint; how often it checkpoints is not
+  # what it computes, so finished runs stay done.
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  run = runner.plan(tables.TABLES["table2"], scales.SCALES["cpu"],
+                    rows=["en5resnet20_rgsm_l0.02"], seeds=1,
+                    root=str(tmp_path))[0]
+  every = run.config.training.checkpoint_every_steps
+  per_epoch = scales.steps_per_epoch(scales.train_size(run.config),
+                                     run.config)
+  assert 0 < every <= per_epoch // 4
+  assert f"--config.training.checkpoint_every_steps={every}" in (
+      run.train_command)
+  config = run.config.copy_and_resolve_references()
+  config.training.checkpoint_every_steps = 0
+  assert runner.fingerprints(dataclasses.replace(run, config=config)) == (
+      runner.fingerprints(run))
