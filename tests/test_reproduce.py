@@ -698,3 +698,21 @@ def test_the_cpu_scale_checkpoints_within_an_epoch_without_changing_runs(
   config.training.checkpoint_every_steps = 0
   assert runner.fingerprints(dataclasses.replace(run, config=config)) == (
       runner.fingerprints(run))
+
+
+def test_a_partly_trained_run_is_estimated_by_what_is_left(tmp_path):
+  run = runner.plan(tables.TABLES["table1"], scales.SCALES["cpu"],
+                    rows=["en2resnet20_rvsm_b0.01"], seeds=1,
+                    root=str(tmp_path))[0]
+  whole = runner.estimate_seconds(run)
+  assert runner.trained_epochs(run) is None
+  os.makedirs(run.workdir)
+  with open(os.path.join(run.workdir, "metrics.jsonl"), "w") as f:
+    for epoch in (1, 2):
+      f.write(json.dumps({"epoch": epoch, "step": 352 * epoch}) + "\n")
+  assert runner.trained_epochs(run) == 2
+  assert runner.status_of(run) == "trained 2/5 epochs"
+  evaluations = runner.estimate_seconds(run, epochs_done=5)
+  left = runner.estimate_seconds(run, epochs_done=2)
+  assert 0 < evaluations < left < whole
+  assert left - evaluations == pytest.approx(0.6 * (whole - evaluations))

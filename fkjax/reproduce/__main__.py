@@ -258,7 +258,8 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
     for run in runs:
       status = runner_lib.status_of(run)
       if not runner_lib.finished(run):
-        estimate = runner_lib.estimate_seconds(run)
+        estimate = runner_lib.estimate_seconds(
+            run, epochs_done=runner_lib.trained_epochs(run) or 0)
       elif runner_lib.has_checkpoint(run):
         estimate = runner_lib.estimate_seconds(
             run, only=runner_lib.pending_evals(run))

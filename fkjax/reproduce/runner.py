@@ -674,14 +674,19 @@ def status_of(run: Run) -> str:
   progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
   if progress.get("error"):
     return f"failed ({progress['error'][:200]})"
-  path = os.path.join(run.workdir, "metrics.jsonl")
-  if os.path.exists(path):
-    from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
-    epochs = [r.get("epoch", 0) for r in metric_logging.read_metrics(
-        run.workdir)]
-    return (f"trained {max(epochs, default=0)}/"
-            f"{run.config.training.num_epochs} epochs")
+  epochs = trained_epochs(run)
+  if epochs is not None:
+    return f"trained {epochs}/{run.config.training.num_epochs} epochs"
   return "not started"
+
+
+def trained_epochs(run: Run) -> int | None:
+  """The epochs its training log has finished (None: no log yet)."""
+  if not os.path.exists(os.path.join(run.workdir, "metrics.jsonl")):
+    return None
+  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  return max((r.get("epoch", 0) for r in metric_logging.read_metrics(
+      run.workdir)), default=0)
 
 
 # --------------------------------------------------------------------------
@@ -702,10 +707,11 @@ _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
                "cw_authors": 51, "fgsm_authors": 2}
 
 
-def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None
-                     ) -> float:
+def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
+                     epochs_done: int = 0) -> float:
   """A rough wall-time estimate of ``run`` on 2 idle CPU cores (``only``:
-  of these extra evaluations alone)."""
+  of these extra evaluations alone; ``epochs_done``: what is left after
+  that many epochs of its training)."""
   c = run.config
   m = _MEMBERS.get(c.model.ensemble_size, 1.5 * c.model.ensemble_size)
   m *= (c.model.depth - 2) / 18
@@ -717,6 +723,7 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None
   n_val = c.validation.num_examples or c.dataset.val_size
   train += (c.training.num_epochs * n_val * m * _EVAL_ITER_PER_IMAGE
             * (1 + c.validation.attack_steps))
+  train *= max(0.0, 1.0 - epochs_done / c.training.num_epochs)
 
   def eval_cost(cfg):
     n = cfg.eval.num_examples or 10000
