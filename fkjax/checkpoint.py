@@ -37,6 +37,7 @@ import os
 import pathlib
 import re
 import shutil
+import sys
 from typing import Any
 
 import jax
@@ -243,6 +244,7 @@ class Checkpointer:
     want, stored = _shapes_by_path(template), _stored_shapes(where)
     _check_stored_shapes(want, stored, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
+    _drop_orbax_leftovers()
     try:
       state = self._manager.restore(step,
                                     args=ocp.args.StandardRestore(abstract))
@@ -253,8 +255,10 @@ class Checkpointer:
             f"checkpoint {where} does not match the config's "
             f"model/optimizer: {other_arrays}; was it written with another "
             "config?") from e
-      # orbax's messages run over several lines: the first says what.
+      # orbax's messages run over several lines: the first says what, up
+      # to tensorstore's dump of its internals.
       first = (str(e).strip().splitlines() or [""])[0]
+      first = first.split(" See full TensorStore details")[0]
       raise CheckpointError(
           f"could not restore the {which} checkpoint at step {step} from "
           f"{where}: {type(e).__name__}: {first} Is it complete, and was it "
@@ -384,6 +388,24 @@ def _stored_shapes(where: str) -> _Shapes | None:
     return None
   finally:
     reader.close()
+
+
+def _drop_orbax_leftovers() -> None:
+  """From now on, what orbax's failed reads report when their coroutines
+  are collected (pages of tensorstore internals, some of them only after
+  the restore has raised) is dropped: the restore's error says it in one
+  line. Anything else goes to the hook in place before. Installed once, by
+  the first restore (importing fkjax changes nothing)."""
+  if getattr(sys.unraisablehook, "_fkjax_drops_orbax_leftovers", False):
+    return
+  before = sys.unraisablehook
+
+  def hook(unraisable):
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is None or "orbax" not in code.co_filename:
+      before(unraisable)
+  hook._fkjax_drops_orbax_leftovers = True
+  sys.unraisablehook = hook
 
 
 def _other_arrays(want: _Shapes, stored: _Shapes | None) -> str:

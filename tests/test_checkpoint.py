@@ -284,6 +284,46 @@ def test_a_checkpoint_of_other_shapes_is_one_line(tmp_path):
       "config?"], proc.stderr
 
 
+_TRUNCATED = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import jax.numpy as jnp
+    from fkjax import checkpoint as ckpt_lib
+    ck = ckpt_lib.Checkpointer(sys.argv[1])
+    state = {"w": jnp.arange(4096.0), "m": jnp.zeros((4096,))}
+    ck.save(3, state)
+    chunks = [p for p in (Path(sys.argv[1]) / "checkpoints" / "3").rglob("*")
+              if p.is_file() and p.parent.name == "d"]
+    chunk = max(chunks, key=lambda p: p.stat().st_size)
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    try:
+      ck.restore(state, "latest")
+    except ckpt_lib.CheckpointError as e:
+      print("error:", e, file=sys.stderr)
+      sys.exit(1)
+""")
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_truncated_checkpoint_says_so_without_orbax_internals(tmp_path,
+                                                                 attempt):
+  """orbax's concurrent reads of the damaged chunk fail one by one; the
+  coroutines it leaves report their errors (pages of tensorstore specs)
+  when collected, at times only after the restore has raised (hence a few
+  attempts)."""
+  del attempt
+  proc = subprocess.run([sys.executable, "-c", _TRUNCATED, str(tmp_path)],
+                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert proc.returncode == 1, proc.stderr
+  first = proc.stderr.splitlines()[0]
+  assert first.startswith("error: could not restore the latest checkpoint "
+                          "at step 3"), proc.stderr
+  assert first.endswith("to use the previous checkpoint")
+  assert "Exception ignored" not in proc.stderr
+  assert "TensorStore" not in proc.stderr
+
+
 def _legacy_workdir(workdir):
   """Checkpoints as fkjax wrote them with two managers (latest + best)."""
   root = Path(workdir) / "checkpoints"
