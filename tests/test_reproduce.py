@@ -467,10 +467,22 @@ def test_lambda_sweep_figure(tmp_path):
        "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}
                    for m in ("A1", "A2", "A3", "A4", "channel_sparsity")}}
       for net in ("En2ResNet20", "ResNet38") for lamb in (0.05, 0.1)]}
+  data["rows"][1]["paper"] = {"channel_sparsity": 56.74, "A1": 76.3}
   path = tmp_path / "sweep.png"
   assert figures.lambda_sweep(data, str(path)) == str(path)
   assert figures.lambda_sweep({"metrics": {}, "rows": []},
                               str(tmp_path / "none.png")) is None
+  # The paper's channel sparsity beside fkjax's, in its panel only.
+  fig = figures._lambda_sweep_figure(data)   # pylint: disable=W0212
+  sparsity, natural = fig.axes[0], fig.axes[1]
+  assert sparsity.get_legend_handles_labels()[1] == [
+      "En2ResNet20, paper", "En2ResNet20", "ResNet38"]
+  paper_line = next(l for l in sparsity.get_lines()
+                    if l.get_label() == "En2ResNet20, paper")
+  assert list(paper_line.get_xdata()) == [0.1]
+  assert list(paper_line.get_ydata()) == [56.74]
+  assert "paper" not in " ".join(natural.get_legend_handles_labels()[1])
+  figures.plt.close(fig)
 
 
 

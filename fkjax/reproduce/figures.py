@@ -139,16 +139,32 @@ def lambda_sweep(data: dict[str, Any], path: str) -> str | None:
 
   The channel-sparsity panel labels each point with the epochs of the
   checkpoints evaluated (one per seed): where the best-validation rule kept
-  an early one, the point shows that epoch's net, not the last one's.
+  an early one, the point shows that epoch's net, not the last one's. It
+  also draws the paper's channel sparsities where the paper gives them
+  (hollow markers, dashed): the accuracies' panels leave them out, being on
+  another scale (docs/reproduction.md has them).
   """
+  fig = _lambda_sweep_figure(data)
+  if fig is None:
+    return None
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def _lambda_sweep_figure(data: dict[str, Any]):
   series: dict[str, list[tuple[float, dict[str, Any], list[int]]]] = {}
+  paper: dict[str, list[tuple[float, float]]] = {}
   for row in data["rows"]:
     if not row["summary"] or "sparsity.lamb1" not in row["overrides"]:
       continue
+    net, lamb1 = row["label"]["Net"], row["overrides"]["sparsity.lamb1"]
     epochs = [e["checkpoint_epoch"] for e in row.get("runs", ())
               if e.get("status") == "done" and e.get("checkpoint_epoch")]
-    series.setdefault(row["label"]["Net"], []).append(
-        (row["overrides"]["sparsity.lamb1"], row["summary"], epochs))
+    series.setdefault(net, []).append((lamb1, row["summary"], epochs))
+    if row.get("paper", {}).get("channel_sparsity") is not None:
+      paper.setdefault(net, []).append(
+          (lamb1, row["paper"]["channel_sparsity"]))
   if not series:
     return None
   panels = ["channel_sparsity", "A1", "A2", "A3", "A4"]
@@ -170,15 +186,17 @@ def lambda_sweep(data: dict[str, Any], path: str) -> str | None:
                         # Each net's labels on their own side of the line.
                         xytext=(4, -10 if i % 2 == 0 else 5),
                         fontsize=6, color=line[0].get_color())
+        if net in paper:
+          xs, ys = zip(*sorted(paper[net]))
+          ax.plot(xs, ys, linestyle="--", marker="o", mfc="none",
+                  color=line[0].get_color(), label=f"{net}, paper")
     ax.set_xlabel("lambda1")
     ax.set_title(data["metrics"].get(metric, metric)
                  + (" (ep: checkpoint epochs)" if metric == "channel_sparsity"
                     else ""), fontsize=9)
     ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return fig
 
 
 def draw(kind: str, runs: list[runner_lib.Run], data: dict[str, Any],
