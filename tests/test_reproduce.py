@@ -473,7 +473,8 @@ def test_lambda_sweep_figure(tmp_path):
   assert figures.lambda_sweep({"metrics": {}, "rows": []},
                               str(tmp_path / "none.png")) is None
   # The paper's channel sparsity beside fkjax's, in its panel only.
-  fig = figures._lambda_sweep_figure(data)   # pylint: disable=W0212
+  fig = figures._sweep_figure(data, "sparsity.lamb1", "lambda1",  # pylint: disable=W0212
+                              "channel_sparsity")
   sparsity, natural = fig.axes[0], fig.axes[1]
   assert sparsity.get_legend_handles_labels()[1] == [
       "En2ResNet20, paper", "En2ResNet20", "ResNet38"]
@@ -483,6 +484,32 @@ def test_lambda_sweep_figure(tmp_path):
   assert list(paper_line.get_ydata()) == [56.74]
   assert "paper" not in " ".join(natural.get_legend_handles_labels()[1])
   figures.plt.close(fig)
+
+
+def test_beta_sweep_figure(tmp_path):
+  # Table 1's rows against beta; the unpruned rows (no beta) are left out.
+  from fkjax.reproduce import figures  # pylint: disable=C0415
+  rows = [{"label": {"Net": net}, "overrides": overrides,
+           "paper": {"sparsity": 80.91} if overrides else {},
+           "summary": {m: {"mean": 40.0, "std": 1.0, "n": 3}
+                       for m in ("A1", "A2", "A3", "A4", "sparsity")}}
+          for net in ("En2ResNet20", "ResNet20")
+          for overrides in ({}, {"sparsity.beta": 0.01},
+                            {"sparsity.beta": 0.5})]
+  data = {"metrics": tables.METRICS, "rows": rows}
+  path = tmp_path / "beta.png"
+  assert figures.draw("beta_sweep", [], data, str(path)) == str(path)
+  assert path.stat().st_size > 1000
+  fig = figures._sweep_figure(data, "sparsity.beta", "beta",  # pylint: disable=W0212
+                              "sparsity", log_x=True)
+  sparsity = fig.axes[0]
+  assert sparsity.get_xscale() == "log"
+  assert sorted(sparsity.get_legend_handles_labels()[1]) == [
+      "En2ResNet20", "En2ResNet20, paper", "ResNet20", "ResNet20, paper"]
+  assert {float(x) for l in sparsity.get_lines()
+          for x in l.get_xdata()} == {0.01, 0.5}
+  figures.plt.close(fig)
+  assert "beta_sweep" in tables.TABLES["table1"].figures
 
 
 

@@ -7,6 +7,10 @@
 * ``channel_norms`` (Fig. 3): channel-norm histograms and a zoom near zero;
   ADMM rows show the dense ``w`` and the projection ``u``.
 * ``lambda_sweep`` (Figs. 4-5): channel sparsity and A1-A4 against lambda1.
+* ``beta_sweep`` (Table 1, not a figure of the paper): weight sparsity and
+  A1-A4 against RVSM's beta.
+
+The sweeps draw the paper's sparsities beside fkjax's.
 
 Each figure uses the runs that exist (seed 0 for histograms and filters) and
 is skipped when there are none.
@@ -135,16 +139,20 @@ def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
 
 
 def lambda_sweep(data: dict[str, Any], path: str) -> str | None:
-  """Figs. 4-5 from a table's collected results (mean +- std per point).
+  """Figs. 4-5 from a table's collected results (mean +- std per point):
+  channel sparsity and A1-A4 against lambda1 (:func:`_sweep_figure`)."""
+  return _save(_sweep_figure(data, "sparsity.lamb1", "lambda1",
+                             "channel_sparsity"), path)
 
-  The channel-sparsity panel labels each point with the epochs of the
-  checkpoints evaluated (one per seed): where the best-validation rule kept
-  an early one, the point shows that epoch's net, not the last one's. It
-  also draws the paper's channel sparsities where the paper gives them
-  (hollow markers, dashed): the accuracies' panels leave them out, being on
-  another scale (docs/reproduction.md has them).
-  """
-  fig = _lambda_sweep_figure(data)
+
+def beta_sweep(data: dict[str, Any], path: str) -> str | None:
+  """Table 1 as a figure: weight sparsity and A1-A4 against RVSM's beta
+  (log scale), per net (:func:`_sweep_figure`)."""
+  return _save(_sweep_figure(data, "sparsity.beta", "beta", "sparsity",
+                             log_x=True), path)
+
+
+def _save(fig, path: str) -> str | None:
   if fig is None:
     return None
   fig.savefig(path, dpi=110)
@@ -152,22 +160,32 @@ def lambda_sweep(data: dict[str, Any], path: str) -> str | None:
   return path
 
 
-def _lambda_sweep_figure(data: dict[str, Any]):
+def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
+                  sparsity: str, log_x: bool = False):
+  """One panel per metric (``sparsity``, A1-A4), a line per net over the
+  rows that set ``param``.
+
+  The sparsity panel labels each point with the epochs of the checkpoints
+  evaluated (one per seed): where the best-validation rule kept an early
+  one, the point shows that epoch's net, not the last one's. It also draws
+  the paper's sparsities where the paper gives them (hollow markers,
+  dashed); the accuracies' panels leave them out, being on another scale
+  (docs/reproduction.md has them).
+  """
   series: dict[str, list[tuple[float, dict[str, Any], list[int]]]] = {}
   paper: dict[str, list[tuple[float, float]]] = {}
   for row in data["rows"]:
-    if not row["summary"] or "sparsity.lamb1" not in row["overrides"]:
+    if not row["summary"] or param not in row["overrides"]:
       continue
-    net, lamb1 = row["label"]["Net"], row["overrides"]["sparsity.lamb1"]
+    net, x = row["label"]["Net"], row["overrides"][param]
     epochs = [e["checkpoint_epoch"] for e in row.get("runs", ())
               if e.get("status") == "done" and e.get("checkpoint_epoch")]
-    series.setdefault(net, []).append((lamb1, row["summary"], epochs))
-    if row.get("paper", {}).get("channel_sparsity") is not None:
-      paper.setdefault(net, []).append(
-          (lamb1, row["paper"]["channel_sparsity"]))
+    series.setdefault(net, []).append((x, row["summary"], epochs))
+    if row.get("paper", {}).get(sparsity) is not None:
+      paper.setdefault(net, []).append((x, row["paper"][sparsity]))
   if not series:
     return None
-  panels = ["channel_sparsity", "A1", "A2", "A3", "A4"]
+  panels = [sparsity, "A1", "A2", "A3", "A4"]
   fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2))
   for ax, metric in zip(axes, panels):
     for i, (net, points) in enumerate(sorted(series.items())):
@@ -178,7 +196,7 @@ def _lambda_sweep_figure(data: dict[str, Any]):
       line = ax.errorbar(xs, [s["mean"] for _, s, _ in points],
                          yerr=[s["std"] for _, s, _ in points], marker="o",
                          capsize=3, label=net)
-      if metric == "channel_sparsity":
+      if metric == sparsity:
         for x, s, epochs in points:
           if epochs:
             ax.annotate("ep " + ",".join(map(str, epochs)), (x, s["mean"]),
@@ -187,12 +205,14 @@ def _lambda_sweep_figure(data: dict[str, Any]):
                         xytext=(4, -10 if i % 2 == 0 else 5),
                         fontsize=6, color=line[0].get_color())
         if net in paper:
-          xs, ys = zip(*sorted(paper[net]))
-          ax.plot(xs, ys, linestyle="--", marker="o", mfc="none",
+          px, py = zip(*sorted(paper[net]))
+          ax.plot(px, py, linestyle="--", marker="o", mfc="none",
                   color=line[0].get_color(), label=f"{net}, paper")
-    ax.set_xlabel("lambda1")
+    if log_x:
+      ax.set_xscale("log")
+    ax.set_xlabel(x_label)
     ax.set_title(data["metrics"].get(metric, metric)
-                 + (" (ep: checkpoint epochs)" if metric == "channel_sparsity"
+                 + (" (ep: checkpoint epochs)" if metric == sparsity
                     else ""), fontsize=9)
     ax.legend(fontsize=7)
   fig.tight_layout()
@@ -209,4 +229,6 @@ def draw(kind: str, runs: list[runner_lib.Run], data: dict[str, Any],
     return channel_norms(runs, path)
   if kind == "lambda_sweep":
     return lambda_sweep(data, path)
+  if kind == "beta_sweep":
+    return beta_sweep(data, path)
   raise ValueError(f"unknown figure {kind!r}")

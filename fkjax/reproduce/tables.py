@@ -205,6 +205,7 @@ TABLE1 = Table(
     rows=_table1_rows(),
     metrics=("A1", "A2", "A3", "A4", "A4_authors", "A_strong", "sparsity"),
     extra_evals=(STRONG_EVAL,),
+    figures=("beta_sweep",),
     notes=("Strong (APGD+EOT) is not in the paper: fkjax's strong protocol "
            "(APGD-CE + APGD-DLR, 100 iterations, EOT over the noise; an "
            "image counts as robust only if no attack fools it). At cpu "
