@@ -139,7 +139,7 @@ SCALES: dict[str, Scale] = {
             "attack.step_size": 4 / 255,
             "validation.num_examples": 1000,
             "validation.attack_steps": 0,
-            # A quarter of an epoch: an En5ResNet20 epoch takes ~25 minutes
+            # A quarter of an epoch: an En5ResNet20 epoch takes ~30 minutes
             # on 2 cores, and a run killed loses only what followed its
             # last checkpoint (an environment key: not in the fingerprints).
             "training.checkpoint_every_steps": 88,
