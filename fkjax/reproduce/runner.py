@@ -67,14 +67,10 @@ class ExtraEvalRun:
   columns: tuple[str, ...]
   attacks: str
 
-  @property
-  def strong(self) -> bool:
-    """The strong protocol: one worst case over its attacks (A_strong)."""
-    return self.overrides.get("eval.protocol") == "strong"
-
   def read(self, result: Mapping[str, Any]) -> dict[str, float]:
-    """Its columns from its result file's data (empty where it lacks them)."""
-    if self.strong:
+    """Its columns from its result file's data (empty where it lacks them);
+    the strong protocol's one column is its worst case over its attacks."""
+    if self.columns == ("A_strong",):
       return ({"A_strong": result["worst_case"]["accuracy"]}
               if result.get("protocol") == "strong" else {})
     attacks = result.get("attacks", {})
