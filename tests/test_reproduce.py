@@ -483,7 +483,6 @@ def test_lambda_sweep_figure(tmp_path):
   assert list(paper_line.get_xdata()) == [0.1]
   assert list(paper_line.get_ydata()) == [56.74]
   assert "paper" not in " ".join(natural.get_legend_handles_labels()[1])
-  figures.plt.close(fig)
 
 
 def test_beta_sweep_figure(tmp_path):
@@ -508,7 +507,6 @@ def test_beta_sweep_figure(tmp_path):
       "En2ResNet20", "En2ResNet20, paper", "ResNet20", "ResNet20, paper"]
   assert {float(x) for l in sparsity.get_lines()
           for x in l.get_xdata()} == {0.01, 0.5}
-  figures.plt.close(fig)
   assert "beta_sweep" in tables.TABLES["table1"].figures
 
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import matplotlib
+# matplotlib.figure.Figure, not pyplot: it draws PNGs without choosing a
+# backend, so importing this module changes no global matplotlib state.
+from matplotlib.figure import Figure
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from fkjax.reproduce import files  # noqa: E402
-from fkjax.reproduce import runner as runner_lib  # noqa: E402
+from fkjax.reproduce import files
+from fkjax.reproduce import runner as runner_lib
 
 
 def _npz(run: runner_lib.Run) -> dict[str, np.ndarray] | None:
@@ -56,7 +55,8 @@ def weight_histograms(runs: list[runner_lib.Run], path: str) -> str | None:
   if not chosen:
     return None
   n = len(chosen)
-  fig, axes = plt.subplots(1, n, figsize=(4 * n, 3.2), squeeze=False)
+  fig = Figure(figsize=(4 * n, 3.2))
+  axes = fig.subplots(1, n, squeeze=False)
   for ax, run in zip(axes[0], chosen.values()):
     data = _npz(run)
     edges, counts = data["weight_bins"], data["w_weight_hist"]
@@ -72,7 +72,6 @@ def weight_histograms(runs: list[runner_lib.Run], path: str) -> str | None:
   axes[0][0].set_ylabel("count")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -86,7 +85,8 @@ def filters(runs: list[runner_lib.Run], path: str) -> str | None:
              for name, run in chosen.items()}   # (3, 3, in, out)
   # one colour scale for all panels: the paper compares magnitudes
   vmax = max(float(np.abs(k).max()) for k in kernels.values()) or 1.0
-  fig, axes = plt.subplots(1, n, figsize=(5 * n, 5), squeeze=False)
+  fig = Figure(figsize=(5 * n, 5))
+  axes = fig.subplots(1, n, squeeze=False)
   for ax, (name, run) in zip(axes[0], chosen.items()):
     k = kernels[name]
     # 16 x 16 tiles of 3x3 kernels, one pixel apart
@@ -103,7 +103,6 @@ def filters(runs: list[runner_lib.Run], path: str) -> str | None:
     ax.axis("off")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -112,7 +111,8 @@ def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
   if not chosen:
     return None
   n = len(chosen)
-  fig, axes = plt.subplots(n, 2, figsize=(9, 2.8 * n), squeeze=False)
+  fig = Figure(figsize=(9, 2.8 * n))
+  axes = fig.subplots(n, 2, squeeze=False)
   for (ax_all, ax_zoom), run in zip(axes, chosen.values()):
     data = _npz(run)
     readings = [("u", "tab:orange")]
@@ -134,7 +134,6 @@ def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
     ax_zoom.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -156,7 +155,6 @@ def _save(fig, path: str) -> str | None:
   if fig is None:
     return None
   fig.savefig(path, dpi=110)
-  plt.close(fig)
   return path
 
 
@@ -186,7 +184,8 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
   if not series:
     return None
   panels = [sparsity, "A1", "A2", "A3", "A4"]
-  fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2))
+  fig = Figure(figsize=(3.4 * len(panels), 3.2))
+  axes = fig.subplots(1, len(panels))
   for ax, metric in zip(axes, panels):
     for i, (net, points) in enumerate(sorted(series.items())):
       points = sorted((x, s[metric], e) for x, s, e in points if metric in s)
