@@ -113,6 +113,8 @@ def test_missing_data_is_one_line(tmp_path):
     (["table1", "--rows=nope", "--dry-run"],
      ["table1 has no row 'nope'", "resnet20_none"]),
     (["tableX"], ["unknown table 'tableX'"]),
+    (["all", "--rows=resnet20_none,nope", "--dry-run"],
+     ["no table has a row 'nope'"]),
     (["table1", "--seeds=0", "--dry-run"], ["--seeds must be >= 1"]),
     (["table1", "--sweep", "--sweep-max-runs=0", "--dry-run"],
      ["--sweep-max-runs must be >= 1"]),

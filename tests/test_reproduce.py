@@ -239,6 +239,20 @@ def test_a_row_named_twice_runs_once(tmp_path):
   assert len(runs) == 1 and runs[0].startswith("- resnet20_none seed 0:")
 
 
+def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path):
+  out = _reproduce(["all", "--scale=paper", "--dry-run", "--seeds=1",
+                    "--rows=resnet38_none,en5resnet20_none"], tmp_path,
+                   tmp_path / "cache").stdout
+  tables_listed = [l.split(":")[0][2:] for l in out.splitlines()
+                   if l.startswith("# ") and not l.startswith("# total")]
+  has = {n for n, t in tables.TABLES.items()
+         if {"resnet38_none", "en5resnet20_none"} & {r.name for r in t.rows}}
+  assert set(tables_listed) == has and len(has) >= 2
+  runs = {l.split(":")[0] for l in out.splitlines() if l.startswith("- ")}
+  assert runs <= {"- resnet38_none seed 0", "- en5resnet20_none seed 0"}
+  assert runs
+
+
 def test_the_runner_imports_every_module_it_uses_at_its_start():
   # A row runs for an hour; a module first imported when it ends would be
   # read from a checkout edited meanwhile, next to old ones in memory.

@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--report-only", "--report_only", action="store_true",
                  help="write the tables from the finished runs; train nothing")
   p.add_argument("--rows", default="",
-                 help="comma-separated row names (default: all)")
+                 help="comma-separated row names (default: all); with "
+                      "'all', each table runs those it has")
   p.add_argument("--seeds", type=int, default=None,
                  help="seeds per row (default: the table's for the scale)")
   p.add_argument("--variant", default=None,
@@ -151,12 +152,26 @@ def main(argv: list[str] | None = None) -> int:
       return 2
   environment = {"dataset.data_dir": args.data_dir} if args.data_dir else {}
   rows = list(dict.fromkeys(r for r in args.rows.split(",") if r))
+  table_rows = {n: rows for n in names}
+  if rows and args.table == "all":
+    # Each table runs the rows it has; a name no table has is an error.
+    table_rows = {n: [r for r in rows
+                      if r in {x.name for x in tables_lib.TABLES[n].rows}]
+                  for n in names}
+    missing = [r for r in rows
+               if not any(r in named for named in table_rows.values())]
+    if missing:
+      print(f"error: no table has a row {missing[0]!r}; "
+            "python -m fkjax.reproduce list names them", file=sys.stderr)
+      return 2
+    names = [n for n in names if table_rows[n]]
   plans = {}
   try:
     for name in names:
       table = tables_lib.TABLES[name]
       plans[name] = runner_lib.plan(
-          table, scale, root=args.root, rows=rows or None, seeds=args.seeds,
+          table, scale, root=args.root, rows=table_rows[name] or None,
+          seeds=args.seeds,
           environment=environment, results=args.results,
           restore=not args.no_restore)
   except (KeyError, ValueError) as e:
