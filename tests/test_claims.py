@@ -117,6 +117,39 @@ def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
           "w_sparsity | 67.30 - 80.00 = -12.70 | 1, 1 | — | "
           "against the paper (unresolved) |"
           in md)
+  # Table 4's RVSM row is Table 1's, and trained by Table 1's command.
+  assert ("- `python -m fkjax.reproduce table4 --scale=cpu "
+          "--rows=admm_element,admm_channel --seeds=3` "
+          "(rvsm_sparser_than_admm, rgsm_beats_admm_channels)" in md)
+
+
+def test_what_would_settle_the_open_claims():
+  judged = [
+      {"name": "open_one", "verdict": "open: ...", "comparisons": [
+          # shared with table2, so trained by table2's command
+          {"table": "table3", "higher": "en2resnet20_rgsm_l0.05",
+           "lower": "resnet38_rgsm_l0.05", "seeds": [1, 3],
+           "verdict": "as the paper (unresolved)"},
+          # settled whatever its seeds
+          {"table": "table1", "higher": "en2resnet20_rvsm_b0.1",
+           "lower": "resnet20_rvsm_b0.1", "seeds": [1, 3],
+           "verdict": "within test-sample noise"},
+          {"table": "table1", "higher": "en2resnet20_rvsm_b0.5",
+           "lower": "resnet20_rvsm_b0.5", "seeds": [0, 0],
+           "verdict": claims.NOT_RUN}]},
+      {"name": "settled", "verdict": "holds", "comparisons": [
+          {"table": "table1", "higher": "en2resnet20_rvsm_b0.01",
+           "lower": "resnet20_rvsm_b0.01", "seeds": [1, 1],
+           "verdict": "as the paper (unresolved)"}]},
+  ]
+  assert tables.TABLES["table3"].row("en2resnet20_rgsm_l0.05").shared == (
+      "table2/en2resnet20_rgsm_l0.05")
+  assert claims.to_settle(judged) == [
+      {"table": "table2", "rows": ["en2resnet20_rgsm_l0.05"],
+       "claims": ["open_one"]},
+      {"table": "table1", "rows": ["en2resnet20_rvsm_b0.5",
+                                   "resnet20_rvsm_b0.5"],
+       "claims": ["open_one"]}]
 
 
 def _with_correct(table, row, vectors):

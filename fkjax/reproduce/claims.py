@@ -49,6 +49,7 @@ import numpy as np
 
 from fkjax import workdir as workdir_lib
 from fkjax.reproduce import files
+from fkjax.reproduce import tables as tables_lib
 
 MIN_SEEDS = 3
 # A sparsity column and what the run's training log says of it at the last
@@ -257,7 +258,8 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
                  comparison.lower_metric or comparison.metric)
   out: dict[str, Any] = dataclasses.asdict(comparison)
   if a is None or b is None:
-    return {**out, "verdict": NOT_RUN}
+    return {**out, "verdict": NOT_RUN,
+            "seeds": [a["n"] if a else 0, b["n"] if b else 0]}
   diff = a["mean"] - b["mean"]
   out.update(higher_mean=a["mean"], lower_mean=b["mean"], difference=diff,
              seeds=[a["n"], b["n"]])
@@ -328,7 +330,37 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
                     [c["verdict"] for c in comparisons],
                     sum("early_checkpoints" in c for c in comparisons)),
                 "comparisons": comparisons})
-  return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out}
+  return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out,
+          "to_settle": to_settle(out)}
+
+
+def to_settle(judged: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+  """The runs that would settle the open claims: per table, the rows of
+  their unresolved or unrun comparisons that have fewer than ``MIN_SEEDS``
+  seeds, with the claims waiting on them.
+
+  A comparison within test-sample noise is settled whatever its seeds, and
+  a claim that holds or does not hold needs nothing more.
+  """
+  wanted: dict[str, dict[str, list[str]]] = {}
+  for claim in judged:
+    if claim["verdict"] in ("holds", "does not hold"):
+      continue
+    for c in claim["comparisons"]:
+      if not (c["verdict"] == NOT_RUN or c["verdict"].endswith(
+          "(unresolved)")):
+        continue
+      for row, n in zip((c["higher"], c["lower"]), c["seeds"]):
+        if n < MIN_SEEDS:
+          # A shared row is trained by its owner's command.
+          shared = tables_lib.TABLES[c["table"]].row(row).shared
+          table, row = shared.split("/") if shared else (c["table"], row)
+          names = wanted.setdefault(table, {}).setdefault(row, [])
+          if claim["name"] not in names:
+            names.append(claim["name"])
+  return [{"table": table, "rows": list(rows),
+           "claims": list(dict.fromkeys(n for v in rows.values() for n in v))}
+          for table, rows in wanted.items()]
 
 
 def markdown(data: Mapping[str, Any]) -> str:
@@ -351,6 +383,18 @@ def markdown(data: Mapping[str, Any]) -> str:
   ]
   for c in data["claims"]:
     lines.append(f"| {c['claim']} | {c['where']} | {c['verdict']} |")
+  if data.get("to_settle"):
+    scale, _, variant = data["scale"].partition("-")
+    flags = f"--scale={scale}" + (f" --variant={variant}" if variant else "")
+    lines += ["", "## What would settle the open claims", "",
+              f"The rows their open comparisons rest on, brought to "
+              f"{data['min_seeds']} seeds (`--dry-run` first shows each "
+              "run's estimated time):", ""]
+    for t in data["to_settle"]:
+      lines.append(
+          f"- `python -m fkjax.reproduce {t['table']} {flags} "
+          f"--rows={','.join(t['rows'])} --seeds={data['min_seeds']}` "
+          f"({', '.join(t['claims'])})")
   lines += ["", "## Comparisons run so far", "",
             "| claim | table | the paper's higher row | its lower row | "
             "metric | fkjax: higher - lower | seeds | test-sample noise "
