@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from fkjax.kernels import noise_jnp
-from fkjax.models import noise
 from fkjax.kernels.build import load
 
 
@@ -65,7 +64,7 @@ _inject.defvjp(_inject_fwd, _inject_bwd)
 def supports(x: jax.Array, key: jax.Array) -> bool:
   """Whether :func:`fused` takes these: float32 with a batch axis and a
   default (``threefry2x32``) key."""
-  return x.dtype == jnp.float32 and x.ndim >= 1 and noise.is_threefry(key)
+  return x.dtype == jnp.float32 and x.ndim >= 1 and noise_jnp.is_threefry(key)
 
 
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,

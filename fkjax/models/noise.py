@@ -24,7 +24,7 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   Keys of another PRNG implementation than the default ``threefry2x32``
   keep ``jax.random.normal``.
   """
-  if not is_threefry(key):
+  if jax.random.key_impl(key) != jax.random.key_impl(jax.random.key(0)):
     return jax.random.normal(key, shape, dtype)
   shape = tuple(shape)
   rows, cols = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
@@ -36,18 +36,6 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   words = jex_random.threefry_2x32(jax.random.key_data(key),
                                    jnp.stack([row, col]))
   bits = jnp.concatenate([words[0], words[1]], axis=1)[:, :cols]
-  return normal_from_bits(bits, shape, dtype)
-
-
-def is_threefry(key: jax.Array) -> bool:
-  """Whether ``key`` uses JAX's default ``threefry2x32`` implementation."""
-  return jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0))
-
-
-def normal_from_bits(bits: jax.Array, shape: Sequence[int],
-                     dtype=jnp.float32) -> jax.Array:
-  """N(0, 1) values of ``shape`` from ``uint32`` words, one each, by the
-  inverse CDF of their top 23 bits, as ``jax.random.normal`` maps its."""
   # 23 random mantissa bits -> uniform in [1, 2) -> [-1, 1); the clamp
   # keeps erf_inv finite.
   unit = lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000),
@@ -55,7 +43,7 @@ def normal_from_bits(bits: jax.Array, shape: Sequence[int],
   lo = np.nextafter(np.float32(-1), np.float32(1))
   normal = np.float32(math.sqrt(2)) * lax.erf_inv(
       jnp.maximum(lo, 2.0 * unit - 1.0))
-  return normal.reshape(tuple(shape)).astype(dtype)
+  return normal.reshape(shape).astype(dtype)
 
 
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
@@ -66,18 +54,13 @@ def inject_noise(out: jax.Array, coef: float, key: jax.Array,
   as the authors' PyTorch code (``torch.std(out)``) does; ``"example"`` one
   per example, which makes each prediction independent of its batch.
   """
-  return out + coef * noise_std(out, std_over) * standard_normal(
-      key, out.shape, out.dtype)
-
-
-def noise_std(out: jax.Array, std_over: str = "batch") -> jax.Array:
-  """The ``std(out)`` that scales the noise: one over the whole tensor
-  (``"batch"``) or one per example (``"example"``, axes kept)."""
   if std_over == "batch":
-    return spread(out)
-  if std_over == "example":
-    return spread(out, axis=tuple(range(1, out.ndim)))
-  raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+    std = spread(out)
+  elif std_over == "example":
+    std = spread(out, axis=tuple(range(1, out.ndim)))
+  else:
+    raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+  return out + coef * std * standard_normal(key, out.shape, out.dtype)
 
 
 def spread(out: jax.Array, axis: tuple[int, ...] | None = None) -> jax.Array:
