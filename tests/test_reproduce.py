@@ -304,6 +304,8 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
   assert run["commands"]["eval"].startswith("python eval.py ")
   assert row["summary"]["A1"] == {"mean": run["metrics"]["A1"], "std": 0.0,
                                   "n": 1}
+  # written when the run finished, not again for nothing after it
+  assert tiny["first"].stdout.count("table written") == 1
   assert row["paper"]["A1"] == 76.07
   # a shared row is trained in its owner's workdir
   assert run["workdir"].endswith(os.path.join(*ROW_WORKDIR))
@@ -374,6 +376,7 @@ def test_rerun_skips_finished_rows(tiny):
                      tiny["root"], tiny["cache"])
   assert "1 done, 0 to run" in again.stdout
   assert "training" not in again.stdout
+  assert again.stdout.count("table written") == 1
   after = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()
            if p.is_file()}
   assert before == after

@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
   for name, runs in plans.items():
     table = tables_lib.TABLES[name]
+    stale = True   # whether the table on disk lacks what has happened since
     # The table always shows all its rows, whatever --rows ran.
     reported = runner_lib.plan_report(table, scale, root=args.root,
                                       seeds=args.seeds,
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
           # One failed run (a diverged training, say) must not stop the
           # table: it is reported as failed and rerun next time.
           failed += 1
+          stale = True
           runner_lib.record_failure(run, e)
           runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
                          f"{run.seed} FAILED: {type(e).__name__}: "
@@ -249,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             f"in {runner_lib.format_seconds(record['wall_seconds'])}: "
             f"{metrics}")
         _write_table(table, scale, reported, args.results)
-    _write_table(table, scale, reported, args.results)
+        stale = False
+    if stale:
+      _write_table(table, scale, reported, args.results)
   if failed:
     also = f", {not_started} not started" if not_started else ""
     runner_lib.log(f"{failed} run(s) failed{also}; rerun the same command to "
