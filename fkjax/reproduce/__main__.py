@@ -155,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
   table_rows = {n: rows for n in names}
   if rows and args.table == "all":
     # Each table runs the rows it has; a name no table has is an error.
-    table_rows = {n: [r for r in rows
-                      if r in {x.name for x in tables_lib.TABLES[n].rows}]
-                  for n in names}
+    named = {n: set(tables_lib.TABLES[n].row_names) for n in names}
+    table_rows = {n: [r for r in rows if r in named[n]] for n in names}
     missing = [r for r in rows
                if not any(r in named for named in table_rows.values())]
     if missing:

@@ -158,7 +158,7 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
   ``restore`` is False, or a collection of workdirs that holds its own: it
   then trains again), and a finished run not yet copied there is copied.
   """
-  wanted = list(rows) if rows else [r.name for r in table.rows]
+  wanted = list(rows) if rows else table.row_names
   runs = []
   for name in wanted:
     row = table.row(name)

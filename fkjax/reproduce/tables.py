@@ -106,12 +106,16 @@ class Table:
   figures: tuple[str, ...] = ()
   notes: tuple[str, ...] = ()
 
+  @property
+  def row_names(self) -> list[str]:
+    return [r.name for r in self.rows]
+
   def row(self, name: str) -> Row:
     for r in self.rows:
       if r.name == name:
         return r
     raise KeyError(f"{self.name} has no row {name!r}; rows: "
-                   f"{[r.name for r in self.rows]}")
+                   f"{self.row_names}")
 
 
 def _acc(a1, a2, a3, a4, a5=None, **extra) -> dict[str, float | None]:
