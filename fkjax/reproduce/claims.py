@@ -353,8 +353,11 @@ def to_settle(judged: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
       for row, n in zip((c["higher"], c["lower"]), c["seeds"]):
         if n < MIN_SEEDS:
           # A shared row is trained by its owner's command.
-          shared = tables_lib.TABLES[c["table"]].row(row).shared
-          table, row = shared.split("/") if shared else (c["table"], row)
+          table = c["table"]
+          entry = tables_lib.TABLES[table].row(row)
+          if entry.shared:
+            owner_table, owner = tables_lib.resolve_shared(entry)
+            table, row = owner_table.name, owner.name
           names = wanted.setdefault(table, {}).setdefault(row, [])
           if claim["name"] not in names:
             names.append(claim["name"])
