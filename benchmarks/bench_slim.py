@@ -30,7 +30,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-import fkjax  # noqa: F401  (sets XLA flags before JAX starts)
+from fkjax import kernels
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
@@ -70,6 +70,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
+  kernels.apply_xla_flags()  # before JAX starts its backend
   import jax
   import jax.numpy as jnp
   import numpy as np

@@ -25,7 +25,6 @@ import numpy as np
 
 from benchmarks import bench_train
 from configs import default as default_config
-from fkjax import eval_run
 from fkjax import experiment
 from fkjax import kernels
 from fkjax import train

@@ -5,7 +5,6 @@ import functools
 import os
 import pathlib
 
-import fkjax  # noqa: F401  (sets XLA flags)
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -23,7 +23,6 @@ from fkjax import data
 from fkjax import sparsity
 from fkjax import eval_run
 from fkjax import experiment
-from fkjax import train
 from tests.subprocess_env import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]

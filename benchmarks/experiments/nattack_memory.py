@@ -17,10 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from configs import default
-from fkjax import eval_run
 from fkjax import experiment
 from fkjax import kernels
-from fkjax import train
 
 nattack_lib = importlib.import_module("fkjax.attacks.nattack")
 
