@@ -108,3 +108,35 @@ def test_a_plugin_in_jaxs_plugin_namespace_is_found(tmp_path, monkeypatch):
   (tmp_path / "jax_plugins" / "fake_gpu_plugin.py").write_text("")
   monkeypatch.syspath_prepend(str(tmp_path))
   assert xla_flags.accelerator_plugin_installed()
+
+
+@pytest.mark.parametrize("module,runs,argv", [
+    ("fkjax.reproduce.__main__", "fkjax.reproduce.runner.execute",
+     ["table5", "--scale=tiny", "--seeds=1", "--rows=resnet20_noskip"]),
+    ("fkjax.reproduce.pilot", "fkjax.reproduce.pilot.run",
+     ["rgsm_m8"]),
+])
+def test_the_reproduction_runners_set_the_flags_before_a_run(
+    tmp_path, module, runs, argv):
+  # They train and attack in their own process, as train.py does: the flags
+  # must be in XLA_FLAGS when the first run starts JAX's backend.
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "FKJAX_NO_XLA_FLAGS")}
+  env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+  owner, name = runs.rsplit(".", 1)
+  code = (
+      "import importlib, os, sys\n"
+      f"owner = importlib.import_module({owner!r})\n"
+      "def first_run(*args, **kwargs):\n"
+      "  print('XLA_FLAGS at the first run:', os.environ.get('XLA_FLAGS'))\n"
+      "  sys.exit(0)\n"
+      f"setattr(owner, {name!r}, first_run)\n"
+      f"importlib.import_module({module!r}).main({argv!r} + sys.argv[1:])\n")
+  out = subprocess.run(
+      [sys.executable, "-c", code, f"--root={tmp_path / 'w'}",
+       f"--results={tmp_path / 'r'}"], env=env, cwd=ROOT,
+      capture_output=True, text=True, check=True)
+  assert "XLA_FLAGS at the first run:" in out.stdout, out.stderr
+  for flag in DEFAULTS:
+    assert flag in out.stdout
+  assert "after JAX started" not in out.stderr

@@ -30,6 +30,7 @@ from typing import Any
 # first run finishes: a run takes an hour, and a checkout edited meanwhile
 # would otherwise mix old modules in memory with new ones from disk.
 from fkjax import cli
+from fkjax import kernels
 from fkjax.data.types import DataError
 from fkjax.reproduce import claims
 from fkjax.reproduce import figures
@@ -187,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                   if args.no_restore else True)
   failed = not_started = 0
   if not args.report_only:
+    # As train.py and eval.py: the runs train and attack in this process.
+    kernels.apply_xla_flags()
     from absl import logging  # pylint: disable=import-outside-toplevel
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
   for name, runs in plans.items():

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from fkjax import kernels
 from fkjax.reproduce import analysis
 from fkjax.reproduce import files
 from fkjax.reproduce import scales as scales_lib
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
   if args.summary:
     print(summary(args.results))
     return 0
+  if args.names:
+    kernels.apply_xla_flags()   # as train.py: before JAX starts its backend
   for name in args.names:
     out = run(name, args.root, args.results)
     a = out["analysis"]["u"]
