@@ -11,27 +11,14 @@ import optax
 import pytest
 
 from fkjax import sparsity as sp
+from tests.sparsity_params import LAYOUT, make_params
 
-LAYOUT = ("HWIO", "MHWIO")
 HPARAMS = {
     "none": {},
     "rvsm": dict(beta=0.5, lamb=2e-3),
     "rgsm": dict(beta=0.5, lamb1=6.25e-2, lamb2=1e-2),
     "admm": dict(rho=0.3, percent=50.0, structure="channel"),
 }
-
-
-def make_params(seed=0):
-  """A plain conv kernel, a member-stacked one, BatchNorm, a dense layer."""
-  rng = np.random.default_rng(seed)
-  f = lambda *s: (0.1 * rng.standard_normal(s)).astype(np.float32)
-  scale = lambda n: np.linspace(0.3, 1.5, n, dtype=np.float32)[:, None]
-  return {
-      "Conv_0": {"kernel": f(3, 3, 4, 6) * scale(4)},
-      "Ens": {"Conv_0": {"kernel": f(2, 3, 3, 6, 4) * scale(6)}},
-      "BatchNorm_0": {"scale": 1 + f(6), "bias": f(6)},
-      "Dense_0": {"kernel": f(6, 3), "bias": f(3)},
-  }
 
 
 # ------------------------------------------------------------- registry
