@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each table runs the rows it has; a name no table has is an error.
     named = {n: set(tables_lib.TABLES[n].row_names) for n in names}
     table_rows = {n: [r for r in rows if r in named[n]] for n in names}
-    missing = [r for r in rows
-               if not any(r in named for named in table_rows.values())]
+    missing = [r for r in rows if not any(r in named[n] for n in names)]
     if missing:
       print(f"error: no table has a row {missing[0]!r}; "
             "python -m fkjax.reproduce list names them", file=sys.stderr)

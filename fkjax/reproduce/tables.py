@@ -509,7 +509,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
 
 
 def resolve_shared(row: Row) -> tuple[Table, Row]:
-  """The table and row that train ``row``'s runs (itself if not shared)."""
+  """The table and row that train the runs of ``row``, a shared row
+  (following a row shared with a shared row to its owner)."""
   if row.shared is None:
     raise ValueError(f"row {row.name} is not shared")
   table_name, row_name = row.shared.split("/")
