@@ -328,6 +328,11 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
   assert 1 <= run["checkpoint_epoch"] <= run["epochs"]
   assert (f"checkpoint of epoch {run['checkpoint_epoch']}/{run['epochs']}"
           in md)
+  # the overview beside the tables lists the row (at Table 5: Table 1,
+  # which trains it, is not written yet)
+  summary = (tiny["root"] / "results" / "tiny" / "overview.md").read_text()
+  assert (f"| Table 5: ResNet20, base net | {run['metrics']['A1']:.2f} "
+          "(76.07) |" in summary)
 
 
 def test_the_checkpoint_epoch_and_the_last_epochs_sparsity(tmp_path):

@@ -6,6 +6,7 @@
   python -m fkjax.reproduce all --scale=paper --dry-run
   python -m fkjax.reproduce table2 --scale=cpu --report-only
   python -m fkjax.reproduce claims --scale=cpu
+  python -m fkjax.reproduce overview --scale=cpu
 
 Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
@@ -13,8 +14,10 @@ one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 run). Rerunning the same command skips finished runs and resumes a killed
 one from its last checkpoint. ``claims`` judges the paper's claims from
 the tables written so far (``<results>/<scale>/claims.{json,md}``, also
-rewritten with every table). ``--dry-run`` prints each run's status, exact
-``train.py`` / ``eval.py`` commands and estimated time, and runs nothing.
+rewritten with every table); ``overview`` lists every row run so far in one
+table (``<results>/<scale>/overview.md``, likewise). ``--dry-run`` prints
+each run's status, exact ``train.py`` / ``eval.py`` commands and estimated
+time, and runs nothing.
 ``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
 row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).
 """
@@ -34,6 +37,7 @@ from fkjax import kernels
 from fkjax.data.types import DataError
 from fkjax.reproduce import claims
 from fkjax.reproduce import figures
+from fkjax.reproduce import overview
 from fkjax.reproduce import report
 from fkjax.reproduce import runner as runner_lib
 from fkjax.reproduce import scales as scales_lib
@@ -44,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog="python -m fkjax.reproduce",
       description="Reproduce the paper's tables (docs/reproduction.md).")
-  p.add_argument("table", help="a table name, 'all', 'list' or 'claims'")
+  p.add_argument("table", help="a table name, 'all', 'list', 'claims' or "
+                      "'overview'")
   p.add_argument("--scale", default="cpu", choices=sorted(scales_lib.SCALES))
   p.add_argument("--dry-run", "--dry_run", action="store_true",
                  help="print the runs, commands and estimates; run nothing")
@@ -103,14 +108,20 @@ def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
     if drawn:
       runner_lib.log(f"figures: {', '.join(drawn)}")
   runner_lib.log(f"table written: {md_path}")
-  _write_claims(results, scale.name)
+  _write_summaries(results, scale.name)
   return data
 
 
-def _write_claims(results: str, scale: str) -> str:
-  _, md_path = claims.write(results, scale)
-  runner_lib.log(f"claims written: {md_path}")
-  return md_path
+def _write_summaries(results: str, scale: str,
+                     which: tuple[str, ...] = ("claims", "overview")) -> str:
+  """Rewrites the claims and/or the overview; returns the last's path."""
+  for name in which:
+    if name == "claims":
+      _, path = claims.write(results, scale)
+    else:
+      path = overview.write(results, scale)
+    runner_lib.log(f"{name} written: {path}")
+  return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,21 +138,23 @@ def main(argv: list[str] | None = None) -> int:
   if args.table == "list":
     _list()
     return 0
-  if args.table == "claims":
+  if args.table in ("claims", "overview"):
     scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
     if not os.path.isdir(os.path.join(args.results, scale_name)):
       print(f"error: no result tables in {args.results}/{scale_name} yet: "
             f"run one first (python -m fkjax.reproduce table1 "
             f"--scale={args.scale})", file=sys.stderr)
       return 2
-    with open(_write_claims(args.results, scale_name)) as f:
+    with open(_write_summaries(args.results, scale_name,
+                               (args.table,))) as f:
       print(f.read(), end="")
     return 0
   names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
   unknown = [n for n in names if n not in tables_lib.TABLES]
   if unknown:
     print(f"error: unknown table {unknown[0]!r}; one of "
-          f"{sorted(tables_lib.TABLES)}, 'all', 'list' or 'claims'",
+          f"{sorted(tables_lib.TABLES)}, 'all', 'list', 'claims' or "
+          "'overview'",
           file=sys.stderr)
     return 2
   scale = scales_lib.SCALES[args.scale]

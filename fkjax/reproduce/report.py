@@ -24,7 +24,8 @@ from fkjax.reproduce import tables as tables_lib
 NOT_RUN = "not yet run"
 
 
-def _summary(values: list[float]) -> dict[str, float | int]:
+def summarize(values: list[float]) -> dict[str, float | int]:
+  """``{"mean", "std" (sample; 0 for one value), "n"}`` of ``values``."""
   mean = statistics.fmean(values)
   std = statistics.stdev(values) if len(values) > 1 else 0.0
   return {"mean": mean, "std": std, "n": len(values)}
@@ -35,7 +36,7 @@ def _summary(values: list[float]) -> dict[str, float | int]:
 CPU_BEFORE_DEVICES = "cpu"
 
 
-def _machine(entry: dict[str, Any]) -> str:
+def machine_of(entry: dict[str, Any]) -> str:
   """``NVIDIA H200`` from ``1 x NVIDIA H200 (gpu), jax 0.11.2``."""
   devices = entry.get("devices") or CPU_BEFORE_DEVICES
   return devices.split(" x ", 1)[-1].split(" (", 1)[0]
@@ -45,7 +46,7 @@ def _wall_times(done: list[dict[str, Any]]) -> str:
   """Mean wall time per seed, by machine where a row ran on more than one."""
   by_machine: dict[str, list[float]] = {}
   for e in done:
-    by_machine.setdefault(_machine(e), []).append(e["wall_seconds"])
+    by_machine.setdefault(machine_of(e), []).append(e["wall_seconds"])
   cells = [runner_lib.format_seconds(sum(t) / len(t)) +
            ("" if m == CPU_BEFORE_DEVICES else f" ({m})")
            for m, t in by_machine.items()]
@@ -124,7 +125,7 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
       values = [e["metrics"][metric] for e in done
                 if metric in e.get("metrics", {})]
       if values:
-        summary[metric] = _summary(values)
+        summary[metric] = summarize(values)
     rows.append({
         "name": row.name,
         "label": dict(row.label),
@@ -160,7 +161,8 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
   }
 
 
-def _cell(summary: dict[str, Any] | None) -> str:
+def format_summary(summary: dict[str, Any] | None) -> str:
+  """``52.27 ± 0.78`` (one value: ``52.27``; none: ``—``)."""
   if not summary:
     return "—"
   if summary["n"] > 1:
@@ -168,7 +170,8 @@ def _cell(summary: dict[str, Any] | None) -> str:
   return f"{summary['mean']:.2f}"
 
 
-def _paper_cell(value: float | None) -> str:
+def format_paper(value: float | None) -> str:
+  """A number of the paper, ``—`` where it gives none."""
   return "—" if value is None or (isinstance(value, float)
                                   and math.isnan(value)) else f"{value:.2f}"
 
@@ -212,8 +215,8 @@ def markdown(data: dict[str, Any]) -> str:
     done = [e for e in r["runs"] if e["status"] == "done"]
     cells = [r["label"].get(k, "") for k in labels]
     for m in metrics:
-      cells.append(_cell(r["summary"].get(m)) if done else NOT_RUN)
-      cells.append(_paper_cell(r["paper"].get(m)))
+      cells.append(format_summary(r["summary"].get(m)) if done else NOT_RUN)
+      cells.append(format_paper(r["paper"].get(m)))
     cells.append(f"{len(done)}/{r['seeds']}")
     if done:
       cells.append(_wall_times(done))

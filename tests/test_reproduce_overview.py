@@ -1,0 +1,106 @@
+"""fkjax.reproduce.overview: every row run at a scale in one table."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fkjax.reproduce import overview
+
+REPO = Path(__file__).resolve().parents[1]
+
+CPU = "1 x cpu (cpu), jax 0.10.2"
+GPU = "1 x NVIDIA H200 (gpu), jax 0.11.2"
+
+
+def _run(seed, devices, epoch, **metrics):
+  return {"seed": seed, "status": "done", "devices": devices,
+          "checkpoint_epoch": epoch, "epochs": 5, "metrics": metrics}
+
+
+def _row(name, label, runs, *, presets="resnet20,none", paper=None,
+         shared=None, seeds=None):
+  return {"name": name, "label": label, "presets": presets,
+          "shared": shared, "paper": paper or {}, "runs": runs,
+          "seeds": len(runs) if seeds is None else seeds}
+
+
+def _tables():
+  table1 = {"paper_ref": "Table 1", "rows": [
+      _row("resnet20_none", {"Net": "ResNet20", "beta": "n/a"},
+           [_run(0, CPU, 5, A1=52.0, sparsity=0.0),
+            _run(1, GPU, 4, A1=54.0, sparsity=0.0)],
+           paper={"A1": 76.07}),
+      _row("resnet20_rvsm_b0.5", {"Net": "ResNet20", "beta": "0.5"},
+           [{"seed": 0, "status": "not started"}],
+           presets="resnet20,rvsm")]}
+  table4 = {"paper_ref": "Table 4, Fig. 3", "rows": [
+      _row("resnet20_none", {"Pruning": "none", "Method": "none"},
+           table1["rows"][0]["runs"], shared="table1/resnet20_none"),
+      _row("admm_element", {"Pruning": "unstructured", "Method": "ADMM"},
+           [_run(0, CPU, 3, A1=40.0, w_A1=48.0, sparsity=80.0,
+                 w_sparsity=0.0)],
+           presets="resnet20,admm", paper={"A1": 71.55, "sparsity": 10.92})]}
+  return {"table1": table1, "table4": table4}
+
+
+def test_each_row_once_with_its_seeds_machines_and_the_papers_number():
+  lines, not_run = overview.lines_of(_tables())
+  by_label = {cells[0]: cells[1:] for cells in lines}
+  # The row Table 4 shares is listed at Table 1, which trains it.
+  base = by_label["Table 1: ResNet20 (also Table 4)"]
+  assert base[0] == "53.00 ± 1.41 (76.07)"
+  assert base[-3:] == ["2/2", "5, 4 of 5", "cpu (seed 0), NVIDIA H200 (seed 1)"]
+  assert not any(label.startswith("Table 4: none") for label in by_label)
+  assert not_run == ["Table 1: ResNet20, RVSM, β = 0.5"]
+
+
+def test_admm_has_a_line_per_reading_and_the_papers_numbers_on_w():
+  lines, _ = overview.lines_of(_tables())
+  by_label = {cells[0]: cells[1:] for cells in lines}
+  u = by_label["Table 4: unstructured, ADMM: the projection u "
+               "(fkjax's reading)"]
+  w = by_label["Table 4: unstructured, ADMM: the dense w (the paper's "
+               "reading)"]
+  assert (u[0], u[4]) == ("40.00", "80.00")
+  assert (w[0], w[4]) == ("48.00 (71.55)", "0.00 (10.92)")
+  assert w[3] == "—"   # the dense w has no A4 of its own
+  assert w[-1] == "cpu"
+
+
+def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path):
+  folder = tmp_path / "cpu"
+  folder.mkdir()
+  for name, data in _tables().items():
+    (folder / f"{name}.json").write_text(json.dumps(data))
+  out = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", "overview", "--scale=cpu",
+       f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
+      check=True).stdout
+  md = (folder / "overview.md").read_text()
+  assert out.endswith(md)
+  assert "| Table 1: ResNet20 (also Table 4) | 53.00 ± 1.41 (76.07) |" in md
+  assert "Not yet run: Table 1: ResNet20, RVSM, β = 0.5." in md
+
+
+def test_the_committed_overview_and_the_docs_copy_are_current():
+  tables = overview.load(str(REPO / "results"), "cpu")
+  if not tables:
+    pytest.skip("no committed cpu results")
+  committed = (REPO / "results" / "cpu" / overview.FILE).read_text()
+  assert committed == overview.markdown(tables, "cpu"), (
+      "results/cpu/overview.md is stale: python -m fkjax.reproduce overview "
+      "--scale=cpu")
+  table = overview.table_markdown(overview.lines_of(tables)[0])
+  assert table in (REPO / "docs" / "reproduction.md").read_text(), (
+      "docs/reproduction.md's Results table is not results/cpu/overview.md's")
+
+
+def test_a_shared_row_is_listed_where_its_owner_is_not_written_yet():
+  tables = _tables()
+  del tables["table1"]
+  lines, _ = overview.lines_of(tables)
+  labels = [cells[0] for cells in lines]
+  assert labels[0] == "Table 4: none, none"
+  assert lines[0][1] == "53.00 ± 1.41"   # Table 4 gives no paper number here
