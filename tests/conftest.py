@@ -1,7 +1,13 @@
 """Shared test settings."""
+import os
+
 import jax
 
 from fkjax import kernels
+from tests.subprocess_env import FAST_COMPILE_FLAGS
+
+os.environ["XLA_FLAGS"] = " ".join(
+    filter(None, [os.environ.get("XLA_FLAGS"), FAST_COMPILE_FLAGS]))
 
 # fkjax's CPU XLA flags, as train.py sets them, before a test starts JAX's
 # backend (without them XLA:CPU runs some convolution gradients ~11x slower).
