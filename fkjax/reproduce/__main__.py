@@ -108,19 +108,20 @@ def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
     if drawn:
       runner_lib.log(f"figures: {', '.join(drawn)}")
   runner_lib.log(f"table written: {md_path}")
-  _write_summaries(results, scale.name)
+  for name in _SUMMARIES:
+    _write_summary(name, results, scale.name)
   return data
 
 
-def _write_summaries(results: str, scale: str,
-                     which: tuple[str, ...] = ("claims", "overview")) -> str:
-  """Rewrites the claims and/or the overview; returns the last's path."""
-  for name in which:
-    if name == "claims":
-      _, path = claims.write(results, scale)
-    else:
-      path = overview.write(results, scale)
-    runner_lib.log(f"{name} written: {path}")
+# What the runner rewrites with every table, from the tables on disk:
+# name -> writer(results, scale) returning the Markdown file's path.
+_SUMMARIES = {"claims": lambda results, scale: claims.write(results, scale)[1],
+              "overview": overview.write}
+
+
+def _write_summary(name: str, results: str, scale: str) -> str:
+  path = _SUMMARIES[name](results, scale)
+  runner_lib.log(f"{name} written: {path}")
   return path
 
 
@@ -138,15 +139,14 @@ def main(argv: list[str] | None = None) -> int:
   if args.table == "list":
     _list()
     return 0
-  if args.table in ("claims", "overview"):
+  if args.table in _SUMMARIES:
     scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
     if not os.path.isdir(os.path.join(args.results, scale_name)):
       print(f"error: no result tables in {args.results}/{scale_name} yet: "
             f"run one first (python -m fkjax.reproduce table1 "
             f"--scale={args.scale})", file=sys.stderr)
       return 2
-    with open(_write_summaries(args.results, scale_name,
-                               (args.table,))) as f:
+    with open(_write_summary(args.table, args.results, scale_name)) as f:
       print(f.read(), end="")
     return 0
   names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
