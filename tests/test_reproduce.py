@@ -775,3 +775,62 @@ def test_a_partly_trained_run_is_estimated_by_what_is_left(tmp_path):
   left = runner.estimate_seconds(run, epochs_done=2)
   assert 0 < evaluations < left < whole
   assert left - evaluations == pytest.approx(0.6 * (whole - evaluations))
+
+
+def test_estimates_scale_with_the_machines_step_times(tmp_path):
+  run = runner.plan(tables.TABLES["table2"], scales.SCALES["cpu"],
+                    rows=["en2resnet20_rgsm_l0.05"], seeds=1,
+                    root=str(tmp_path))[0]
+  assert run.extra_evals   # A5 and the strong column: evaluation-only costs
+  reference = runner.REFERENCE_STEP_TIMES
+  twice = runner.StepTimes(2 * reference.clean_step,
+                           2 * reference.attack_iteration)
+  assert runner.estimate_seconds(run, step_times=twice) == pytest.approx(
+      2 * runner.estimate_seconds(run))
+  assert runner.estimate_seconds(
+      run, only=run.extra_evals, step_times=twice) == pytest.approx(
+          2 * runner.estimate_seconds(run, only=run.extra_evals))
+  # A slower clean step alone: training and compiling slow down, the
+  # evaluations (attack iterations) do not.
+  slower_clean = runner.StepTimes(2 * reference.clean_step,
+                                  reference.attack_iteration)
+  assert (runner.estimate_seconds(run, only=run.extra_evals,
+                                  step_times=slower_clean)
+          == pytest.approx(runner.estimate_seconds(run,
+                                                   only=run.extra_evals)))
+  assert (runner.estimate_seconds(run)
+          < runner.estimate_seconds(run, step_times=slower_clean)
+          < runner.estimate_seconds(run, step_times=twice))
+
+
+def test_calibration_times_a_clean_and_an_attacked_step():
+  from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+  times = calibrate.measure(repeats=1, depth=8, batch_size=8)
+  assert 0 < times.clean_step < 60
+  assert times.attack_iteration >= 0.25 * times.clean_step
+  with pytest.raises(ValueError, match="repeats and attack_steps"):
+    calibrate.measure(repeats=0)
+
+
+def test_calibrate_goes_with_dry_run(tmp_path):
+  proc = _reproduce(["table4", "--scale=cpu", "--calibrate"], tmp_path,
+                    tmp_path / "cache", check=False)
+  assert proc.returncode == 2
+  assert proc.stderr.strip() == (
+      "error: --calibrate goes with --dry-run (it scales the dry run's "
+      "estimates)")
+
+
+def test_a_calibrated_dry_run_estimates_for_this_machine(tmp_path):
+  proc = _reproduce(["table4", "--scale=cpu", "--dry-run", "--calibrate",
+                     "--seeds=1"], tmp_path, tmp_path / "cache")
+  header = proc.stdout.splitlines()[0]
+  match = re.match(r"# this machine's ResNet20 steps at batch 128: "
+                   r"([\d.]+) s clean, \+([\d.]+) s per attack iteration",
+                   header)
+  assert match, header
+  assert float(match[1]) > 0 and float(match[2]) > 0
+  estimates = re.findall(r"^- .*: not started, ~(\S+) on this machine$",
+                         proc.stdout, re.M)
+  assert len(estimates) == len(tables.TABLES["table4"].rows)
+  assert "idle CPU cores:" not in proc.stdout.split("\n", 1)[1]

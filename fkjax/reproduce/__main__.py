@@ -17,7 +17,8 @@ the tables written so far (``<results>/<scale>/claims.{json,md}``, also
 rewritten with every table); ``overview`` lists every row run so far in one
 table (``<results>/<scale>/overview.md``, likewise). ``--dry-run`` prints
 each run's status, exact ``train.py`` / ``eval.py`` commands and estimated
-time, and runs nothing.
+time, and runs nothing; with ``--calibrate`` it first times ResNet20's
+training steps on this machine and estimates for it.
 ``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
 row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).
 """
@@ -53,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--scale", default="cpu", choices=sorted(scales_lib.SCALES))
   p.add_argument("--dry-run", "--dry_run", action="store_true",
                  help="print the runs, commands and estimates; run nothing")
+  p.add_argument("--calibrate", action="store_true",
+                 help="with --dry-run: time ResNet20 training steps on this "
+                      "machine first (about a minute) and estimate for it "
+                      "instead of the reference machine")
   p.add_argument("--report-only", "--report_only", action="store_true",
                  help="write the tables from the finished runs; train nothing")
   p.add_argument("--rows", default="",
@@ -136,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(path) and not os.path.isdir(path):
       print(f"error: {flag}={path} is a file, not a folder", file=sys.stderr)
       return 2
+  if args.calibrate and not args.dry_run:
+    print("error: --calibrate goes with --dry-run (it scales the dry run's "
+          "estimates)", file=sys.stderr)
+    return 2
   if args.table == "list":
     _list()
     return 0
@@ -192,7 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
   if args.dry_run:
-    return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs)
+    step_times = None
+    if args.calibrate:
+      # Timed as the runs would train: with fkjax's CPU flags.
+      kernels.apply_xla_flags()
+      # Only this needs JAX and the nets before a run: imported when asked.
+      from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+      step_times = calibrate.measure()
+    return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
+                    step_times=step_times)
 
   # --no-restore: the runs asked for train again; the rest of each table
   # is reported as usual.
@@ -277,7 +294,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
-             max_runs: int | None = None) -> int:
+             max_runs: int | None = None,
+             step_times: runner_lib.StepTimes | None = None) -> int:
+  reference = runner_lib.REFERENCE_STEP_TIMES
+  where = "on 2 idle CPU cores"
+  if step_times is not None:
+    where = "on this machine"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    print(f"# this machine's ResNet20 steps at batch 128: "
+          f"{step_times.clean_step:.3f} s clean, "
+          f"+{step_times.attack_iteration:.3f} s per attack iteration "
+          f"(the reference machine, 2 idle CPU cores: "
+          f"{reference.clean_step:.3f} s, +{reference.attack_iteration:.3f} "
+          "s); the estimates below are scaled to them"
+          + (f" (load average {load:.1f} while timing: on an idle machine "
+             "they would be shorter)" if load > 0.5 else "") + "\n")
+  step_times = step_times or reference
   total = 0.0
   seen = set()
   for name, runs in plans.items():
@@ -292,10 +324,11 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
       status = runner_lib.status_of(run)
       if not runner_lib.finished(run):
         estimate = runner_lib.estimate_seconds(
-            run, epochs_done=runner_lib.trained_epochs(run) or 0)
+            run, epochs_done=runner_lib.trained_epochs(run) or 0,
+            step_times=step_times)
       elif runner_lib.has_checkpoint(run):
         estimate = runner_lib.estimate_seconds(
-            run, only=runner_lib.pending_evals(run))
+            run, only=runner_lib.pending_evals(run), step_times=step_times)
       else:
         estimate = 0.0
         if status != "done":
@@ -307,7 +340,7 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
       shared = (f" (shared: {run.owner_table}/{run.owner_row.name})"
                 if run.row.shared else "")
       print(f"- {run.row.name} seed {run.seed}{shared}: {status}, "
-            f"~{runner_lib.format_seconds(estimate)} on 2 idle CPU cores")
+            f"~{runner_lib.format_seconds(estimate)} {where}")
       print(f"    {run.train_command}")
       print(f"    {run.eval_command}")
       for e in run.extra_evals:
@@ -316,7 +349,7 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
           "(runs not shared with a table listed before it)\n")
     total += table_total
   if len(plans) > 1:
-    print(f"# total: ~{runner_lib.format_seconds(total)} on 2 idle CPU cores")
+    print(f"# total: ~{runner_lib.format_seconds(total)} {where}")
   return 0
 
 

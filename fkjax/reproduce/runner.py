@@ -688,11 +688,25 @@ def trained_epochs(run: Run) -> int | None:
 # --------------------------------------------------------------------------
 # Cost estimate (dry runs): 2 idle CPU cores, docs/performance.md.
 
-# Seconds per 128-image step of ResNet20 (clean step, one attack iteration)
-# and per image of one evaluation attack iteration; multipliers per ensemble
-# size measured for PGD-10 steps (En2 4.07 s, En5 12.2 s vs ResNet20 1.73 s).
-_CLEAN_STEP = 0.303
-_ATTACK_ITER = 0.1424
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+  """Seconds of ResNet20 training steps at batch 128 on some machine.
+
+  Attributes:
+    clean_step: a clean training step.
+    attack_iteration: one PGD iteration more in a step.
+  """
+  clean_step: float
+  attack_iteration: float
+
+
+# The reference machine's (2 idle vCPUs of an AMD EPYC with AVX-512):
+# a clean step, one attack iteration; per image of one evaluation attack
+# iteration; multipliers per ensemble size measured for PGD-10 steps (En2
+# 4.07 s, En5 12.2 s vs ResNet20 1.73 s). Another machine's step times
+# (fkjax.reproduce.calibrate) scale the estimates.
+REFERENCE_STEP_TIMES = StepTimes(clean_step=0.303, attack_iteration=0.1424)
 _EVAL_ITER_PER_IMAGE = 10.08 / 500 / 21
 _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}
 # A noise draw's gradient under the strong protocol costs more than the
@@ -704,10 +718,16 @@ _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
 
 
 def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
-                     epochs_done: int = 0) -> float:
-  """A rough wall-time estimate of ``run`` on 2 idle CPU cores (``only``:
-  of these extra evaluations alone; ``epochs_done``: what is left after
-  that many epochs of its training)."""
+                     epochs_done: int = 0,
+                     step_times: StepTimes = REFERENCE_STEP_TIMES) -> float:
+  """A rough wall-time estimate of ``run`` (``only``: of these extra
+  evaluations alone; ``epochs_done``: what is left after that many epochs
+  of its training) on a machine with these ResNet20 ``step_times`` (default:
+  the reference machine's, 2 idle CPU cores). Evaluation scales with the
+  attack iteration's time, compilation with the clean step's."""
+  reference = REFERENCE_STEP_TIMES
+  eval_iter_per_image = _EVAL_ITER_PER_IMAGE * (
+      step_times.attack_iteration / reference.attack_iteration)
   c = run.config
   m = _MEMBERS.get(c.model.ensemble_size, 1.5 * c.model.ensemble_size)
   m *= (c.model.depth - 2) / 18
@@ -715,9 +735,10 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
   n_train = scales_lib.train_size(c)
   steps = scales_lib.steps_per_epoch(n_train, c) * c.training.num_epochs
   batch_scale = c.training.batch_size / 128
-  train = steps * batch_scale * m * (_CLEAN_STEP + k * _ATTACK_ITER)
+  train = steps * batch_scale * m * (step_times.clean_step
+                                     + k * step_times.attack_iteration)
   n_val = c.validation.num_examples or c.dataset.val_size
-  train += (c.training.num_epochs * n_val * m * _EVAL_ITER_PER_IMAGE
+  train += (c.training.num_epochs * n_val * m * eval_iter_per_image
             * (1 + c.validation.attack_steps))
   train *= max(0.0, 1.0 - epochs_done / c.training.num_epochs)
 
@@ -735,18 +756,20 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
       per_image = attacks * (st.num_iters + 1) * (eot + (1 if noisy else 0))
       if noisy:
         per_image *= _NOISY_EOT_COST
-      return n * st.num_seeds * m * _EVAL_ITER_PER_IMAGE * per_image
+      return n * st.num_seeds * m * eval_iter_per_image * per_image
     total = 0.0
     for name in cfg.eval.attacks.split(","):
       if name == "nattack":
         total += (n * cfg.eval.nattack_iters * cfg.eval.nattack_population
-                  * m * _EVAL_ITER_PER_IMAGE / 3)
+                  * m * eval_iter_per_image / 3)
       else:
-        total += n * m * _EVAL_ITER_PER_IMAGE * _EVAL_ITERS.get(name, 21)
+        total += n * m * eval_iter_per_image * _EVAL_ITERS.get(name, 21)
     return total
   if only is not None:
     return sum(eval_cost(_with(c, e.overrides)) for e in only)
-  total = train + eval_cost(c) + 60 * m
+  # About a minute of compiling per ResNet20-sized program set.
+  compile_seconds = 60 * m * step_times.clean_step / reference.clean_step
+  total = train + eval_cost(c) + compile_seconds
   for e in run.extra_evals:
     total += eval_cost(_with(c, e.overrides))
   return total
