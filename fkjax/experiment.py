@@ -22,6 +22,7 @@ import optax
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import host
 from fkjax import kernels
 from fkjax import models
 from fkjax import parallel
@@ -113,12 +114,17 @@ def describe_devices(count: int | None = None) -> str:
   """E.g. ``1 x NVIDIA H200 (gpu), jax 0.11.2``: what a result was computed on.
 
   Kept with every result, since the same run's numbers differ in their last
-  digits from one kind of machine (and XLA version) to another. ``count``:
-  the devices used (a mesh's size; default all).
+  digits from one kind of machine (and XLA version) to another. On CPU the
+  label names the host CPU too (``1 x cpu (cpu), jax 0.10.2; AMD EPYC, 2
+  cores, AVX2``: :func:`fkjax.host.describe_cpu`). ``count``: the devices
+  used (a mesh's size; default all).
   """
   devices = jax.devices()
-  return (f"{count or len(devices)} x {devices[0].device_kind} "
-          f"({devices[0].platform}), jax {jax.__version__}")
+  label = (f"{count or len(devices)} x {devices[0].device_kind} "
+           f"({devices[0].platform}), jax {jax.__version__}")
+  if devices[0].platform == "cpu":
+    label += f"; {host.describe_cpu()}"
+  return label
 
 
 def describe_model(config: ml_collections.ConfigDict,

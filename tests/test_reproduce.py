@@ -315,7 +315,8 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
   assert "without skip connections | not yet run | 75.45 |" in md
   assert run["commands"]["train"] in md
   # the record names the machine, and the table says where each run ran
-  assert re.fullmatch(r"\d+ x .+ \((cpu|gpu|tpu)\), jax [\d.]+",
+  assert re.fullmatch(r"\d+ x .+ \((cpu|gpu|tpu)\), jax [\d.]+(; .+, \d+ cores?"
+                      r"(, (AVX-512|AVX2|no AVX2))?)?",
                       run["devices"]), run["devices"]
   # which test images each attack left right, as the accuracies say
   for column in ("A1", "A2"):
@@ -371,6 +372,12 @@ def test_wall_times_name_the_machine_where_not_a_cpu():
          "devices": "1 x NVIDIA H200 (gpu), jax 0.11.2"}
   assert report._wall_times([cpu, cpu_new]) == "2m00s"
   assert report._wall_times([cpu, gpu]) == "1m00s, 0m30s (NVIDIA H200)"
+  # a record that names its CPU's instruction set: apart from the others
+  avx2 = {"wall_seconds": 300.0,
+          "devices": "1 x cpu (cpu), jax 0.10.2; AMD EPYC, 2 cores, AVX2"}
+  assert report._wall_times([cpu, avx2]) == "1m00s, 5m00s (cpu AVX2)"
+  assert report.machine_of(avx2) == "cpu AVX2"
+  assert report.machine_of(cpu_new) == "cpu"
 
 
 def test_rerun_skips_finished_rows(tiny):

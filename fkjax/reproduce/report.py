@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import ml_collections
 
+from fkjax import host
 from fkjax import workdir as workdir_lib
 from fkjax.reproduce import files
 from fkjax.reproduce import runner as runner_lib
@@ -37,9 +38,13 @@ CPU_BEFORE_DEVICES = "cpu"
 
 
 def machine_of(entry: dict[str, Any]) -> str:
-  """``NVIDIA H200`` from ``1 x NVIDIA H200 (gpu), jax 0.11.2``."""
+  """``NVIDIA H200`` from ``1 x NVIDIA H200 (gpu), jax 0.11.2``; ``cpu
+  AVX2`` from ``1 x cpu (cpu), jax 0.10.2; AMD EPYC, 2 cores, AVX2`` (plain
+  ``cpu`` from a record that does not name its CPU's instruction set)."""
   devices = entry.get("devices") or CPU_BEFORE_DEVICES
-  return devices.split(" x ", 1)[-1].split(" (", 1)[0]
+  kind = devices.split(" x ", 1)[-1].split(" (", 1)[0]
+  isa = host.isa_of(devices)
+  return f"{kind} {isa}" if isa else kind
 
 
 def _wall_times(done: list[dict[str, Any]]) -> str:
