@@ -8,18 +8,13 @@ so batch-sharded runs draw the same numbers with no communication.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 from jax import lax
 import jax.extend.random as jex_random
 import jax.numpy as jnp
 import numpy as np
-
-
-def is_threefry(key: jax.Array) -> bool:
-  """Whether ``key`` uses JAX's default ``threefry2x32`` implementation."""
-  return jax.random.key_impl(key) == jax.random.key_impl(jax.random.key(0))
 
 
 def standard_normal(key: jax.Array, shape: Sequence[int],
@@ -29,7 +24,7 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   Keys of another PRNG implementation than the default ``threefry2x32``
   keep ``jax.random.normal``.
   """
-  if not is_threefry(key):
+  if jax.random.key_impl(key) != jax.random.key_impl(jax.random.key(0)):
     return jax.random.normal(key, shape, dtype)
   shape = tuple(shape)
   rows, cols = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
@@ -41,16 +36,6 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   words = jex_random.threefry_2x32(jax.random.key_data(key),
                                    jnp.stack([row, col]))
   bits = jnp.concatenate([words[0], words[1]], axis=1)[:, :cols]
-  return normal_from_bits(bits, shape, dtype)
-
-
-def normal_from_bits(bits: jax.Array, shape: Sequence[int],
-                     dtype=jnp.float32) -> jax.Array:
-  """N(0, 1) draws of ``shape`` from ``uint32`` random words, one per draw.
-
-  The inverse-CDF map ``jax.random.normal`` uses; shared with the noise
-  kernels (``fkjax.kernels``) so that theirs are these draws bit for bit.
-  """
   # 23 random mantissa bits -> uniform in [1, 2) -> [-1, 1); the clamp
   # keeps erf_inv finite.
   unit = lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000),
@@ -58,20 +43,16 @@ def normal_from_bits(bits: jax.Array, shape: Sequence[int],
   lo = np.nextafter(np.float32(-1), np.float32(1))
   normal = np.float32(math.sqrt(2)) * lax.erf_inv(
       jnp.maximum(lo, 2.0 * unit - 1.0))
-  return normal.reshape(tuple(shape)).astype(dtype)
+  return normal.reshape(shape).astype(dtype)
 
 
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
-                 std_over: str = "batch",
-                 normal: Callable[..., jax.Array] = standard_normal
-                 ) -> jax.Array:
-  """Returns ``out + coef * std(out) * normal(key, out.shape)``.
+                 std_over: str = "batch") -> jax.Array:
+  """Returns ``out + coef * std(out) * standard_normal(key, out.shape)``.
 
   ``std_over="batch"`` takes one standard deviation over the whole tensor,
   as the authors' PyTorch code (``torch.std(out)``) does; ``"example"`` one
   per example, which makes each prediction independent of its batch.
-  ``normal`` draws ``z`` (:func:`standard_normal`; the kernels pass their
-  own implementation of the same draws).
   """
   if std_over == "batch":
     std = spread(out)
@@ -79,7 +60,7 @@ def inject_noise(out: jax.Array, coef: float, key: jax.Array,
     std = spread(out, axis=tuple(range(1, out.ndim)))
   else:
     raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
-  return out + coef * std * normal(key, out.shape, out.dtype)
+  return out + coef * std * standard_normal(key, out.shape, out.dtype)
 
 
 def spread(out: jax.Array, axis: tuple[int, ...] | None = None) -> jax.Array:
