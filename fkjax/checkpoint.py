@@ -393,7 +393,8 @@ def _stored_shapes(where: str) -> _Shapes | None:
 def _drop_orbax_leftovers() -> None:
   """From now on, what orbax's failed reads report when their coroutines
   are collected (pages of tensorstore internals, some of them only after
-  the restore has raised) is dropped: the restore's error says it in one
+  the restore has raised) or when they complete after it (a traceback of
+  "Event loop is closed") is dropped: the restore's error says it in one
   line. Anything else goes to the hook in place before. Installed once, by
   the first restore (importing fkjax changes nothing)."""
   if getattr(sys.unraisablehook, "_fkjax_drops_orbax_leftovers", False):
@@ -401,11 +402,31 @@ def _drop_orbax_leftovers() -> None:
   before = sys.unraisablehook
 
   def hook(unraisable):
-    code = getattr(unraisable.object, "cr_code", None)
-    if code is None or "orbax" not in code.co_filename:
+    if not _is_orbax_leftover(unraisable):
       before(unraisable)
   hook._fkjax_drops_orbax_leftovers = True
   sys.unraisablehook = hook
+
+
+def _is_orbax_leftover(unraisable: Any) -> bool:
+  """Whether an unraisable exception is what a failed orbax read leaves:
+  its coroutine, collected, or the completion callback of a read that
+  finished after the restore had raised and closed its event loop
+  (tensorstore reports that one with no object, at any moment around the
+  restore's error)."""
+  code = getattr(unraisable.object, "cr_code", None)
+  if code is not None:
+    return "orbax" in code.co_filename
+  if unraisable.object is not None or not (
+      isinstance(unraisable.exc_value, RuntimeError)
+      and str(unraisable.exc_value) == "Event loop is closed"):
+    return False
+  tb = unraisable.exc_traceback
+  while tb is not None:
+    if tb.tb_frame.f_code.co_name == "call_soon_threadsafe":
+      return True
+    tb = tb.tb_next
+  return False
 
 
 def _other_arrays(want: _Shapes, stored: _Shapes | None) -> str:

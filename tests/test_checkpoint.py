@@ -1,12 +1,14 @@
 """Checkpointer: retention of latest/best, verification, I/O errors, layouts."""
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import jax
@@ -396,3 +398,30 @@ def test_save_leaves_logging_as_it_was(tmp_path, monkeypatch):
   finally:
     absl_logger.removeHandler(handler)
   assert absl_logger.filters == before
+
+
+def _unraisable(exc, obj=None):
+  return types.SimpleNamespace(object=obj, exc_type=type(exc), exc_value=exc,
+                               exc_traceback=exc.__traceback__, err_msg=None)
+
+
+def test_a_read_completing_after_the_restore_is_dropped_and_nothing_else():
+  """A read that completes after the failed restore closed orbax's event
+  loop reports "Event loop is closed" (no object) at any moment around the
+  one-line error; that is dropped, other unraisable exceptions are not."""
+  loop = asyncio.new_event_loop()
+  loop.close()
+  with pytest.raises(RuntimeError) as late:
+    loop.call_soon_threadsafe(print)
+  assert ckpt_lib._is_orbax_leftover(_unraisable(late.value))
+  # The same message raised elsewhere, another error, or one with an
+  # object, are someone else's: reported as usual.
+  try:
+    raise RuntimeError("Event loop is closed")
+  except RuntimeError as e:
+    assert not ckpt_lib._is_orbax_leftover(_unraisable(e))
+  try:
+    raise ValueError("x")
+  except ValueError as e:
+    assert not ckpt_lib._is_orbax_leftover(_unraisable(e))
+  assert not ckpt_lib._is_orbax_leftover(_unraisable(late.value, object()))
