@@ -391,8 +391,9 @@ def markdown(data: Mapping[str, Any]) -> str:
     flags = f"--scale={scale}" + (f" --variant={variant}" if variant else "")
     lines += ["", "## What would settle the open claims", "",
               f"The rows their open comparisons rest on, brought to "
-              f"{data['min_seeds']} seeds (`--dry-run` first shows each "
-              "run's estimated time):", ""]
+              f"{data['min_seeds']} seeds (`--dry-run --calibrate` first "
+              "shows each run's estimated time on the machine it runs "
+              "on):", ""]
     for t in data["to_settle"]:
       lines.append(
           f"- `python -m fkjax.reproduce {t['table']} {flags} "
