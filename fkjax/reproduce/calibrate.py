@@ -65,8 +65,8 @@ def measure(repeats: int = 3, attack_steps: int = 2, *, depth: int = 20,
   config.training.adversarial = True
   config.attack.num_steps = attack_steps
   attacked = _step_seconds(config, repeats)
-  # Timing noise can make the difference tiny or negative on a busy machine;
-  # an attack iteration costs at least a forward and a backward pass, about
-  # a clean step's worth.
+  # Timing noise can make the difference tiny or negative on a busy machine.
+  # An attack iteration is a forward and a backward pass, 0.47 of a clean
+  # step on the reference machine: a quarter of one is a safe floor.
   per_iteration = max((attacked - clean) / attack_steps, 0.25 * clean)
   return runner_lib.StepTimes(clean_step=clean, attack_iteration=per_iteration)
