@@ -871,3 +871,20 @@ def _seconds(duration: str) -> int:
   assert parts and duration, duration
   h, m, s = (int(x or 0) for x in parts.groups())
   return 3600 * h + 60 * m + s
+
+
+def test_a_reader_stopping_early_ends_the_runner_without_a_traceback(
+    tmp_path):
+  # `... --dry-run | head`: the dry run of every table (>100 KB) overfills
+  # the pipe, so the runner is still writing when the reader goes.
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "fkjax.reproduce", "all", "--scale=cpu",
+       "--dry-run", f"--root={tmp_path / 'w'}",
+       f"--results={tmp_path / 'results'}"],
+      cwd=REPO, env=_env(tmp_path / "cache"), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().startswith("# table1:")
+  proc.stdout.close()
+  _, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 1
+  assert stderr == ""

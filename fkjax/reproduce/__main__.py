@@ -353,5 +353,20 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
   return 0
 
 
+def _run_cli() -> int:
+  """``main`` for the shell: a reader that stops early (``| head``) ends it
+  quietly, as it does ``ls`` or ``grep``, not with a BrokenPipeError
+  traceback."""
+  try:
+    code = main()
+    sys.stdout.flush()
+    return code
+  except BrokenPipeError:
+    # Python's recipe (docs of signal, "Note on SIGPIPE"): point stdout at
+    # devnull so that the flush at exit does not raise again.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(_run_cli())
