@@ -866,7 +866,8 @@ def test_a_calibrated_dry_run_estimates_for_this_machine(tmp_path, capsys,
 
 
 def _seconds(duration: str) -> int:
-  """Seconds of a dry run's ``1h02m`` / ``12m05s`` / ``40s``."""
+  """Seconds of a dry run's estimate (``runner.format_seconds``: ``1h02m``,
+  ``12m05s``)."""
   parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", duration)
   assert parts and duration, duration
   h, m, s = (int(x or 0) for x in parts.groups())
