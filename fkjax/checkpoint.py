@@ -129,6 +129,20 @@ def _manager(directory: str, read_only: bool) -> ocp.CheckpointManager:
   return ocp.CheckpointManager(directory, options=options)
 
 
+def require_checkpoints(workdir: str) -> None:
+  """Raises ``CheckpointError`` unless ``workdir`` has train.py's checkpoints.
+
+  For readers to call before they write anything into ``workdir`` (eval.py's
+  lock file), so that a directory that is no run, such as a run kept under
+  ``results/`` without its checkpoints, is left as it was.
+  """
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  if not os.path.isdir(directory):
+    raise CheckpointError(
+        f"no checkpoints in {os.path.abspath(workdir)!r}: expected the "
+        f"directory {directory!r} written by train.py")
+
+
 class Checkpointer:
   """Saves and restores training states under ``<workdir>/checkpoints``.
 
@@ -141,10 +155,8 @@ class Checkpointer:
 
   def __init__(self, workdir: str, must_exist: bool = False):
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
-    if must_exist and not os.path.isdir(self.directory):
-      raise CheckpointError(
-          f"no checkpoints in {os.path.abspath(workdir)!r}: expected the "
-          f"directory {self.directory!r} written by train.py")
+    if must_exist:
+      require_checkpoints(workdir)
     if jax.process_index() == 0:
       _migrate_legacy_layout(self.directory)
     if jax.process_count() > 1:  # others wait until the layout is final

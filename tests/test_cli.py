@@ -98,6 +98,9 @@ def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
   _assert_one_line_error(proc, "no checkpoints")
   assert json.loads((tmp_path / "config.json").read_text())["model"][
       "depth"] == 8
+  # A run kept without checkpoints (results/<scale>/runs/...) stays as it
+  # was: nothing written into it, not even eval's lock file.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
 
 
 def test_missing_data_is_one_line(tmp_path):
