@@ -38,3 +38,38 @@ def test_a_doubled_schedule_at_m4_has_the_scales_summed_decay(name):
     # thresholds x m^-1/4: lambda1 x m^-1/2, beta as in the paper
     assert doubled.sparsity.lamb1 == pytest.approx(0.1 / 2)
     assert doubled.sparsity.beta == scale.sparsity.beta
+
+
+def _pilot_result(name, test_accuracy=None):
+  out = {
+      "pilot": name, "settings": {"presets": "resnet20,rgsm"},
+      "config": {"training.weight_decay": 2e-3, "sparsity.method": "rgsm",
+                 "sparsity.lamb1": 0.05, "sparsity.beta": 1.0},
+      "wall_seconds": 600.0,
+      "epochs": [{"val_natural_accuracy": 40.0},
+                 {"val_natural_accuracy": 50.0}],
+      "test_natural_accuracy": 51.25,
+      "analysis": {"u": {"zero_share": 60.0, "channel_sparsity": 65.0},
+                   "w": {"channel_norm_quantiles":
+                         {"0.1": 0.0, "0.5": 0.3, "0.9": 0.6}}},
+  }
+  if test_accuracy is not None:
+    out["test_accuracy"] = test_accuracy
+  return out
+
+
+def test_the_summary_lists_pilots_only_with_a3_where_measured(tmp_path):
+  import json
+  for name, out in [
+      ("old", _pilot_result("old")),
+      ("new", _pilot_result("new", {"natural": 51.25, "ifgsm20": 30.5})),
+      # a result of another kind kept in the same folder
+      ("admm_rho", {"rho": 0.01, "test": {"natural": 20.45}})]:
+    (tmp_path / f"{name}.json").write_text(json.dumps(out))
+  rows = pilot.summary(str(tmp_path)).splitlines()[2:]
+  assert len(rows) == 2
+  cells = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")]
+           for r in rows}
+  assert cells["new"][7:9] == ["51.2", "30.5"]
+  assert cells["old"][7:9] == ["51.2", "-"]
+  assert cells["new"][6] == "40.0 / 50.0"

@@ -121,14 +121,16 @@ def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
 def summary(results_dir: str) -> str:
   """A Markdown table of the finished pilots in ``results_dir``."""
   lines = ["| pilot | net, sparsifier | weight decay | threshold | epochs "
-           "| val natural by epoch | test natural | sparsity | "
-           "channel sp. | channel norms 10/50/90% | wall |",
-           "|" + "---|" * 11]
+           "| val natural by epoch | test natural | test IFGSM^20 | "
+           "sparsity | channel sp. | channel norms 10/50/90% | wall |",
+           "|" + "---|" * 12]
   for name in sorted(os.listdir(results_dir)):
     if not name.endswith(".json"):
       continue
     with open(os.path.join(results_dir, name)) as f:
       out = json.load(f)
+    if "pilot" not in out:
+      continue   # another result kept beside the pilots (e.g. ADMM's rho)
     c, a = out["config"], out["analysis"]
     s = {k.split(".", 1)[1]: v for k, v in c.items()
          if k.startswith("sparsity.")}
@@ -141,12 +143,15 @@ def summary(results_dir: str) -> str:
     epochs = out["epochs"]
     q = a["w"]["channel_norm_quantiles"]
     steps = sum(1 for _ in epochs)
+    # pilots before the doubled schedule measured natural accuracy only
+    a3 = out.get("test_accuracy", {}).get("ifgsm20")
     lines.append(
         f"| {out['pilot']} | {out['settings']['presets']} | "
         f"{c['training.weight_decay']:g} | "
         f"{'-' if thr is None else f'{thr:.3g}'} | {steps} | "
         + " / ".join(f"{e['val_natural_accuracy']:.1f}" for e in epochs)
         + f" | {out['test_natural_accuracy']:.1f} | "
+        f"{'-' if a3 is None else f'{a3:.1f}'} | "
         f"{a['u']['zero_share']:.1f} | {a['u']['channel_sparsity']:.1f} | "
         f"{q['0.1']:.2f} / {q['0.5']:.2f} / {q['0.9']:.2f} | "
         f"{out['wall_seconds'] / 60:.0f} min |")
