@@ -73,3 +73,18 @@ def test_the_summary_lists_pilots_only_with_a3_where_measured(tmp_path):
   assert cells["new"][7:9] == ["51.2", "30.5"]
   assert cells["old"][7:9] == ["51.2", "-"]
   assert cells["new"][6] == "40.0 / 50.0"
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "name the pilots to run, or ask for --summary"),
+    (["--summary", "--results=/no/such/folder"],
+     "no pilot results in /no/such/folder"),
+    (["no_such_pilot"], "invalid choice: 'no_such_pilot'"),
+])
+def test_a_bad_command_line_is_one_error_line(argv, message, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    pilot.main(argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert message in err[-1]
+  assert err[-1].startswith("python -m fkjax.reproduce.pilot: error:")

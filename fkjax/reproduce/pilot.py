@@ -159,7 +159,8 @@ def summary(results_dir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(prog="python -m fkjax.reproduce.pilot",
+                                   description=__doc__.splitlines()[0])
   parser.add_argument("names", nargs="*", choices=sorted(PILOTS) + [[]])
   parser.add_argument("--root", default="workdirs/pilots")
   parser.add_argument("--results", default="results/pilots")
@@ -167,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="print a Markdown table of the finished pilots")
   args = parser.parse_args(argv)
   if args.summary:
+    if not os.path.isdir(args.results):
+      parser.error(f"no pilot results in {args.results}: run a pilot first")
     print(summary(args.results))
     return 0
+  if not args.names:
+    parser.error("name the pilots to run, or ask for --summary")
   if args.names:
     kernels.apply_xla_flags()   # as train.py: before JAX starts its backend
   for name in args.names:
