@@ -299,3 +299,16 @@ def test_command_as_module_fails_in_one_line(tmp_path):
   assert lines[1].startswith("error: cannot download http://127.0.0.1:")
   assert len(lines) == 2 and "Traceback" not in result.stderr
   assert os.listdir(tmp_path / "d") == []
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf", "soon"])
+def test_command_refuses_a_timeout_that_is_not_positive_seconds(
+    timeout, tmp_path, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    download_cli.main(["cifar10", "--data-dir", str(tmp_path),
+                       f"--timeout={timeout}"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].endswith(
+      f"--timeout: {timeout!r} is not a positive number of seconds")
+  assert os.listdir(tmp_path) == []

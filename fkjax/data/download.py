@@ -24,6 +24,17 @@ from fkjax.data.types import DISPLAY_NAMES
 from fkjax.data.types import DataError
 
 
+def _positive_seconds(text: str) -> float:
+  try:
+    seconds = float(text)
+  except ValueError:
+    seconds = float("nan")
+  if not seconds > 0 or seconds == float("inf"):
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a positive number of seconds")
+  return seconds
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command; returns the exit status."""
   parser = argparse.ArgumentParser(
@@ -40,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       "--base-url", default=None,
       help=f"folder URL holding the archives (default: ${fetch.BASE_URL_ENV}, "
       f"else {fetch.DEFAULT_BASE_URL})")
-  parser.add_argument("--timeout", type=float, default=fetch.DEFAULT_TIMEOUT_S,
+  parser.add_argument("--timeout", type=_positive_seconds,
+                      default=fetch.DEFAULT_TIMEOUT_S,
                       help="seconds a connect or read may block")
   args = parser.parse_args(argv)
   root = fetch.resolve_data_dir(args.data_dir)
