@@ -26,7 +26,8 @@ flags.DEFINE_bool("noise", True,
                   "Keep the noise injection (exact, noised tensors keep their "
                   "width); false: the deterministic network (add_noise=False).")
 flags.DEFINE_integer("check_examples", 250,
-                     "Test images the logits are compared on (0: none).")
+                     "Test images the logits are compared on (0: none).",
+                     lower_bound=0)
 config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "configs", "default.py"),

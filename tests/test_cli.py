@@ -80,6 +80,17 @@ def test_eval_of_a_missing_workdir_fails_at_once(tmp_path):
   _assert_one_line_error(proc, "no config.json", "nowhere")
 
 
+@pytest.mark.parametrize("flag, fragment", [
+    ("--check_examples=-5", "--check_examples=-5"),
+    (None, "no config.json"),
+])
+def test_export_rejects_bad_input_in_one_line(tmp_path, flag, fragment):
+  # A negative count sliced the test set from its end: 9,995 images checked.
+  proc = _run(["export.py", f"--workdir={tmp_path / 'nowhere'}",
+               *([flag] if flag else [])])
+  _assert_one_line_error(proc, fragment)
+
+
 def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
   sys.path.insert(0, str(REPO))
   from configs import tiny  # pylint: disable=import-outside-toplevel
