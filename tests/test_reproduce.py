@@ -166,6 +166,25 @@ def test_commands_build_the_runs_config(scale, monkeypatch):
       assert got == want, (table.name, run.row.name)
 
 
+@pytest.mark.parametrize("variant", sorted(scales.VARIANTS))
+@pytest.mark.parametrize("scale", sorted(scales.SCALES))
+def test_a_variant_runs_at_its_base_scales_budget(scale, variant):
+  """Seeds per row and the extra evaluations' budgets (NAttack's A5, the
+  strong protocol) are the base scale's: cpu-authors once ran En5ResNet20
+  rows on 3 seeds and NAttack at the paper's size (hours per row)."""
+  base = scales.SCALES[scale]
+  varied = SCALES[f"{scale}-{variant}"]
+  for table in tables.TABLES.values():
+    want = runner.plan(table, base, root="w")
+    got = runner.plan(table, varied, root="w")
+    assert ([(r.row.name, r.seed) for r in got]
+            == [(r.row.name, r.seed) for r in want]), table.name
+    for a, b in zip(want, got):
+      assert ([(e.protocol, e.overrides) for e in b.extra_evals]
+              == [(e.protocol, e.overrides) for e in a.extra_evals]), (
+                  table.name, a.row.name, a.seed)
+
+
 def test_shrinkage_factor_matches_the_schedules():
   paper = scales.build_config("resnet20,none", {}, scales.SCALES["paper"], 0)
   assert scales.shrinkage_factor(paper) == pytest.approx(1.0)

@@ -133,7 +133,8 @@ def num_seeds(table: tables_lib.Table, row: tables_lib.Row,
               scale: scales_lib.Scale, override: int | None) -> int:
   if override is not None:
     return override
-  return row.seeds.get(scale.name, table.seeds.get(scale.name, scale.seeds))
+  key = scale.settings_key
+  return row.seeds.get(key, table.seeds.get(key, scale.seeds))
 
 
 def workdir_of(root: str, scale: str, table: str, row: str, seed: int) -> str:
@@ -189,9 +190,9 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
       from_eval_run = _result_file(config)
       extra = []
       for spec in table.extra_evals:
-        if seed >= spec.max_seeds.get(scale.name, 1 << 30):
+        if seed >= spec.max_seeds.get(scale.settings_key, 1 << 30):
           continue
-        overrides = dict(spec.overrides.get(scale.name, {}))
+        overrides = dict(spec.overrides.get(scale.settings_key, {}))
         overrides.setdefault("eval.protocol", spec.protocol)
         extra.append(_extra_eval_run(spec.protocol, overrides, config,
                                      workdir))

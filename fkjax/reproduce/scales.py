@@ -46,6 +46,8 @@ class Scale:
       their own).
     extra_presets: presets added to every row's (a variant's, e.g.
       ``authors``).
+    base: the scale a variant derives from (``cpu`` for ``cpu-authors``);
+      empty for the scales themselves.
   """
 
   name: str
@@ -56,6 +58,13 @@ class Scale:
   decay_multiplier: float | str = 1.0
   seeds: int = 1
   extra_presets: str = ""
+  base: str = ""
+
+  @property
+  def settings_key(self) -> str:
+    """The name a table's per-scale settings (seeds, the extra evaluations'
+    budgets) are given under: a variant runs at its base scale's budget."""
+    return self.base or self.name
 
 
 def with_multiplier(scale: Scale, multiplier: float | str) -> Scale:
@@ -94,7 +103,8 @@ def with_variant(scale: Scale, variant: str) -> Scale:
       description=f"{scale.description}; variant {variant}",
       overrides={**scale.overrides, **v["overrides"].get(scale.name, {})},
       extra_presets=",".join(filter(None, [scale.extra_presets,
-                                           v["presets"]])))
+                                           v["presets"]])),
+      base=scale.settings_key)
 
 
 def row_presets(presets: str, scale: Scale) -> str:
