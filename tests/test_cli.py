@@ -135,6 +135,8 @@ def test_missing_data_is_one_line(tmp_path):
     (["table1", "--scale=tiny", "--root={file}"], ["--root=", "is a file"]),
     (["table1", "--report-only", "--results={file}"],
      ["--results=", "is a file"]),
+    (["table1", "--scale=paper", "--variant=long", "--dry-run"],
+     ["variant 'long' exists for the cpu scale only, not 'paper'"]),
 ])
 def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
   a_file = tmp_path / "a_file"

@@ -112,9 +112,10 @@ def test_sec3_shares_are_the_papers():
 def _scales():
   """Every scale, and every scale under every variant."""
   out = dict(scales.SCALES)
-  for variant in scales.VARIANTS:
-    for name, scale in scales.SCALES.items():
-      out[f"{name}-{variant}"] = scales.with_variant(scale, variant)
+  for variant, v in scales.VARIANTS.items():
+    for name in v.get("scales", scales.SCALES):
+      out[f"{name}-{variant}"] = scales.with_variant(scales.SCALES[name],
+                                                     variant)
   return out
 
 
@@ -166,8 +167,8 @@ def test_commands_build_the_runs_config(scale, monkeypatch):
       assert got == want, (table.name, run.row.name)
 
 
-@pytest.mark.parametrize("variant", sorted(scales.VARIANTS))
-@pytest.mark.parametrize("scale", sorted(scales.SCALES))
+@pytest.mark.parametrize("scale, variant", [
+    tuple(name.split("-")) for name in sorted(SCALES) if "-" in name])
 def test_a_variant_runs_at_its_base_scales_budget(scale, variant):
   """Seeds per row and the extra evaluations' budgets (NAttack's A5, the
   strong protocol) are the base scale's: cpu-authors once ran En5ResNet20
@@ -183,6 +184,49 @@ def test_a_variant_runs_at_its_base_scales_budget(scale, variant):
       assert ([(e.protocol, e.overrides) for e in b.extra_evals]
               == [(e.protocol, e.overrides) for e in a.extra_evals]), (
                   table.name, a.row.name, a.seed)
+
+
+@pytest.mark.parametrize("presets, overrides", [
+    ("resnet20,none", {}),
+    ("en2resnet20,rgsm", {"sparsity.lamb1": 0.1}),
+    ("resnet20,rvsm", {"sparsity.beta": 0.01, "sparsity.lamb": 1e-6}),
+    ("resnet20,admm", {"sparsity.structure": "channel"})])
+def test_the_long_variant_doubles_the_cpu_schedule_at_half_its_decay(
+    presets, overrides):
+  cpu = scales.build_config(presets, overrides, scales.SCALES["cpu"], 0)
+  long = scales.build_config(presets, overrides, SCALES["cpu-long"], 0)
+  assert long.training.num_epochs == 2 * cpu.training.num_epochs
+  assert tuple(long.training.lr_boundaries) == tuple(
+      2 * b for b in cpu.training.lr_boundaries)
+  assert long.training.weight_decay == pytest.approx(
+      cpu.training.weight_decay / 2)
+  # the same summed decay: what prunes a channel or a weight
+  assert (scales.learning_rate_sum(long) * long.training.weight_decay
+          == pytest.approx(scales.learning_rate_sum(cpu)
+                           * cpu.training.weight_decay))
+  paper = scales.build_config(presets, overrides, scales.SCALES["paper"], 0)
+  s, p = long.sparsity, paper.sparsity
+  if s.method == "rgsm":
+    assert s.lamb1 == pytest.approx(p.lamb1 * 4 ** -0.5)
+    assert s.lamb2 == pytest.approx(p.lamb2 * 4)
+  if s.method == "rvsm":
+    assert s.lamb == pytest.approx(p.lamb * 4 ** -0.5)
+  if s.method == "admm":
+    assert s.rho == pytest.approx(p.rho * 4)
+  # everything else is the cpu scale's
+  differ = {k for k, v in scales.flat(long).items()
+            if scales.flat(cpu).get(k) != v}
+  assert differ <= {"training.num_epochs", "training.lr_boundaries",
+                    "training.weight_decay", "sparsity.lamb1",
+                    "sparsity.lamb2", "sparsity.lamb", "sparsity.rho"}
+  assert SCALES["cpu-long"].description.startswith(
+      "2 CPU cores, the long variant")
+
+
+@pytest.mark.parametrize("scale", ["paper", "tiny"])
+def test_the_long_variant_exists_for_the_cpu_scale_only(scale):
+  with pytest.raises(ValueError, match="for the cpu scale only"):
+    scales.with_variant(scales.SCALES[scale], "long")
 
 
 def test_shrinkage_factor_matches_the_schedules():
