@@ -88,3 +88,16 @@ def test_a_bad_command_line_is_one_error_line(argv, message, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert message in err[-1]
   assert err[-1].startswith("python -m fkjax.reproduce.pilot: error:")
+
+
+def test_the_doubled_rgsm_pilot_trains_table2s_row_of_the_long_variant():
+  from fkjax.reproduce import runner
+  from fkjax.reproduce import tables
+  scale = scales.with_variant(scales.SCALES["cpu"], "long")
+  (run,) = runner.plan(tables.TABLES["table2"], scale, root="w", seeds=1,
+                       rows=["resnet20_rgsm_l0.1"])
+  row = scales.flat(run.config)
+  mine = scales.flat(pilot.pilot_config("rgsm_m4_x2"))
+  differ = {k for k in set(row) | set(mine) if row.get(k) != mine.get(k)}
+  # the pilot evaluates A1 and A3 only, at the end of its training
+  assert differ == {"eval.final_attacks"}
