@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from fkjax import argtypes
 from fkjax import data
 from fkjax.data import augmentation
 
@@ -32,15 +33,15 @@ def _time(fn: Callable[[int], object], repeats: int) -> list[float]:
   return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--source", default="synthetic",
                       choices=["synthetic", "cifar_binary"])
   parser.add_argument("--data_dir", default=None,
                       help="for cifar_binary; default $FKJAX_DATA_DIR")
-  parser.add_argument("--batch_size", type=int, default=128)
-  parser.add_argument("--batches", type=int, default=200)
-  args = parser.parse_args()
+  parser.add_argument("--batch_size", type=argtypes.positive_int, default=128)
+  parser.add_argument("--batches", type=argtypes.positive_int, default=200)
+  args = parser.parse_args(argv)
 
   start = time.perf_counter()
   ds = data.load_dataset("cifar10", args.source, args.data_dir)

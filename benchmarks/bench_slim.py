@@ -21,6 +21,7 @@ keys. A measurement, not a test: nothing is asserted.
 """
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import statistics
@@ -30,6 +31,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from fkjax import argtypes
 from fkjax import kernels
 
 FLAGS = flags.FLAGS
@@ -37,8 +39,10 @@ flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
 flags.DEFINE_bool("noise", True, "Keep the noise injection.")
 flags.DEFINE_string("impls", "xla,onednn", "Implementations to time.")
 flags.DEFINE_string("latency_batches", "1,128", "Forward-pass batch sizes.")
-flags.DEFINE_integer("attack_batch", 128, "IFGSM^20 batch size.")
-flags.DEFINE_integer("repeats", 5, "Timed runs of each measurement.")
+flags.DEFINE_integer("attack_batch", 128, "IFGSM^20 batch size.",
+                     lower_bound=1)
+flags.DEFINE_integer("repeats", 5, "Timed runs of each measurement.",
+                     lower_bound=1)
 flags.DEFINE_string("multiples", "1,8",
                     "Slim variants: fkjax.slim.slim's `multiple` for each.")
 flags.DEFINE_string("out", None, "Optional JSON file for the results.")
@@ -46,6 +50,20 @@ config_flags.DEFINE_config_file(
     "config", None, "Config file the model was trained with.",
     lock_config=True)
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _is_positive_int_list(text: str) -> bool:
+  try:
+    argtypes.positive_int_list(text)
+  except argparse.ArgumentTypeError:
+    return False
+  return True
+
+
+for _name in ("latency_batches", "multiples"):
+  flags.register_validator(
+      _name, _is_positive_int_list,
+      message="must be comma-separated positive integers")
 
 
 def _implementations(names, ensemble_size):
@@ -92,7 +110,7 @@ def main(argv):
   variables = experiment.eval_variables(state, config)
   m = config.model
   add_noise = FLAGS.noise
-  batches = [int(b) for b in FLAGS.latency_batches.split(",") if b]
+  batches = argtypes.positive_int_list(FLAGS.latency_batches)
   n = max(batches + [FLAGS.attack_batch])
   test = exp.dataset.test
   reps = -(-n // len(test.labels))  # repeat the test set if it is short
@@ -101,7 +119,7 @@ def main(argv):
   key = jax.random.key(config.seed + 2)
   ifgsm = eval_run.attack_suite("ifgsm20", config)["ifgsm20"]
 
-  multiples = [int(k) for k in FLAGS.multiples.split(",") if k]
+  multiples = argtypes.positive_int_list(FLAGS.multiples)
   label_of = lambda k: "slim" if k == 1 else f"slim x{k}"
   results = {"workdir": FLAGS.workdir, "step": int(step), "noise": add_noise,
              "device": jax.devices()[0].device_kind, "costs": {},

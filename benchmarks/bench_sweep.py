@@ -47,6 +47,7 @@ import jax
 
 from benchmarks import bench_train
 from configs import default as default_config
+from fkjax import argtypes
 from fkjax import experiment
 from fkjax import kernels
 from fkjax import parallel
@@ -232,20 +233,21 @@ def format_markdown(rows: list[dict[str, Any]], peak_label: str) -> str:
   return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="resnet20",
                       help="comma-separated configs/default.py presets")
-  parser.add_argument("--runs", default="1,2,4",
+  parser.add_argument("--runs", type=argtypes.positive_int_list,
+                      default="1,2,4",
                       help="comma-separated run counts N")
-  parser.add_argument("--batch", type=int, default=128)
-  parser.add_argument("--steps", type=int, default=10,
+  parser.add_argument("--batch", type=argtypes.positive_int, default=128)
+  parser.add_argument("--steps", type=argtypes.nonnegative_int, default=10,
                       help="PGD steps of the training attack")
-  parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--warmup", type=int, default=1)
-  parser.add_argument("--epochs", type=int, default=200,
+  parser.add_argument("--repeats", type=argtypes.positive_int, default=5)
+  parser.add_argument("--warmup", type=argtypes.nonnegative_int, default=1)
+  parser.add_argument("--epochs", type=argtypes.positive_int, default=200,
                       help="epochs of the projected whole runs")
-  parser.add_argument("--steps-per-epoch", type=int, default=352,
+  parser.add_argument("--steps-per-epoch", type=argtypes.positive_int, default=352,
                       help="steps an epoch of the projected whole runs "
                       "(45,000 images at batch 128: 352)")
   parser.add_argument("--device", default="auto",
@@ -253,7 +255,7 @@ def main() -> None:
                       help="JAX's platform (auto: JAX's default)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   if args.device != "auto":
     jax.config.update("jax_platforms", args.device)
   kernels.apply_xla_flags()  # before JAX starts its backend
@@ -264,7 +266,7 @@ def main() -> None:
           "xla_flags": os.environ.get("XLA_FLAGS", ""), **peak_meta,
           "args": vars(args)}
   print(json.dumps(meta), flush=True)
-  runs = [int(n) for n in args.runs.split(",")]
+  runs = args.runs
   rows = []
   for model in args.models.split(","):
     rows += bench_model(model, runs, args, peak)

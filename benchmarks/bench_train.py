@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import default as default_config
+from fkjax import argtypes
 from fkjax import evaluate
 from fkjax import eval_run
 from fkjax import experiment
@@ -434,21 +435,21 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   return row
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="resnet20,en2resnet20",
                       help="comma-separated configs/default.py presets")
   parser.add_argument("--benches", default=",".join(BENCHES))
   parser.add_argument("--frameworks", default="fkjax,torch")
-  parser.add_argument("--batch", type=int, default=128)
-  parser.add_argument("--eval-batch", type=int, default=500)
-  parser.add_argument("--steps", type=int, default=10,
+  parser.add_argument("--batch", type=argtypes.positive_int, default=128)
+  parser.add_argument("--eval-batch", type=argtypes.positive_int, default=500)
+  parser.add_argument("--steps", type=argtypes.nonnegative_int, default=10,
                       help="PGD steps of the training attack")
-  parser.add_argument("--eval-steps", type=int, default=20,
+  parser.add_argument("--eval-steps", type=argtypes.positive_int, default=20,
                       help="IFGSM steps of the evaluation")
-  parser.add_argument("--repeats", type=int, default=5,
+  parser.add_argument("--repeats", type=argtypes.nonnegative_int, default=5,
                       help="timed runs; 0 measures compile time only")
-  parser.add_argument("--warmup", type=int, default=1)
+  parser.add_argument("--warmup", type=argtypes.nonnegative_int, default=1)
   parser.add_argument("--unroll", default=None,
                       help="override config.attack.unroll: 'true' (the whole "
                       "loop written out) or an int (lax.scan unroll)")
@@ -466,7 +467,7 @@ def main() -> None:
                       help="config.kernels.member_execution (ensembles)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   kernels.apply_xla_flags()  # before JAX starts its backend
   args.frameworks = args.frameworks.split(",")
   args.torch_device = None

@@ -25,6 +25,7 @@ import numpy as np
 
 from benchmarks import bench_train
 from configs import default as default_config
+from fkjax import argtypes
 from fkjax import experiment
 from fkjax import kernels
 from fkjax import train
@@ -78,14 +79,14 @@ def cache_compile(model_name: str, batch: int, unroll: str | None
   return times
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("what", choices=["noise", "cache"])
   parser.add_argument("--model", default="en2resnet20")
-  parser.add_argument("--batch", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--batch", type=argtypes.positive_int, default=128)
+  parser.add_argument("--repeats", type=argtypes.positive_int, default=5)
   parser.add_argument("--unroll", default=None)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   kernels.apply_xla_flags()  # before JAX starts its backend
   load = bench_train.load_average()
   if args.what == "noise":

@@ -15,6 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from fkjax import argtypes
 from fkjax import kernels
 from fkjax.attacks import gradient
 
@@ -62,12 +63,12 @@ def measure(unroll, num_steps: int, batch: int, repeats: int) -> tuple[float,
   return compile_s, best
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--steps", type=int, nargs="+", default=[10, 20])
-  parser.add_argument("--repeats", type=int, default=3)
-  args = parser.parse_args()
+  parser.add_argument("--batch", type=argtypes.positive_int, default=32)
+  parser.add_argument("--steps", type=argtypes.positive_int, nargs="+", default=[10, 20])
+  parser.add_argument("--repeats", type=argtypes.positive_int, default=3)
+  args = parser.parse_args(argv)
   kernels.apply_xla_flags()  # before JAX starts its backend
   print(f"backend={jax.default_backend()} batch={args.batch}")
   print("steps  unroll  compile_s  run_s  ms/step")

@@ -18,21 +18,11 @@ import os
 import sys
 from typing import Sequence
 
+from fkjax import argtypes
 from fkjax.data import cifar_binary
 from fkjax.data import fetch
 from fkjax.data.types import DISPLAY_NAMES
 from fkjax.data.types import DataError
-
-
-def _positive_seconds(text: str) -> float:
-  try:
-    seconds = float(text)
-  except ValueError:
-    seconds = float("nan")
-  if not seconds > 0 or seconds == float("inf"):
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not a positive number of seconds")
-  return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       "--base-url", default=None,
       help=f"folder URL holding the archives (default: ${fetch.BASE_URL_ENV}, "
       f"else {fetch.DEFAULT_BASE_URL})")
-  parser.add_argument("--timeout", type=_positive_seconds,
+  parser.add_argument("--timeout", type=argtypes.positive_seconds,
                       default=fetch.DEFAULT_TIMEOUT_S,
                       help="seconds a connect or read may block")
   args = parser.parse_args(argv)
