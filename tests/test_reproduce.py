@@ -952,3 +952,17 @@ def test_a_reader_stopping_early_ends_the_runner_without_a_traceback(
   _, stderr = proc.communicate(timeout=300)
   assert proc.returncode == 1
   assert stderr == ""
+
+
+@pytest.mark.parametrize("name", sorted(SCALES))
+def test_the_flags_a_result_names_select_its_scale_again(name):
+  # Every table, overview and claims file ends with the command that wrote
+  # it: `--scale=cpu-long` would be refused, `--scale=cpu --variant=long`
+  # is what selects the scale whose results are under cpu-long.
+  from fkjax.reproduce import __main__ as cli  # pylint: disable=import-outside-toplevel
+  args = cli._parser().parse_args(  # pylint: disable=protected-access
+      ["table1", *scales.command_flags(name).split()])
+  scale = scales.SCALES[args.scale]
+  if args.variant:
+    scale = scales.with_variant(scale, args.variant)
+  assert scale.name == name

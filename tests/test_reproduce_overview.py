@@ -104,3 +104,12 @@ def test_a_shared_row_is_listed_where_its_owner_is_not_written_yet():
   labels = [cells[0] for cells in lines]
   assert labels[0] == "Table 4: none, none"
   assert lines[0][1] == "53.00 ± 1.41"   # Table 4 gives no paper number here
+
+
+def test_a_variants_overview_names_the_command_that_writes_it():
+  md = overview.markdown(_tables(), "cpu-long")
+  assert md.startswith("# Every row run at the `cpu-long` scale")
+  assert ("`python -m fkjax.reproduce overview --scale=cpu --variant=long`"
+          in md)
+  assert "`python -m fkjax.reproduce overview --scale=cpu` " in (
+      overview.markdown(_tables(), "cpu"))

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isdir(os.path.join(args.results, scale_name)):
       print(f"error: no result tables in {args.results}/{scale_name} yet: "
             f"run one first (python -m fkjax.reproduce table1 "
-            f"--scale={args.scale})", file=sys.stderr)
+            f"{scales_lib.command_flags(scale_name)})", file=sys.stderr)
       return 2
     with open(_write_summary(args.table, args.results, scale_name)) as f:
       print(f.read(), end="")

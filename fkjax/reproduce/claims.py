@@ -49,6 +49,7 @@ import numpy as np
 
 from fkjax import workdir as workdir_lib
 from fkjax.reproduce import files
+from fkjax.reproduce import scales as scales_lib
 from fkjax.reproduce import tables as tables_lib
 
 MIN_SEEDS = 3
@@ -387,8 +388,7 @@ def markdown(data: Mapping[str, Any]) -> str:
   for c in data["claims"]:
     lines.append(f"| {c['claim']} | {c['where']} | {c['verdict']} |")
   if data.get("to_settle"):
-    scale, _, variant = data["scale"].partition("-")
-    flags = f"--scale={scale}" + (f" --variant={variant}" if variant else "")
+    flags = scales_lib.command_flags(data["scale"])
     lines += ["", "## What would settle the open claims", "",
               f"The rows their open comparisons rest on, brought to "
               f"{data['min_seeds']} seeds (`--dry-run --calibrate` first "

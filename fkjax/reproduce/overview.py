@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from fkjax.reproduce import files
 from fkjax.reproduce import report
 from fkjax.reproduce import runner as runner_lib
+from fkjax.reproduce import scales as scales_lib
 
 FILE = "overview.md"
 
@@ -152,7 +153,8 @@ def markdown(tables: Mapping[str, Mapping[str, Any]], scale: str) -> str:
       f"# Every row run at the `{scale}` scale",
       "",
       "From the result tables beside this file, by `python -m "
-      f"fkjax.reproduce overview --scale={scale}` (also rewritten with "
+      f"fkjax.reproduce overview {scales_lib.command_flags(scale)}` (also "
+      "rewritten with "
       "every table). Percentages; fkjax's mean ± sample std over the "
       "finished seeds, the paper's number in brackets where it gives one. "
       "A1 natural, A2 FGSM, A3 IFGSM^20, A4 fkjax's C&W-linf (on the "

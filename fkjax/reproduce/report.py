@@ -261,7 +261,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"{' with uncommitted changes' if data.get('git_dirty') else ''}"
             " by "
             f"`python -m fkjax.reproduce {data['table']} "
-            f"--scale={data['scale']}`.", ""]
+            f"{scales_lib.command_flags(data['scale'])}`.", ""]
   return "\n".join(lines)
 
 

@@ -138,6 +138,14 @@ def with_variant(scale: Scale, variant: str) -> Scale:
       base=scale.settings_key)
 
 
+def command_flags(scale_name: str) -> str:
+  """The runner's flags that select the scale named ``scale_name``:
+  ``--scale=cpu`` for ``cpu``, ``--scale=cpu --variant=long`` for
+  ``cpu-long`` (a variant's results carry ``<scale>-<variant>``)."""
+  scale, _, variant = scale_name.partition("-")
+  return f"--scale={scale}" + (f" --variant={variant}" if variant else "")
+
+
 def row_presets(presets: str, scale: Scale) -> str:
   """A row's presets under ``scale`` (with its variant's)."""
   return ",".join(filter(None, [presets, scale.extra_presets]))
