@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--warmup", type=argtypes.nonnegative_int, default=1)
   parser.add_argument("--epochs", type=argtypes.positive_int, default=200,
                       help="epochs of the projected whole runs")
-  parser.add_argument("--steps-per-epoch", type=argtypes.positive_int, default=352,
+  parser.add_argument("--steps-per-epoch", type=argtypes.positive_int,
+                      default=352,
                       help="steps an epoch of the projected whole runs "
                       "(45,000 images at batch 128: 352)")
   parser.add_argument("--device", default="auto",

@@ -66,7 +66,8 @@ def measure(unroll, num_steps: int, batch: int, repeats: int) -> tuple[float,
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=argtypes.positive_int, default=32)
-  parser.add_argument("--steps", type=argtypes.positive_int, nargs="+", default=[10, 20])
+  parser.add_argument("--steps", type=argtypes.positive_int, nargs="+",
+                      default=[10, 20])
   parser.add_argument("--repeats", type=argtypes.positive_int, default=3)
   args = parser.parse_args(argv)
   kernels.apply_xla_flags()  # before JAX starts its backend
