@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fkjax.reproduce import overview
+from fkjax.reproduce import scales
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,17 +85,19 @@ def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path):
   assert "Not yet run: Table 1: ResNet20, RVSM, β = 0.5." in md
 
 
-def test_the_committed_overview_and_the_docs_copy_are_current():
-  tables = overview.load(str(REPO / "results"), "cpu")
+@pytest.mark.parametrize("scale", ["cpu", "cpu-long"])
+def test_the_committed_overview_and_the_docs_copy_are_current(scale):
+  tables = overview.load(str(REPO / "results"), scale)
   if not tables:
-    pytest.skip("no committed cpu results")
-  committed = (REPO / "results" / "cpu" / overview.FILE).read_text()
-  assert committed == overview.markdown(tables, "cpu"), (
-      "results/cpu/overview.md is stale: python -m fkjax.reproduce overview "
-      "--scale=cpu")
+    pytest.skip(f"no committed {scale} results")
+  committed = (REPO / "results" / scale / overview.FILE).read_text()
+  assert committed == overview.markdown(tables, scale), (
+      f"results/{scale}/overview.md is stale: python -m fkjax.reproduce "
+      f"overview {scales.command_flags(scale)}")
   table = overview.table_markdown(overview.lines_of(tables)[0])
   assert table in (REPO / "docs" / "reproduction.md").read_text(), (
-      "docs/reproduction.md's Results table is not results/cpu/overview.md's")
+      f"docs/reproduction.md's copy of results/{scale}/overview.md's table "
+      "is not current")
 
 
 def test_a_shared_row_is_listed_where_its_owner_is_not_written_yet():
