@@ -7,7 +7,9 @@
 #     "fig45 --rows=c,d --seeds=1 --sweep; table2 --rows=c --seeds=1"
 #
 # Each argument is one job: `;`-separated argument lists of
-# `python -m fkjax.reproduce ... --scale=$SCALE` (default cpu), run in turn.
+# `python -m fkjax.reproduce ... --scale=$SCALE` (default cpu), run in turn;
+# VARIANT=long adds `--variant=long` to each (results and workdirs under
+# cpu-long: give the variant here, not in a job, so that they are packed).
 # The jobs run side by side on the one GPU: a ResNet20-sized net cannot fill
 # it, and one job's compilation overlaps another's steps. Jobs must not
 # share a run (the listing's "(= table/row)"), or two would train it.
@@ -24,9 +26,10 @@
 # MiB at most) is cut into numbered parts, workdirs.tgz.part-00, -01, ...
 # At home, in the repository root:
 #   cat runs.tgz* | tar xz && cat workdirs.tgz* | tar xz
-#   python -m fkjax.reproduce all --scale=$SCALE --report-only
+#   python -m fkjax.reproduce all --scale=$SCALE [--variant=$VARIANT] \
+#     --report-only
 # and the next lease carries the workdirs back (the device tool's `carry`:
-# workdirs/reproduce/<scale>).
+# workdirs/reproduce/<scale>[-<variant>]).
 #
 # ml-collections and tensorboardX, which such machines may lack, are
 # installed from ./.whl if it holds wheels (e.g. `pip download --no-deps
@@ -35,6 +38,9 @@
 set -u
 OUT=${OUT:-/tmp/fkjax_gpu_reproduce}
 SCALE=${SCALE:-cpu}
+VARIANT=${VARIANT:-}
+# where the runner puts this scale's results and workdirs
+RESULTS_NAME=$SCALE${VARIANT:+-$VARIANT}
 DEADLINE=${DEADLINE:-480}
 PY=${PY:-python3}
 ROOT=${ROOT:-workdirs/reproduce}   # the runner's --root (its default)
@@ -63,7 +69,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
 # began: their records are newer than this mark.
 STARTED=$(mktemp)
 new_runs() {
-  find "results/$SCALE/runs" -mindepth 3 -maxdepth 3 \
+  find "results/$RESULTS_NAME/runs" -mindepth 3 -maxdepth 3 \
     -name reproduce_run.json -newer "$STARTED" -printf '%h\n' 2>/dev/null
 }
 
@@ -86,7 +92,7 @@ cut_up() {
 # stopped mid-way; their checkpoints let a later lease resume them.
 pack_unfinished() {
   local dirs=()
-  for d in "$ROOT/$SCALE"/*/*/; do
+  for d in "$ROOT/$RESULTS_NAME"/*/*/; do
     [ -d "$d" ] && [ ! -f "$d/reproduce_run.json" ] && dirs+=("${d%/}")
   done
   (( ${#dirs[@]} )) || return 0
@@ -103,10 +109,11 @@ for i in $(seq 1 $#); do
   setsid bash -c '
     IFS=";" read -ra cmds <<< "$1"
     for c in "${cmds[@]}"; do
-      echo "=== $(date +%T) python -m fkjax.reproduce $c --scale=$2"
-      '"$PY"' -m fkjax.reproduce $c --scale="$2"
+      echo "=== $(date +%T) python -m fkjax.reproduce $c --scale=$2 $3"
+      '"$PY"' -m fkjax.reproduce $c --scale="$2" $3
       echo "=== $(date +%T) rc=$?"
-    done' job "$job" "$SCALE" > "$LOGS/job$i.log" 2>&1 &
+    done' job "$job" "$SCALE" "${VARIANT:+--variant=$VARIANT}" \
+    > "$LOGS/job$i.log" 2>&1 &
   pids+=($!)
   log "job $i (pid $!): $job"
 done

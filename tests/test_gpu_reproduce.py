@@ -24,12 +24,14 @@ def _call(tmp_path, job, **env):
   return out, proc.stdout
 
 
-def _finishing_python(tmp_path):
-  """A stand-in for python that "finishes" a run of the table it is given."""
+def _finishing_python(tmp_path, results="tiny"):
+  """A stand-in for python that "finishes" a run of the table it is given,
+  under ``results/<results>``, recording its arguments in the log."""
   script = tmp_path / "python"
   script.write_text(
       "#!/bin/bash\n"
-      "d=results/tiny/runs/table5/$4_seed0\n"
+      "echo \"args: $*\"\n"
+      f"d=results/{results}/runs/table5/$4_seed0\n"
       "mkdir -p $d && echo '{\"done\": true}' > $d/reproduce_run.json\n")
   script.chmod(0o755)
   return str(script)
@@ -86,3 +88,20 @@ def test_data_dir_is_required(tmp_path):
       capture_output=True, text=True, timeout=60)
   assert proc.returncode != 0
   assert "set FKJAX_DATA_DIR" in proc.stderr
+
+
+def test_a_variants_runs_are_run_and_packed_under_its_name(tmp_path):
+  stopped = tmp_path / "workdirs/reproduce/tiny-long/table5/stopped_seed0"
+  stopped.mkdir(parents=True)
+  (stopped / "state").write_text("weights")
+  out, _ = _call(tmp_path, "table5 new", VARIANT="long",
+                 PY=_finishing_python(tmp_path, results="tiny-long"))
+  runs = _members(out / "runs.tgz")
+  assert "results/tiny-long/runs/table5/new_seed0/reproduce_run.json" in runs
+  with tarfile.open(out / "runs.tgz") as tar:
+    log = next(tar.extractfile(m).read().decode() for m in tar.getmembers()
+               if m.name.endswith("job1.log"))
+  assert ("args: -m fkjax.reproduce table5 new --scale=tiny --variant=long"
+          in log)
+  assert _members(out / "workdirs.tgz") == {
+      "workdirs/reproduce/tiny-long/table5/stopped_seed0/state"}
