@@ -79,6 +79,8 @@ def test_the_summary_lists_pilots_only_with_a3_where_measured(tmp_path):
     ([], "name the pilots to run, or ask for --summary"),
     (["--summary", "--results=/no/such/folder"],
      "no pilot results in /no/such/folder"),
+    (["--plot=x.png", "--results=/no/such/folder"],
+     "no pilot results in /no/such/folder"),
     (["no_such_pilot"], "invalid choice: 'no_such_pilot'"),
 ])
 def test_a_bad_command_line_is_one_error_line(argv, message, capsys):
@@ -101,3 +103,35 @@ def test_the_doubled_rgsm_pilot_trains_table2s_row_of_the_long_variant():
   differ = {k for k in set(row) | set(mine) if row.get(k) != mine.get(k)}
   # the pilot evaluates A1 and A3 only, at the end of its training
   assert differ == {"eval.final_attacks"}
+
+
+def test_the_rgsm_pilots_are_drawn_by_m_and_a_stopped_one_says_so(
+    tmp_path, capsys):
+  import json
+  def epochs(accuracies, sparsities):
+    return [{"epoch": i + 1, "val_natural_accuracy": a, "channel_sparsity": c}
+            for i, (a, c) in enumerate(zip(accuracies, sparsities))]
+  # a pilot that finished (its JSON), one stopped after an epoch (only its
+  # metrics), and an RVSM pilot, which is not drawn
+  (tmp_path / "rgsm_m6.json").write_text(json.dumps(
+      {**_pilot_result("rgsm_m6"), "epochs": epochs([35.5, 27.9],
+                                                    [0.0, 47.3])}))
+  (tmp_path / "rgsm_m1_full.metrics.jsonl").write_text("\n".join(
+      json.dumps(r) for r in epochs([38.6], [0.0])) + "\n")
+  (tmp_path / "rvsm_m6.json").write_text(json.dumps(
+      {**_pilot_result("rvsm_m6"), "epochs": epochs([38.2], [0.0])}))
+  curves = pilot.rgsm_curves(str(tmp_path))
+  assert list(curves) == [
+      "m = 1, cpu schedule, stopped after epoch 1 (rgsm_m1_full)",
+      "m = 6, first 2 epochs (rgsm_m6)"]
+  assert [r["channel_sparsity"] for r in curves[
+      "m = 6, first 2 epochs (rgsm_m6)"]] == [0.0, 47.3]
+  png = tmp_path / "curves.png"
+  assert pilot.main([f"--results={tmp_path}", f"--plot={png}"]) == 0
+  assert png.read_bytes().startswith(b"\x89PNG")
+  assert capsys.readouterr().out.strip() == f"drawn: {png}"
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(SystemExit):
+    pilot.main([f"--results={empty}", f"--plot={png}"])
+  assert "no RGSM pilot in" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """The short pilots that calibrated the ``cpu`` scale (docs/reproduction.md).
 
-    python -m fkjax.reproduce.pilot rgsm_v1 [--root=workdirs/pilots]
+    python -m fkjax.reproduce.pilot rgsm_m4_x2 [--root=workdirs/pilots]
+    python -m fkjax.reproduce.pilot --summary
+    python -m fkjax.reproduce.pilot --plot=results/pilots/rgsm_curves.png
 
 Each pilot is one training run (ResNet20 on the real CIFAR-10) with the
 ``cpu`` scale's data, attack and schedule, shortened to its high learning
@@ -18,6 +20,9 @@ import os
 import sys
 import time
 from typing import Any
+
+# Figure, not pyplot: it draws PNGs without choosing a global backend.
+from matplotlib.figure import Figure
 
 from fkjax import kernels
 from fkjax.reproduce import analysis
@@ -159,6 +164,69 @@ def summary(results_dir: str) -> str:
   return "\n".join(lines)
 
 
+def _epoch_records(results_dir: str, name: str) -> list[dict[str, Any]]:
+  """The per-epoch records of pilot ``name``: its JSON's, else those of the
+  ``<name>.metrics.jsonl`` kept of a pilot stopped before it wrote one."""
+  path = os.path.join(results_dir, f"{name}.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)["epochs"]
+  path = os.path.join(results_dir, f"{name}.metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return [r for r in records if "val_natural_accuracy" in r]
+
+
+def rgsm_curves(results_dir: str) -> dict[str, list[dict[str, Any]]]:
+  """label -> per-epoch records of the ResNet20 RGSM pilots found in
+  ``results_dir`` (the rescalings m the cpu scale chose between), by m."""
+  # by m (the first try, "rgsm_wd", has none: left out)
+  chosen = sorted(((p["multiplier"], name, p) for name, p in PILOTS.items()
+                   if p["presets"] == "resnet20,rgsm"
+                   and isinstance(p["multiplier"], int)))
+  out = {}
+  for _, name, p in chosen:
+    records = _epoch_records(results_dir, name)
+    if records:
+      schedule = ("doubled schedule" if p.get("variant") == "long" else
+                  "cpu schedule" if p["epochs"] is None else
+                  f"first {p['epochs']} epochs")
+      planned = pilot_config(name).training.num_epochs
+      if records[-1]["epoch"] < planned:
+        schedule += f", stopped after epoch {records[-1]['epoch']}"
+      out[f"m = {p['multiplier']}, {schedule} ({name})"] = records
+  return out
+
+
+def plot_rgsm_curves(results_dir: str, path: str) -> str | None:
+  """Validation natural accuracy and channel sparsity by epoch of the RGSM
+  pilots (:func:`rgsm_curves`), with the paper's channel sparsity for the
+  same row; None (nothing drawn) when there are none."""
+  curves = rgsm_curves(results_dir)
+  if not curves:
+    return None
+  fig = Figure(figsize=(11, 3.8))
+  axes = fig.subplots(1, 2)
+  for label, records in curves.items():
+    epochs = [r["epoch"] for r in records]
+    for ax, key in zip(axes, ("val_natural_accuracy", "channel_sparsity")):
+      ax.plot(epochs, [r[key] for r in records], marker="o", label=label)
+  axes[1].axhline(25.33, color="gray", linestyle="--",
+                  label="the paper (200 epochs): 25.33%")
+  for ax, title in zip(axes, ("validation natural accuracy (%, 1,000 images)",
+                              "channels pruned (%)")):
+    ax.set_xlabel("epoch (352 steps of 128)")
+    ax.set_title(title, fontsize=9)
+  axes[1].legend(fontsize=7)
+  fig.suptitle("ResNet20, RGSM λ1 = 0.1: the cpu scale's pilots, weight "
+               "decay × m, thresholds × m^-1/4", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  return path
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m fkjax.reproduce.pilot",
                                    description=__doc__.splitlines()[0])
@@ -167,14 +235,22 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--results", default="results/pilots")
   parser.add_argument("--summary", action="store_true",
                       help="print a Markdown table of the finished pilots")
+  parser.add_argument("--plot", default=None, metavar="PNG",
+                      help="draw the RGSM pilots' validation accuracy and "
+                      "channel sparsity by epoch into this file")
   args = parser.parse_args(argv)
-  if args.summary:
+  if args.summary or args.plot:
     if not os.path.isdir(args.results):
       parser.error(f"no pilot results in {args.results}: run a pilot first")
-    print(summary(args.results))
+    if args.summary:
+      print(summary(args.results))
+    if args.plot:
+      if plot_rgsm_curves(args.results, args.plot) is None:
+        parser.error(f"no RGSM pilot in {args.results} to draw")
+      print(f"drawn: {args.plot}")
     return 0
   if not args.names:
-    parser.error("name the pilots to run, or ask for --summary")
+    parser.error("name the pilots to run, or ask for --summary or --plot")
   kernels.apply_xla_flags()   # as train.py: before JAX starts its backend
   for name in args.names:
     out = run(name, args.root, args.results)
