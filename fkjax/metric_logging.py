@@ -135,14 +135,16 @@ class _EventFile:
     self._writer.close()
 
 
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """The records of ``metrics.jsonl``, one per epoch.
+def read_metrics(workdir: str, filename: str = "metrics.jsonl"
+                 ) -> list[dict[str, Any]]:
+  """The records of ``metrics.jsonl`` (or ``filename``, e.g. a copy kept
+  under another name), one per epoch.
 
   A resumed run logs again the epochs after its checkpoint: the last record
   of each epoch (or step, for records without an epoch) wins. Sorted by
   epoch; a line cut short by a crash is skipped.
   """
-  path = os.path.join(workdir, "metrics.jsonl")
+  path = os.path.join(workdir, filename)
   if not os.path.exists(path):
     return []
   records: dict[tuple[str, Any], dict[str, Any]] = {}

@@ -171,11 +171,8 @@ def _epoch_records(results_dir: str, name: str) -> list[dict[str, Any]]:
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)["epochs"]
-  path = os.path.join(results_dir, f"{name}.metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    records = [json.loads(line) for line in f if line.strip()]
+  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  records = metric_logging.read_metrics(results_dir, f"{name}.metrics.jsonl")
   return [r for r in records if "val_natural_accuracy" in r]
 
 
