@@ -83,6 +83,7 @@ def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path):
   assert out.endswith(md)
   assert "| Table 1: ResNet20 (also Table 4) | 53.00 ± 1.41 (76.07) |" in md
   assert "Not yet run: Table 1: ResNet20, RVSM, β = 0.5." in md
+  assert (folder / overview.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("scale", ["cpu", "cpu-long"])
@@ -116,3 +117,42 @@ def test_a_variants_overview_names_the_command_that_writes_it():
           in md)
   assert "`python -m fkjax.reproduce overview --scale=cpu` " in (
       overview.markdown(_tables(), "cpu"))
+
+
+def test_the_figures_points_are_the_rows_with_both_numbers():
+  points = overview.points_of(_tables())
+  (a1_base, a1_admm) = points["A1"]
+  assert a1_base["label"] == "Table 1: ResNet20 (also Table 4)"
+  assert (a1_base["paper"], a1_base["mean"], a1_base["seeds"]) == (
+      76.07, 53.0, 2)
+  assert a1_base["std"] == pytest.approx(1.41421356)
+  # ADMM: the dense w's numbers, the reading the paper's belong to
+  assert (a1_admm["where"], a1_admm["paper"], a1_admm["mean"],
+          a1_admm["std"]) == ("Table 4", 71.55, 48.0, 0.0)
+  # the unpruned row's 0 = 0 is no evidence: only the ADMM row is plotted
+  assert [(p["paper"], p["mean"]) for p in points["sparsity"]] == [
+      (10.92, 0.0)]
+  assert points["A3"] == [] and points["channel_sparsity"] == []
+
+
+def test_the_figure_is_drawn_where_a_row_has_both_numbers(tmp_path):
+  path = str(tmp_path / "overview.png")
+  assert overview.figure(_tables(), "cpu", path) == path
+  assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  tables = _tables()
+  for data in tables.values():
+    for row in data["rows"]:
+      row["paper"] = {}
+  assert overview.figure(tables, "cpu", str(tmp_path / "none.png")) is None
+  assert not (tmp_path / "none.png").exists()
+
+
+def test_rank_correlation_is_spearmans_rho_with_ties():
+  stats = pytest.importorskip("scipy.stats")
+  x = [0.0, 0.0, 10.0, 25.0, 25.0, 40.0, 56.7]
+  y = [3.0, 1.0, 45.0, 71.9, 73.0, 0.2, 88.0]
+  assert overview.rank_correlation(x, y) == pytest.approx(
+      stats.spearmanr(x, y).statistic)
+  assert overview.rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
+  assert overview.rank_correlation([1, 2], [1, 2]) is None
+  assert overview.rank_correlation([1, 2, 3], [5, 5, 5]) is None

@@ -14,12 +14,17 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+# matplotlib.figure.Figure, not pyplot: no backend chosen, no global state.
+from matplotlib.figure import Figure
+import numpy as np
+
 from fkjax.reproduce import files
 from fkjax.reproduce import report
 from fkjax.reproduce import runner as runner_lib
 from fkjax.reproduce import scales as scales_lib
 
 FILE = "overview.md"
+PLOT_FILE = "overview.png"
 
 # (metric key of the evaluated net, of ADMM's dense w, column header)
 COLUMNS = (("A1", "w_A1", "A1"), ("A2", "w_A2", "A2"), ("A3", "w_A3", "A3"),
@@ -28,6 +33,12 @@ COLUMNS = (("A1", "w_A1", "A1"), ("A2", "w_A2", "A2"), ("A3", "w_A3", "A3"),
 _SYMBOLS = {"beta": "β", "lambda1": "λ1", "lambda2": "λ2"}
 _TEXT_LABELS = ("Net", "Training", "Pruning", "Method", "Type")
 _SPARSIFIERS = ("rvsm", "rgsm", "admm")
+# The figure's panels: (metric key, of ADMM's dense w, title).
+PLOT_METRICS = (("A1", "w_A1", "A1 natural"), ("A3", "w_A3", "A3 IFGSM^20"),
+                ("sparsity", "w_sparsity", "weights pruned"),
+                ("channel_sparsity", "w_channel_sparsity",
+                 "channels pruned"))
+_SPARSITIES = ("sparsity", "channel_sparsity")
 
 
 def load(results_dir: str, scale: str) -> dict[str, dict[str, Any]]:
@@ -92,18 +103,16 @@ def _epochs(done: list[dict[str, Any]]) -> str:
   return f"{', '.join(str(x) for x in epochs)} of {totals.pop()}"
 
 
-def lines_of(tables: Mapping[str, Mapping[str, Any]]
-             ) -> tuple[list[list[str]], list[str]]:
-  """The table's rows (lists of cells) and the names of rows not yet run.
-
-  A row is listed at the table that trains it; where that table is not
-  written yet, at the first table that reports it."""
+def _listed_rows(tables: Mapping[str, Mapping[str, Any]]):
+  """``(label, row, done runs)`` of each row once, at the table that trains
+  it (where that table is not written yet, at the first table reporting
+  it); ``done`` is empty for a row not run yet, whose label is bare."""
   wheres: dict[str, list[str]] = {}
   for name, data in tables.items():
     for row in data["rows"]:
       wheres.setdefault(row["shared"] or f"{name}/{row['name']}",
                         []).append(_where(data))
-  lines, not_run, listed = [], [], set()
+  listed = set()
   for name, data in tables.items():
     for row in data["rows"]:
       key = row["shared"] or f"{name}/{row['name']}"
@@ -114,26 +123,142 @@ def lines_of(tables: Mapping[str, Mapping[str, Any]]
       where = _where(data)
       label = f"{where}: {_label(row)}"
       done = [e for e in row["runs"] if e["status"] == "done"]
-      if not done:
-        not_run.append(label)
-        continue
       also = list(dict.fromkeys(w for w in wheres[key] if w != where))
-      if also:
+      if done and also:
         label += f" (also {', '.join(also)})"
-      paper = row["paper"]
-      dense = any("w_A1" in e.get("metrics", {}) for e in done)
-      tail = [f"{len(done)}/{row['seeds']}", _epochs(done), _machines(done)]
-      if dense:
-        # The paper's ADMM numbers are of the dense w: they go on its line.
-        lines.append([f"{label}: the projection u (fkjax's reading)"] +
-                     [_cell(done, m, None) for m, _, _ in COLUMNS] + tail)
-        lines.append([f"{label}: the dense w (the paper's reading)"] +
-                     [_cell(done, w, paper.get(m)) for m, w, _ in COLUMNS] +
-                     tail)
-      else:
-        lines.append([label] + [_cell(done, m, paper.get(m))
-                                for m, _, _ in COLUMNS] + tail)
+      yield label, row, done
+
+
+def _has_dense(done: list[dict[str, Any]]) -> bool:
+  """Whether the runs are ADMM's, with a dense ``w`` beside ``u``."""
+  return any("w_A1" in e.get("metrics", {}) for e in done)
+
+
+def lines_of(tables: Mapping[str, Mapping[str, Any]]
+             ) -> tuple[list[list[str]], list[str]]:
+  """The table's rows (lists of cells) and the names of rows not yet run.
+
+  A row is listed at the table that trains it; where that table is not
+  written yet, at the first table that reports it."""
+  lines, not_run = [], []
+  for label, row, done in _listed_rows(tables):
+    if not done:
+      not_run.append(label)
+      continue
+    paper = row["paper"]
+    tail = [f"{len(done)}/{row['seeds']}", _epochs(done), _machines(done)]
+    if _has_dense(done):
+      # The paper's ADMM numbers are of the dense w: they go on its line.
+      lines.append([f"{label}: the projection u (fkjax's reading)"] +
+                   [_cell(done, m, None) for m, _, _ in COLUMNS] + tail)
+      lines.append([f"{label}: the dense w (the paper's reading)"] +
+                   [_cell(done, w, paper.get(m)) for m, w, _ in COLUMNS] +
+                   tail)
+    else:
+      lines.append([label] + [_cell(done, m, paper.get(m))
+                              for m, _, _ in COLUMNS] + tail)
   return lines, not_run
+
+
+def rank_correlation(x: list[float], y: list[float]) -> float | None:
+  """Spearman's rho (tied values share their mean rank); None for fewer
+  than 3 points or where either side is constant."""
+  if len(x) < 3:
+    return None
+  rx, ry = _ranks(x), _ranks(y)
+  if np.ptp(rx) == 0 or np.ptp(ry) == 0:
+    return None
+  return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(values: list[float]) -> np.ndarray:
+  values = np.asarray(values, dtype=float)
+  ranks = np.empty(len(values))
+  ranks[np.argsort(values, kind="stable")] = np.arange(len(values))
+  for v in np.unique(values):
+    ranks[values == v] = ranks[values == v].mean()
+  return ranks
+
+
+def points_of(tables: Mapping[str, Mapping[str, Any]]
+              ) -> dict[str, list[dict[str, Any]]]:
+  """Per metric of :data:`PLOT_METRICS`, the rows that have both the paper's
+  number and fkjax's: ``{"where", "label", "paper", "mean", "std",
+  "seeds"}``. ADMM rows give their dense ``w``'s numbers, the reading the
+  paper's belong to; the sparsities leave out rows with no sparsifier (0 on
+  both sides by construction, they would only inflate the correlation)."""
+  out: dict[str, list[dict[str, Any]]] = {m: [] for m, _, _ in PLOT_METRICS}
+  for label, row, done in _listed_rows(tables):
+    pruned = any(p in _SPARSIFIERS for p in row["presets"].split(","))
+    for metric, dense_key, _ in PLOT_METRICS:
+      paper = row["paper"].get(metric)
+      if paper is None or not done or (metric in _SPARSITIES
+                                       and not pruned):
+        continue
+      key = dense_key if _has_dense(done) else metric
+      values = [e["metrics"][key] for e in done
+                if key in e.get("metrics", {})]
+      if not values:
+        continue
+      out[metric].append({
+          "where": label.split(":")[0], "label": label, "paper": paper,
+          "mean": float(np.mean(values)),
+          "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+          "seeds": len(values)})
+  return out
+
+
+def figure(tables: Mapping[str, Mapping[str, Any]], scale: str,
+           path: str) -> str | None:
+  """``overview.png``: fkjax's number (mean +- sample std over the seeds)
+  against the paper's, a panel per metric of :data:`PLOT_METRICS`, a
+  colour per table, with the diagonal and Spearman's rho over all rows
+  (the title) and within each table (the legend).
+
+  A scaled protocol moves every number; what the figure asks is whether
+  the rows keep the paper's order. Returns ``path``, or None (nothing
+  written) when no row has both numbers yet."""
+  points = points_of(tables)
+  if not any(points.values()):
+    return None
+  wheres = list(dict.fromkeys(p["where"] for ps in points.values()
+                              for p in ps))
+  colours = {w: f"C{i % 10}" for i, w in enumerate(wheres)}
+  fig = Figure(figsize=(4.2 * len(PLOT_METRICS), 4.4))
+  axes = fig.subplots(1, len(PLOT_METRICS))
+  for ax, (metric, _, title) in zip(axes, PLOT_METRICS):
+    ps = points[metric]
+    for where in wheres:
+      mine = [p for p in ps if p["where"] == where]
+      if not mine:
+        continue
+      xs, ys = [p["paper"] for p in mine], [p["mean"] for p in mine]
+      # The paper compares rows within a table: its own rho says whether
+      # they keep their order there.
+      rho = rank_correlation(xs, ys)
+      ax.errorbar(xs, ys, yerr=[p["std"] for p in mine], fmt="o",
+                  capsize=3, color=colours[where], alpha=0.8,
+                  label=f"{where}: {_rows(len(mine))}"
+                  + (f", rho {rho:.2f}" if rho is not None else ""))
+    rho = rank_correlation([p["paper"] for p in ps], [p["mean"] for p in ps])
+    low = min([0.0] + [min(p["paper"], p["mean"]) for p in ps])
+    high = max([1.0] + [max(p["paper"], p["mean"] + p["std"]) for p in ps])
+    ax.plot([low, high], [low, high], color="grey", linestyle=":",
+            linewidth=1, label="fkjax = paper")
+    ax.set_xlabel("the paper (%)")
+    ax.set_ylabel(f"fkjax, {scale} scale (%)")
+    ax.set_title(f"{title}: {_rows(len(ps))}, Spearman rho "
+                 + (f"{rho:.2f}" if rho is not None else "n/a")
+                 + " (all tables)", fontsize=9)
+    if ps:
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  return path
+
+
+def _rows(n: int) -> str:
+  return f"{n} row" + ("" if n == 1 else "s")
 
 
 def table_markdown(lines: list[list[str]]) -> str:
@@ -175,5 +300,7 @@ def write(results_dir: str, scale: str) -> str:
   folder = os.path.join(results_dir, scale)
   os.makedirs(folder, exist_ok=True)
   path = os.path.join(folder, FILE)
-  files.atomic_text(path, markdown(load(results_dir, scale), scale))
+  tables = load(results_dir, scale)
+  files.atomic_text(path, markdown(tables, scale))
+  figure(tables, scale, os.path.join(folder, PLOT_FILE))
   return path
