@@ -271,9 +271,12 @@ def count_model_calls(jaxpr: Any) -> int | None:
   Counts ``debug_callback`` equations: a ``scan`` multiplies its body's
   count by its length, a ``cond`` takes its largest branch (an upper bound:
   APGD skips a restart once every image is fooled). A ``while_loop`` whose
-  body ticks (NAttack, which stops once every image is fooled) has no count
-  known in advance: None. Callbacks of the model itself (``jax.debug.print``)
-  would count as calls too.
+  body ticks counts its body's calls times its iteration limit where its
+  condition is ``i < n and ...`` for a counter ``i`` from 0 by 1 and a
+  constant ``n`` (an upper bound too: NAttack stops at ``max_iters`` or once
+  every image is fooled); any other such loop has no count known in
+  advance: None. Callbacks of the model itself (``jax.debug.print``) would
+  count as calls too.
 
   Args:
     jaxpr: a ``Jaxpr`` or ``ClosedJaxpr`` (``jax.jit(f).trace(...).jaxpr``).
@@ -293,8 +296,15 @@ def count_model_calls(jaxpr: Any) -> int | None:
     if not inner:
       continue
     if name == "while":
-      if any(c is None or c > 0 for c in inner):
+      cond_calls = count_model_calls(eqn.params["cond_jaxpr"])
+      body_calls = count_model_calls(eqn.params["body_jaxpr"])
+      if cond_calls != 0 or body_calls is None:
         return None
+      if body_calls:
+        limit = _iteration_limit(eqn)
+        if limit is None:
+          return None
+        total += limit * body_calls
     elif any(c is None for c in inner):
       return None
     elif name == "cond":
@@ -304,6 +314,44 @@ def count_model_calls(jaxpr: Any) -> int | None:
     else:
       total += sum(inner)
   return total
+
+
+def _iteration_limit(eqn: Any) -> int | None:
+  """``n`` for a ``while`` equation whose condition is ``i < n`` (or that
+  and more, joined by ``and``), ``n`` a constant and ``i`` a carried counter
+  from 0 by 1: the most iterations it can run. None for any other loop."""
+  params = eqn.params
+  cond, body = params["cond_jaxpr"].jaxpr, params["body_jaxpr"].jaxpr
+  cond_carry = cond.invars[params["cond_nconsts"]:]
+  body_carry = body.invars[params["body_nconsts"]:]
+  init = eqn.invars[params["cond_nconsts"] + params["body_nconsts"]:]
+  producers = {out: e for e in cond.eqns for out in e.outvars}
+  # The conjuncts of the condition: a bound on one bounds the loop.
+  conjuncts, todo = [], [cond.outvars[0]]
+  while todo:
+    var = todo.pop()
+    e = producers.get(var) if isinstance(var, jax_core.Var) else None
+    if e is not None and e.primitive.name == "and":
+      todo.extend(e.invars)
+    else:
+      conjuncts.append(e)
+  limits = []
+  for e in conjuncts:
+    if (e is None or e.primitive.name != "lt"
+        or not isinstance(e.invars[1], jax_core.Literal)
+        or e.invars[0] not in cond_carry):
+      continue
+    index = cond_carry.index(e.invars[0])
+    start = init[index]
+    step = next((b for b in body.eqns if body.outvars[index] in b.outvars),
+                None)
+    if (isinstance(start, jax_core.Literal) and start.val == 0
+        and step is not None and step.primitive.name == "add"
+        and step.invars[0] is body_carry[index]
+        and isinstance(step.invars[1], jax_core.Literal)
+        and step.invars[1].val == 1):
+      limits.append(max(int(e.invars[1].val), 0))
+  return min(limits) if limits else None
 
 
 class _Display:

@@ -62,9 +62,13 @@ def test_counts_of_loops_restarts_and_early_stopping(mlp):
   assert count(functools.partial(
       attacks.apgd, num_iters=2, loss="dlr_targeted", num_targets=2,
       check_draws=0)) == 7
-  # NAttack stops when every image is fooled: no count in advance.
-  assert count(functools.partial(attacks.nattack, population=4,
-                                 max_iters=3)) is None
+  # NAttack: per iteration the mean's check (its draws vmapped) and the
+  # population (one vmap, or one call per chunk), at most max_iters times;
+  # it stops sooner once every image is fooled, so an upper bound.
+  nattack = functools.partial(attacks.nattack, population=4, max_iters=3)
+  assert count(nattack) == 6
+  assert count(functools.partial(nattack, chunk=3)) == 9
+  assert count(functools.partial(nattack, image_chunk=4)) == 12
   assert count(evaluate.natural) == 0
 
 
@@ -121,33 +125,61 @@ def test_progress_off_compiles_no_callback_and_changes_no_result(mlp):
     assert on["attacks"][name]["correct"] == off["attacks"][name]["correct"]
 
 
-def test_progress_lines_count_model_calls(mlp, monkeypatch):
+def _halving(apply_fn, variables, images, labels, key):
+  """An attack whose model calls depend on the data: a loop that calls the
+  model until a value, halved each time, drops below 0.1 (4 calls)."""
+  def body(value):
+    apply_fn(variables, images, key)
+    return value * 0.5
+  jax.lax.while_loop(lambda v: v > 0.1, body, jnp.asarray(1.0))
+  return images
+
+
+def _progress_lines(mlp, monkeypatch, suite):
   params, images, labels = mlp
   stream = io.StringIO()
   monkeypatch.setattr(metric_logging, "progress", functools.partial(
       metric_logging.progress, stream=stream, interval=0.0))
-  # At this radius NAttack never succeeds and runs all 3 iterations, a
-  # check and a population pass each: 6 calls, not known in advance.
-  suite = {"natural": evaluate.natural, "fgsm": FGSM,
-           "nattack": functools.partial(attacks.nattack, epsilon=1e-4,
-                                        population=4, max_iters=3)}
   batches = [{"image": images[:3], "label": labels[:3]},
              {"image": images[3:], "label": labels[3:]}]
   evaluate.robust_accuracy(_noisy_mlp, params, batches, suite,
                            jax.random.key(3), progress=True)
-  lines = stream.getvalue().splitlines()
+  return stream.getvalue().splitlines()
+
+
+def test_progress_lines_count_model_calls(mlp, monkeypatch):
+  # At this radius NAttack never succeeds and runs all 3 iterations, a
+  # check and a population pass each: its bound, 6 calls.
+  lines = _progress_lines(mlp, monkeypatch, {
+      "natural": evaluate.natural, "fgsm": FGSM,
+      "nattack": functools.partial(attacks.nattack, epsilon=1e-4,
+                                   population=4, max_iters=3)})
   # Every call moves the display; one more line at the end.
   assert len(lines) == 2 * 7 + 1
-  # Batch 1: no total (NAttack's calls are not known yet).
   assert lines[0].startswith("robust accuracy, batch 1/2, fgsm call 1/1: "
-                             "1 model calls,")
-  assert lines[1].startswith("robust accuracy, batch 1/2, nattack call 1: "
-                             "2 model calls,")
-  # Batch 2: NAttack's count of batch 1 is the estimate.
+                             "1/14 model calls (7%)")
+  assert lines[1].startswith("robust accuracy, batch 1/2, nattack call 1/6: "
+                             "2/14 model calls (14%)")
   assert lines[7].startswith("robust accuracy, batch 2/2, fgsm call 1/1: "
                              "8/14 model calls (57%)")
-  assert lines[-1].startswith("robust accuracy, batch 2/2, nattack call 6: "
+  assert lines[-1].startswith("robust accuracy, batch 2/2, nattack call 6/6: "
                               "14/14 model calls (100%)")
+
+
+def test_progress_of_calls_not_known_in_advance(mlp, monkeypatch):
+  lines = _progress_lines(mlp, monkeypatch, {"fgsm": FGSM,
+                                             "halving": _halving})
+  assert len(lines) == 2 * 5 + 1
+  # Batch 1: no total (the loop's calls are not known yet).
+  assert lines[0].startswith("robust accuracy, batch 1/2, fgsm call 1/1: "
+                             "1 model calls,")
+  assert lines[1].startswith("robust accuracy, batch 1/2, halving call 1: "
+                             "2 model calls,")
+  # Batch 2: the loop's count of batch 1 is the estimate.
+  assert lines[5].startswith("robust accuracy, batch 2/2, fgsm call 1/1: "
+                             "6/10 model calls (60%)")
+  assert lines[-1].startswith("robust accuracy, batch 2/2, halving call 4: "
+                              "10/10 model calls (100%)")
 
 
 def test_a_noisy_resnet_attacked_with_progress_gives_identical_images():
@@ -168,3 +200,47 @@ def test_a_noisy_resnet_attacked_with_progress_gives_identical_images():
   ticked = jax.jit(functools.partial(attack, counted))(*args)
   np.testing.assert_array_equal(np.asarray(ticked), np.asarray(plain))
   assert counter.count == 1
+
+
+def _ticking_loop(cond):
+  """A program whose while loop ticks once per iteration, under ``cond``."""
+  def program(x):
+    def body(carry):
+      i, y = carry
+      jax.debug.callback(lambda: None, ordered=False)
+      return i + 1, y * 0.5
+    return jax.lax.while_loop(cond, body, (jnp.asarray(0, jnp.int32), x))[1]
+  return jax.jit(program).trace(jnp.ones(3)).jaxpr
+
+
+def test_a_while_loop_counts_only_under_a_counter_limit():
+  assert evaluate.count_model_calls(_ticking_loop(
+      lambda c: jnp.logical_and(jnp.any(c[1] > 0.1), c[0] < 5))) == 5
+  # No limit on the counter, or one an "or" does not enforce: unknown.
+  assert evaluate.count_model_calls(_ticking_loop(
+      lambda c: jnp.any(c[1] > 0.1))) is None
+  assert evaluate.count_model_calls(_ticking_loop(
+      lambda c: jnp.logical_or(jnp.any(c[1] > 0.1), c[0] < 5))) is None
+
+
+@pytest.mark.parametrize("fooled", [False, True])
+def test_nattack_ticks_at_most_its_count_and_all_of_it_when_never_done(
+    mlp, fooled):
+  params, images, labels = mlp
+  # A model whose prediction nothing changes (the true class by far), or
+  # one every input fools (the wrong class by far).
+  def fixed(variables, x, key):
+    shift = jnp.where(fooled, (labels + 1) % 10, labels)
+    return 100.0 * jax.nn.one_hot(shift, 10) + 0.0 * jnp.sum(x)
+  attack = functools.partial(attacks.nattack, epsilon=0.1, population=4,
+                             max_iters=3)
+  args = (params, images, labels, jax.random.key(3))
+  counter = evaluate.CallCounter()
+  counted = evaluate.counting_apply(fixed, counter.tick)
+  jax.block_until_ready(jax.jit(functools.partial(attack, counted))(*args))
+  bound = evaluate.count_model_calls(jax.jit(
+      functools.partial(attack, counted)).trace(*args).jaxpr)
+  if fooled:   # done at the first check: one call, then the population's
+    assert counter.count == 2 < bound
+  else:
+    assert counter.count == bound == 6
