@@ -15,7 +15,8 @@ run). Rerunning the same command skips finished runs and resumes a killed
 one from its last checkpoint. ``claims`` judges the paper's claims from
 the tables written so far (``<results>/<scale>/claims.{json,md}``, also
 rewritten with every table); ``overview`` lists every row run so far in one
-table (``<results>/<scale>/overview.md``, likewise). ``--dry-run`` prints
+table (``<results>/<scale>/overview.md``, with ``overview.png``: the rows
+against the paper's numbers; likewise). ``--dry-run`` prints
 each run's status, exact ``train.py`` / ``eval.py`` commands and estimated
 time, and runs nothing; with ``--calibrate`` it first times ResNet20's
 training steps on this machine and estimates for it.

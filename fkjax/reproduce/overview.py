@@ -7,7 +7,8 @@ brackets, then its seeds, the epochs of the checkpoints it evaluated and the
 machines it ran on. A row several tables report is listed once, at the table
 that trains it. ADMM rows get a second line for the dense ``w``: the paper's
 reading, and the one its numbers belong to. The file holds no timestamp, so
-the same results always give the same text.
+the same results always give the same text. Beside it, ``overview.png``
+(:func:`figure`) plots every row's numbers against the paper's.
 """
 from __future__ import annotations
 
