@@ -9,6 +9,11 @@ results of different protocols never overwrite each other:
 * ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws):
   ``eval.py`` with the paper's protocol;
 * ``final_eval.json``: the short evaluation ``train.py`` runs at the end.
+
+A killed evaluation (not train.py's short one) resumes at its next batch
+when run again: its finished batches are kept in
+``<workdir>/eval_journal/`` (:mod:`fkjax.eval_journal`) until its result
+file is written.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import ml_collections
 
 from fkjax import attacks
 from fkjax import data as data_lib
+from fkjax import eval_journal
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
 from fkjax import metric_logging
@@ -83,6 +89,42 @@ def validation_attacks(config: ml_collections.ConfigDict
   return suite
 
 
+JOURNAL_DIR = "eval_journal"
+
+
+def _journal(config: ml_collections.ConfigDict, workdir: str, step: int,
+             exp: experiment_lib.Experiment, result_path: str,
+             parts: list[str], logger) -> eval_journal.Journal | None:
+  """The journal of the evaluation writing ``result_path``: its identity is
+  the checkpoint and every setting its numbers depend on; ``parts``: the
+  evaluations it runs under their own journals (:meth:`Journal.scoped`).
+  Says what an earlier attempt finished. None with several processes (each
+  would need the same file)."""
+  if jax.process_count() > 1:
+    return None
+  journal = eval_journal.Journal(
+      os.path.join(workdir, JOURNAL_DIR, os.path.basename(result_path)),
+      {"checkpoint": config.eval.checkpoint, "step": step,
+       "seed": config.seed, "data": exp.dataset.description,
+       "eval": config.eval.to_dict(), "attack": config.attack.to_dict(),
+       "model": config.model.to_dict()})
+  kept = [(part, journal.scoped(part).batches_done()) for part in parts]
+  kept = [f"{part}: {done}" for part, done in
+          [("main", journal.batches_done())] + kept if done]
+  if kept:
+    _say(f"resuming the evaluation: batches done by an earlier attempt "
+         f"({', '.join(kept)}) are read from {os.path.dirname(journal.path)}",
+         logger)
+  return journal
+
+
+def _say(text: str, logger) -> None:
+  if logger is not None:
+    logger.log_text(text)
+  else:
+    print(text, flush=True)
+
+
 def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
             ) -> dict[str, Any]:
   """The strong protocol (``config.eval.protocol="strong"``)."""
@@ -92,6 +134,9 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
   sanity = (list(sharded_eval_batches(limit(test, st.sanity_examples),
                                       batch_size, exp.mesh))
             if st.sanity_examples else None)
+  path = workdir_lib.eval_result_path(workdir, config)
+  seeds = [f"seed{s}" for s in range(st.num_seeds)]
+  journal = _journal(config, workdir, step, exp, path, seeds, logger)
   results = evaluate.strong_evaluation(
       eval_apply, variables,
       lambda: sharded_eval_batches(test, batch_size, exp.mesh),
@@ -107,25 +152,35 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
       sanity_options={"nattack_chunk": config.eval.nattack_chunk,
                       "nattack_image_chunk": config.eval.nattack_image_chunk},
       progress=config.progress,
-      num_batches=data_lib.num_eval_batches(len(test.labels), batch_size))
+      num_batches=data_lib.num_eval_batches(len(test.labels), batch_size),
+      journal=journal)
   report = experiment_lib.sparsity_report(variables["params"], config)
   results.update(step=step, weight_sparsity=report.weight_sparsity,
                  channel_sparsity=report.channel_sparsity)
-  path = workdir_lib.eval_result_path(workdir, config)
   if jax.process_index() == 0:
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
         checkpoint=config.eval.checkpoint, protocol="strong",
         devices=experiment_lib.describe_devices(exp.mesh.size)))
-  text = (f"strong evaluation of the {config.eval.checkpoint} checkpoint "
-          f"(step {step}, {results['num_examples']} images, "
-          f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"
-          f"written to {path}")
-  if logger is not None:
-    logger.log_text(text)
-  else:
-    print(text, flush=True)
+  _forget(journal, seeds)
+  _say(f"strong evaluation of the {config.eval.checkpoint} checkpoint "
+       f"(step {step}, {results['num_examples']} images, "
+       f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"
+       f"written to {path}", logger)
   return results
+
+
+def _forget(journal: eval_journal.Journal | None, parts: list[str]) -> None:
+  """Removes the journal's files once the result is written."""
+  if journal is None:
+    return
+  for part in parts:
+    journal.scoped(part).remove()
+  journal.remove()
+  try:
+    os.rmdir(os.path.dirname(journal.path))
+  except OSError:
+    pass   # not empty: another evaluation's journal is there
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
@@ -153,12 +208,18 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   suite = attack_suite(attacks_csv or config.eval.attacks, config)
   num_batches = data_lib.num_eval_batches(len(test.labels),
                                           config.eval.batch_size)
+  path = workdir_lib.eval_result_path(workdir, config, final)
+  dense_part = (["dense_w"] if config.sparsity.method == "admm" and not final
+                else [])
+  # train.py's short final evaluation is not worth a journal.
+  journal = (None if final else
+             _journal(config, workdir, step, exp, path, dense_part, logger))
   results = evaluate.robust_accuracy(
       eval_apply, variables,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
       experiment_lib.prng_key(config.seed, "test"),
       num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-      per_image=True, num_batches=num_batches)
+      per_image=True, num_batches=num_batches, journal=journal)
   # Which images each attack left right: nets evaluated on the same images
   # compare image by image (a paired test, fkjax.reproduce.claims).
   results["correct_per_image"] = {
@@ -168,7 +229,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   report = experiment_lib.sparsity_report(variables["params"], config)
   results["near_zero"] = experiment_lib.near_zero_shares(variables["params"],
                                                          config)
-  if config.sparsity.method == "admm" and not final:
+  if dense_part:
     # The paper's ADMM figures are neither reading exactly: report both the
     # projected u (evaluated above) and the dense w (docs/protocol.md).
     dense = {"params": state["params"], "batch_stats": state["batch_stats"]}
@@ -177,7 +238,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
         sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
         experiment_lib.prng_key(config.seed, "test"),
         num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-        num_batches=num_batches)
+        num_batches=num_batches,
+        journal=journal.scoped("dense_w") if journal is not None else None)
     dense_report = experiment_lib.sparsity_report(dense["params"], config)
     results["admm_dense_w"] = {
         "attacks": {k: {"accuracy": v["accuracy"]}
@@ -200,12 +262,12 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       channel_sparsity=report.channel_sparsity)
   table = evaluate.format_table(results, sparsity=report.weight_sparsity,
                                 channel_sparsity=report.channel_sparsity)
-  path = workdir_lib.eval_result_path(workdir, config, final)
   if jax.process_index() == 0:
     workdir_lib.write_results(path, results, workdir_lib.results_metadata(
         config, step=step, data=exp.dataset.description,
         checkpoint=config.eval.checkpoint, protocol=results["protocol"],
         devices=experiment_lib.describe_devices(exp.mesh.size)))
+  _forget(journal, dense_part)
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(
         variables["params"], report, os.path.join(workdir, "plots"),

@@ -38,6 +38,7 @@ from jax.extend import core as jax_core
 import numpy as np
 
 from fkjax import attacks as attacks_lib
+from fkjax import eval_journal
 from fkjax import metric_logging
 
 Attack = Callable[[attacks_lib.ApplyFn, Any, jax.Array, jax.Array, jax.Array],
@@ -458,11 +459,17 @@ class Evaluator:
   def __call__(self, variables: Any, batches: Iterable[Mapping[str, Any]],
                key: jax.Array, *, progress: bool = False,
                per_image: bool = False, num_batches: int | None = None,
-               desc: str = "robust accuracy") -> dict[str, Any]:
+               desc: str = "robust accuracy",
+               journal: eval_journal.Journal | None = None
+               ) -> dict[str, Any]:
     """See :func:`robust_accuracy`; ``compile_seconds`` counts this call's.
 
     ``num_batches`` (default ``len(batches)`` when it has one) gives the
-    progress display its total; ``desc`` starts its line.
+    progress display its total; ``desc`` starts its line. With ``journal``
+    the counts are written after every batch, and the batches an earlier
+    attempt of the same evaluation finished are taken from it instead of
+    attacked again (:mod:`fkjax.eval_journal`; the result is the same, its
+    seconds those of all attempts, its compile times this one's).
     """
     names = self.names
     counting = bool(progress)
@@ -476,12 +483,27 @@ class Evaluator:
     num_examples = 0
     if num_batches is None and hasattr(batches, "__len__"):
       num_batches = len(batches)
+    own = {"attacks": names, "num_noise_draws": self.num_noise_draws,
+           "per_image": per_image,
+           "key": np.asarray(jax.random.key_data(key)).tolist()}
+    earlier = journal.load(own) if journal is not None else None
+    skip = 0
+    if earlier is not None:
+      skip = earlier["batches_done"]
+      num_examples = earlier["num_examples"]
+      correct.update(earlier["correct"])
+      seconds.update(earlier["seconds"])
+      predict_compile_seconds = earlier["predict_compile_seconds"]
+      for name, right in earlier["per_image"].items():
+        vectors[name].append(right)
     # Only process 0 runs the callbacks (jit places them on device 0).
     display = _Display(desc, num_batches,
                        enabled=counting and jax.process_index() == 0)
 
     try:
       for batch_index, batch in enumerate(batches):
+        if batch_index < skip:
+          continue
         batch = real_rows(batch)
         if batch is None:
           continue
@@ -542,6 +564,14 @@ class Evaluator:
           display.set_postfix(
               {name: f"{100.0 * correct[name] / num_examples:.1f}"
                for name in names})
+        if journal is not None:
+          journal.save(
+              own, batches_done=batch_index + 1, num_examples=num_examples,
+              correct=correct, seconds=seconds,
+              compile_seconds=compile_seconds,
+              predict_compile_seconds=predict_compile_seconds,
+              per_image=({name: np.concatenate(vectors[name])
+                          for name in names} if per_image else None))
     finally:
       if counting:
         self.calls.watch(None)
@@ -578,7 +608,9 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
                     num_noise_draws: int = 1,
                     progress: bool = True,
                     per_image: bool = False,
-                    num_batches: int | None = None) -> dict[str, Any]:
+                    num_batches: int | None = None,
+                    journal: eval_journal.Journal | None = None
+                    ) -> dict[str, Any]:
   """Accuracy (%) of the model under each attack, over a dataset.
 
   Each attack is compiled once per batch shape, ahead of time so that compile
@@ -606,6 +638,9 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
       order) was classified right after the attack.
     num_batches: the number of batches, for the progress total (default
       ``len(batches)`` if it has one).
+    journal: where the counts are written after every batch; the batches an
+      earlier attempt of the same evaluation finished are read from it, not
+      attacked again (:mod:`fkjax.eval_journal`).
 
   Returns:
     ``{"num_examples": int, "num_noise_draws": int (noise draws the
@@ -618,7 +653,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
   """
   evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws)
   return evaluator(variables, batches, key, progress=progress,
-                   per_image=per_image, num_batches=num_batches)
+                   per_image=per_image, num_batches=num_batches,
+                   journal=journal)
 
 
 def format_table(results: Mapping[str, Any],
@@ -812,7 +848,9 @@ def repeat_evaluation(evaluator: Evaluator,
                       num_seeds: int = 3,
                       worst_case_of: Sequence[str] | None = None,
                       progress: bool = False,
-                      num_batches: int | None = None) -> dict[str, Any]:
+                      num_batches: int | None = None,
+                      journal: eval_journal.Journal | None = None
+                      ) -> dict[str, Any]:
   """Runs an evaluation with ``num_seeds`` keys: mean and spread per attack.
 
   A noisy model's robust accuracy is itself random (the attacks' and the
@@ -831,6 +869,8 @@ def repeat_evaluation(evaluator: Evaluator,
       of the evaluator's); an empty sequence skips it.
     progress: progress in model calls, one display per seed.
     num_batches: batches per seed, for the progress total.
+    journal: where each seed's finished batches are kept
+      (``journal.scoped("seed<s>")``), so that a killed evaluation resumes.
 
   Returns:
     ``{"num_seeds", "num_examples", "num_noise_draws", "attacks": {name:
@@ -851,7 +891,9 @@ def repeat_evaluation(evaluator: Evaluator,
     run = evaluator(variables, source(), jax.random.fold_in(key, seed),
                     progress=progress, per_image=True,
                     num_batches=num_batches,
-                    desc=f"seed {seed + 1}/{num_seeds}")
+                    desc=f"seed {seed + 1}/{num_seeds}",
+                    journal=(journal.scoped(f"seed{seed}")
+                             if journal is not None else None))
     runs.append(run)
     if combine:
       worst.append(worst_case(run, combine))
@@ -905,7 +947,9 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
                       | None = None,
                       sanity_options: Mapping[str, Any] | None = None,
                       progress: bool = False,
-                      num_batches: int | None = None) -> dict[str, Any]:
+                      num_batches: int | None = None,
+                      journal: eval_journal.Journal | None = None
+                      ) -> dict[str, Any]:
   """The strong protocol: APGD suite, per-image worst case, seeds, sanity.
 
   Runs ``strong_attacks`` over the data ``num_seeds`` times
@@ -930,6 +974,7 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
     sanity_options: extra keyword arguments of ``sanity.sanity_checks``.
     progress: progress in model calls (see ``robust_accuracy``).
     num_batches: batches of ``batches``, for the progress total.
+    journal: keeps the seeds' finished batches (``repeat_evaluation``).
 
   Returns:
     ``repeat_evaluation``'s dict plus ``"protocol": "strong"``,
@@ -958,7 +1003,7 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   evaluator = Evaluator(apply_fn, suite, num_noise_draws=num_noise_draws)
   results = repeat_evaluation(evaluator, variables, batches, key,
                               num_seeds=num_seeds, progress=progress,
-                              num_batches=num_batches)
+                              num_batches=num_batches, journal=journal)
   seconds = time.perf_counter() - start
   labels = [STRONG_COLUMNS[n] for n in suite if n != "natural"]
   description = (

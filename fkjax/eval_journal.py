@@ -1,0 +1,107 @@
+"""An evaluation's finished batches, kept on disk so a killed one resumes.
+
+An evaluation under strong attacks can outlast the process running it
+(NAttack at the paper's budget, APGD with EOT on an ensemble: hours; a GPU
+lease: minutes). :class:`fkjax.evaluate.Evaluator`, given a
+:class:`Journal`, writes after every batch what it has counted so far: the
+batches done, the images, per attack the images right, the seconds and
+which images it left right. Run again with the same identity (the
+checkpoint, the attacks and their settings, the data, the key), it starts
+after the last batch written: every batch draws its keys from
+``fold_in(key, batch_index)``, so the result equals an uninterrupted run's.
+A journal of another identity is ignored and replaced. The file is written
+atomically (``fkjax.workdir.write_results``), so a kill during a write
+leaves the previous batch's.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from fkjax import workdir as workdir_lib
+
+
+def _canonical(value: Mapping[str, Any]) -> Any:
+  """``value`` as JSON reads it back (tuples as lists, keys as strings)."""
+  return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+class Journal:
+  """The batches an evaluation has finished, in one JSON file.
+
+  Args:
+    path: the file (its folder is created when first written).
+    identity: what the evaluation's remaining batches depend on besides
+      what the ``Evaluator`` adds (its attacks' names, key and options):
+      a resumed evaluation must have the same.
+  """
+
+  def __init__(self, path: str, identity: Mapping[str, Any]):
+    self.path = os.fspath(path)
+    self.identity = _canonical(identity)
+
+  def scoped(self, name: str) -> "Journal":
+    """A journal of its own for part ``name`` of the evaluation (a seed of
+    the strong protocol, ADMM's dense ``w``), beside this one."""
+    stem, ext = os.path.splitext(self.path)
+    return Journal(f"{stem}.{name}{ext}", {**self.identity, "part": name})
+
+  def _read(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(state, identity)`` of the file, or None (none, or unreadable)."""
+    try:
+      with open(self.path) as f:
+        state = json.load(f)
+      return state, state.pop("metadata")["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+      return None
+
+  def batches_done(self) -> int:
+    """Batches an earlier attempt with this identity finished (0: none),
+    whatever the attacks; for a log line before the evaluation starts."""
+    read = self._read()
+    if read is None or read[1].get("caller") != self.identity:
+      return 0
+    return int(read[0]["batches_done"])
+
+  def load(self, own: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The state of an earlier attempt of this evaluation, or None.
+
+    ``own``: the ``Evaluator``'s part of the identity. Returns the dict
+    :meth:`save` wrote, its per-image vectors decoded to bool arrays.
+    """
+    read = self._read()
+    if read is None or read[1] != {"caller": self.identity,
+                                   "evaluator": _canonical(own)}:
+      return None
+    state = read[0]
+    state["per_image"] = {
+        name: workdir_lib.decode_correct(text, state["num_examples"])
+        for name, text in state.get("per_image", {}).items()}
+    return state
+
+  def save(self, own: Mapping[str, Any], *, batches_done: int,
+           num_examples: int, correct: Mapping[str, int],
+           seconds: Mapping[str, float],
+           compile_seconds: Mapping[str, float],
+           predict_compile_seconds: float,
+           per_image: Mapping[str, np.ndarray] | None) -> None:
+    """Writes the state after ``batches_done`` batches, atomically."""
+    state = {
+        "batches_done": batches_done, "num_examples": num_examples,
+        "correct": dict(correct), "seconds": dict(seconds),
+        "compile_seconds": dict(compile_seconds),
+        "predict_compile_seconds": predict_compile_seconds,
+        "per_image": {name: workdir_lib.encode_correct(v)
+                      for name, v in (per_image or {}).items()}}
+    workdir_lib.write_results(self.path, state, {
+        "identity": {"caller": self.identity, "evaluator": _canonical(own)}})
+
+  def remove(self) -> None:
+    """Deletes the file (the evaluation's result is written)."""
+    try:
+      os.remove(self.path)
+    except FileNotFoundError:
+      pass

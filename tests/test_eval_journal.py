@@ -1,0 +1,177 @@
+"""A killed evaluation resumes at its next batch (fkjax.eval_journal)."""
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fkjax import attacks
+from fkjax import eval_journal
+from fkjax import eval_run
+from fkjax import evaluate
+from configs import tiny
+from fkjax import run_config
+from fkjax import train
+from tests import tiny_models
+
+
+def _noisy_mlp(params, images, key):
+  logits = tiny_models.relu_mlp(params, images, None)
+  return logits + 0.5 * jax.random.normal(key, logits.shape)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+  params, images, labels = tiny_models.trained_mlp()
+  batches = [{"image": images[i:i + 4], "label": labels[i:i + 4]}
+             for i in range(0, 12, 4)]
+  return params, batches
+
+
+class _Killed(Exception):
+  pass
+
+
+def _killed_after(batches, n):
+  """The batches, with the process 'killed' when the (n+1)-th is read."""
+  for i, batch in enumerate(batches):
+    if i == n:
+      raise _Killed
+    yield batch
+
+
+def _attacked_batches(seen):
+  """FGSM that records, on the host, each batch it attacks."""
+  def attack(apply_fn, variables, images, labels, key):
+    jax.debug.callback(lambda: seen.append(1))
+    return attacks.fgsm(apply_fn, variables, images, labels, key,
+                        epsilon=0.1, eot_samples=2)
+  return attack
+
+
+def _journal(tmp_path, **identity):
+  return eval_journal.Journal(str(tmp_path / "j" / "eval_paper.json"),
+                              {"step": 7, **identity})
+
+
+def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(
+    mlp, tmp_path):
+  params, batches = mlp
+  seen = []
+  evaluator = evaluate.Evaluator(_noisy_mlp, {
+      "natural": evaluate.natural, "fgsm": _attacked_batches(seen)})
+  key = jax.random.key(4)
+  whole = evaluator(params, batches, key, per_image=True)
+  assert len(seen) == 3
+  journal = _journal(tmp_path)
+  seen.clear()
+  with pytest.raises(_Killed):
+    evaluator(params, _killed_after(batches, 2), key, per_image=True,
+              journal=journal)
+  assert len(seen) == 2 and journal.batches_done() == 2
+  seen.clear()
+  resumed = evaluator(params, batches, key, per_image=True, journal=journal)
+  assert len(seen) == 1   # only the batch the kill left
+  assert resumed["num_examples"] == whole["num_examples"] == 12
+  for name in ("natural", "fgsm"):
+    assert resumed["attacks"][name]["correct"] == (
+        whole["attacks"][name]["correct"])
+    np.testing.assert_array_equal(resumed["per_image"][name],
+                                  whole["per_image"][name])
+  assert resumed["attacks"]["fgsm"]["accuracy"] < (
+      resumed["attacks"]["natural"]["accuracy"])
+
+
+def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
+  params, batches = mlp
+  seen = []
+  evaluator = evaluate.Evaluator(_noisy_mlp, {
+      "fgsm": _attacked_batches(seen)})
+  journal = _journal(tmp_path)
+  with pytest.raises(_Killed):
+    evaluator(params, _killed_after(batches, 2), jax.random.key(4),
+              journal=journal)
+  seen.clear()
+  # Another key (another seed), or another checkpoint: all three batches.
+  evaluator(params, batches, jax.random.key(5), journal=journal)
+  assert len(seen) == 3
+  seen.clear()
+  evaluator(params, batches, jax.random.key(5),
+            journal=_journal(tmp_path, checkpoint="latest"))
+  assert len(seen) == 3
+  assert _journal(tmp_path).batches_done() == 0
+  # A cut file (a disk full mid-write elsewhere) reads as none.
+  path = tmp_path / "j" / "eval_paper.json"
+  path.write_text(path.read_text()[:40])
+  seen.clear()
+  evaluator(params, batches, jax.random.key(5), journal=journal)
+  assert len(seen) == 3
+
+
+def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
+  params, batches = mlp
+  seen = []
+  evaluator = evaluate.Evaluator(_noisy_mlp, {
+      "natural": evaluate.natural, "fgsm": _attacked_batches(seen)})
+  key = jax.random.key(9)
+  whole = evaluate.repeat_evaluation(evaluator, params, batches, key,
+                                     num_seeds=2)
+  journal = _journal(tmp_path)
+
+  def cut_in_seed_two():
+    # Seed 1 reads all batches, seed 2 is killed after its first.
+    cut_in_seed_two.calls += 1
+    return batches if cut_in_seed_two.calls == 1 else _killed_after(batches,
+                                                                     1)
+  cut_in_seed_two.calls = 0
+  with pytest.raises(_Killed):
+    evaluate.repeat_evaluation(evaluator, params, cut_in_seed_two, key,
+                               num_seeds=2, journal=journal)
+  assert journal.scoped("seed0").batches_done() == 3
+  assert journal.scoped("seed1").batches_done() == 1
+  seen.clear()
+  resumed = evaluate.repeat_evaluation(evaluator, params, batches, key,
+                                       num_seeds=2, journal=journal)
+  assert len(seen) == 2
+  assert resumed["attacks"]["fgsm"]["per_seed"] == (
+      whole["attacks"]["fgsm"]["per_seed"])
+  assert resumed["worst_case"] == whole["worst_case"]
+
+
+def test_eval_of_a_checkpoint_resumes_and_leaves_no_journal(
+    tmp_path, monkeypatch, capsys):
+  config = tiny.get_config()
+  config.training.num_epochs = 1
+  config.validation.attack_steps = 0
+  config.eval.final_attacks = "natural"
+  workdir = tmp_path / "run"
+  train.train_and_evaluate(config, str(workdir))
+  overrides = {"eval.attacks": "natural,fgsm", "eval.batch_size": 8,
+               "eval.num_examples": 24, "progress": False}
+  config = run_config.config_for_eval(str(workdir), None, overrides, False)
+  whole = eval_run.evaluate_checkpoint(config, str(workdir))
+  result = workdir / "eval_paper.json"
+  expected = json.loads(result.read_text())
+  result.unlink()
+
+  real = eval_run.sharded_eval_batches
+  monkeypatch.setattr(
+      eval_run, "sharded_eval_batches",
+      lambda *a, **k: _killed_after(real(*a, **k), 2))
+  with pytest.raises(_Killed):
+    eval_run.evaluate_checkpoint(config, str(workdir))
+  assert not result.exists()
+  assert len(list((workdir / eval_run.JOURNAL_DIR).iterdir())) == 1
+  monkeypatch.setattr(eval_run, "sharded_eval_batches", real)
+  capsys.readouterr()
+  resumed = eval_run.evaluate_checkpoint(config, str(workdir))
+  assert "batches done by an earlier attempt (main: 2)" in (
+      capsys.readouterr().out)
+  got = json.loads(result.read_text())
+  assert got["correct_per_image"] == expected["correct_per_image"]
+  for name in ("natural", "fgsm"):
+    assert resumed["attacks"][name]["accuracy"] == (
+        whole["attacks"][name]["accuracy"])
+  assert not (workdir / eval_run.JOURNAL_DIR).exists()
