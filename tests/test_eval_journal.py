@@ -17,9 +17,7 @@ from fkjax import train
 from tests import tiny_models
 
 
-def _noisy_mlp(params, images, key):
-  logits = tiny_models.relu_mlp(params, images, None)
-  return logits + 0.5 * jax.random.normal(key, logits.shape)
+_noisy_mlp = tiny_models.noisy_relu_mlp
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,13 @@ def relu_mlp(params, images, key):
   return h @ params["w2"] + params["b2"]
 
 
+def noisy_relu_mlp(params, images, key):
+  """:func:`relu_mlp` with N(0, 0.5^2) noise on its logits: a stochastic
+  model for the evaluation's tests."""
+  logits = relu_mlp(params, images, None)
+  return logits + 0.5 * jax.random.normal(key, logits.shape)
+
+
 @functools.lru_cache(maxsize=None)
 def trained_mlp(num_classes: int = 10, num_test: int = 128):
   """A ReLU MLP fitted to a random ReLU teacher on 4x4x3 images.
