@@ -142,6 +142,7 @@ def test_eval_of_a_checkpoint_resumes_and_leaves_no_journal(
     tmp_path, monkeypatch, capsys):
   config = tiny.get_config()
   config.training.num_epochs = 1
+  config.attack.num_steps = 0   # natural training: what matters is the eval
   config.validation.attack_steps = 0
   config.eval.final_attacks = "natural"
   workdir = tmp_path / "run"
