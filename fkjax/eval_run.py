@@ -135,8 +135,9 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
                                       batch_size, exp.mesh))
             if st.sanity_examples else None)
   path = workdir_lib.eval_result_path(workdir, config)
-  seeds = [f"seed{s}" for s in range(st.num_seeds)]
-  journal = _journal(config, workdir, step, exp, path, seeds, logger)
+  parts = [f"seed{s}" for s in range(st.num_seeds)] + (
+      ["sanity"] if sanity else [])
+  journal = _journal(config, workdir, step, exp, path, parts, logger)
   results = evaluate.strong_evaluation(
       eval_apply, variables,
       lambda: sharded_eval_batches(test, batch_size, exp.mesh),
@@ -162,7 +163,7 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
         config, step=step, data=exp.dataset.description,
         checkpoint=config.eval.checkpoint, protocol="strong",
         devices=experiment_lib.describe_devices(exp.mesh.size)))
-  _forget(journal, seeds)
+  _forget(journal, parts)
   _say(f"strong evaluation of the {config.eval.checkpoint} checkpoint "
        f"(step {step}, {results['num_examples']} images, "
        f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"

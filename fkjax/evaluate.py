@@ -974,7 +974,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
     sanity_options: extra keyword arguments of ``sanity.sanity_checks``.
     progress: progress in model calls (see ``robust_accuracy``).
     num_batches: batches of ``batches``, for the progress total.
-    journal: keeps the seeds' finished batches (``repeat_evaluation``).
+    journal: keeps the finished batches of the seeds
+      (``repeat_evaluation``) and of the sanity checks (``scoped("sanity")``).
 
   Returns:
     ``repeat_evaluation``'s dict plus ``"protocol": "strong"``,
@@ -1020,9 +1021,11 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
                    eot_samples=eot_samples, check_draws=check_draws,
                    num_noise_draws=num_noise_draws)
     options.update(sanity_options or {})
-    report = sanity.sanity_checks(apply_fn, variables, sanity_batches,
-                                  jax.random.fold_in(key, 1_000_003),
-                                  progress=progress, **options)
+    report = sanity.sanity_checks(
+        apply_fn, variables, sanity_batches,
+        jax.random.fold_in(key, 1_000_003), progress=progress,
+        journal=journal.scoped("sanity") if journal is not None else None,
+        **options)
     results["sanity"] = report.to_dict()
     results["sanity_text"] = report.format()
   return results

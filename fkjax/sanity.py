@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from fkjax import attacks as attacks_lib
+from fkjax import eval_journal
 from fkjax import evaluate
 
 SWEEP_EPSILONS = tuple(e / 255 for e in (0, 2, 4, 8, 16, 32, 64))
@@ -145,7 +146,9 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
                   zero_threshold: float = 2.0,
                   z: float = 2.0,
                   min_points: float = 1.0,
-                  progress: bool = False) -> SanityReport:
+                  progress: bool = False,
+                  journal: eval_journal.Journal | None = None
+                  ) -> SanityReport:
   """Runs the sanity checks of the module docstring on ``batches``.
 
   All attacks are PGD with best-so-far tracking from a random start, step
@@ -177,6 +180,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     z, min_points: the noise tolerance of every comparison (see
       ``paired_excess``).
     progress: progress output (see :func:`fkjax.metric_logging.progress`).
+    journal: keeps the finished batches, so that a killed run resumes
+      (:mod:`fkjax.eval_journal`).
 
   Returns:
     A ``SanityReport``; ``report.format()`` prints it and
@@ -220,7 +225,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
 
   results = evaluate.robust_accuracy(
       apply_fn, variables, batches, suite, key,
-      num_noise_draws=num_noise_draws, progress=progress, per_image=True)
+      num_noise_draws=num_noise_draws, progress=progress, per_image=True,
+      journal=journal)
   robust = results["per_image"]
   accuracy = {name: entry["accuracy"]
               for name, entry in results["attacks"].items()}

@@ -14,6 +14,7 @@ from fkjax import evaluate
 from configs import tiny
 from fkjax import run_config
 from fkjax import train
+from fkjax import workdir as workdir_lib
 from tests import tiny_models
 
 
@@ -174,3 +175,32 @@ def test_eval_of_a_checkpoint_resumes_and_leaves_no_journal(
     assert resumed["attacks"][name]["accuracy"] == (
         whole["attacks"][name]["accuracy"])
   assert not (workdir / eval_run.JOURNAL_DIR).exists()
+
+
+def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):
+  params, batches = mlp
+  journal = _journal(tmp_path)
+  run = functools.partial(
+      evaluate.strong_evaluation, _noisy_mlp, params, batches[:1],
+      jax.random.key(2), epsilon=0.1, stochastic=True, eot_samples=2,
+      num_iters=2, num_seeds=1, sanity_batches=batches[1:],
+      sanity_options={"sweep_epsilons": (0.05, 0.1), "sweep_steps": 2,
+                      "steps": (2, 4), "nattack_population": 4,
+                      "nattack_iters": 2},
+      journal=journal)
+  first = run()
+  assert journal.scoped("seed0").batches_done() == 1
+  assert journal.scoped("sanity").batches_done() == 2
+  # Run again, the sanity checks' batches are read from their journal, not
+  # attacked: a journal saying every attack left every image right shows.
+  path = journal.scoped("sanity").path
+  state = json.loads(open(path).read())
+  n = state["num_examples"]
+  state["correct"] = {name: n for name in state["correct"]}
+  state["per_image"] = {name: workdir_lib.encode_correct(np.ones(n, bool))
+                        for name in state["per_image"]}
+  open(path, "w").write(json.dumps(state))
+  again = run()
+  assert first["sanity"] != again["sanity"]
+  assert all(v == 100.0 for v in again["sanity"]["accuracies"].values())
+  assert again["worst_case"] == first["worst_case"]
