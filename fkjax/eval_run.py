@@ -287,9 +287,5 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
              f"{d['channel_sparsity']:.2f}% of channels; |w| < 1e-3: "
              f"{d['near_zero']['weights_below_1e-3']:.2f}% of weights, "
              f"{d['near_zero']['channels_below_1e-3']:.2f}% of channels")
-  text += f"\nwritten to {path}"
-  if logger is not None:
-    logger.log_text(text)
-  else:
-    print(text, flush=True)
+  _say(text + f"\nwritten to {path}", logger)
   return results
