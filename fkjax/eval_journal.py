@@ -24,6 +24,24 @@ import numpy as np
 from fkjax import workdir as workdir_lib
 
 
+# Where eval_run keeps a run's journals: <workdir>/eval_journal/.
+JOURNAL_DIR = "eval_journal"
+
+
+def batches_kept(workdir: str) -> int:
+  """Batches the journals in ``workdir`` hold (0: no evaluation under way):
+  for a status line, whatever evaluation they belong to."""
+  folder = os.path.join(workdir, JOURNAL_DIR)
+  total = 0
+  for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+    try:
+      with open(os.path.join(folder, name)) as f:
+        total += int(json.load(f)["batches_done"])
+    except (OSError, ValueError, KeyError, TypeError):
+      continue   # a temporary file mid-write, or not a journal
+  return total
+
+
 def _canonical(value: Mapping[str, Any]) -> Any:
   """``value`` as JSON reads it back (tuples as lists, keys as strings)."""
   return json.loads(json.dumps(value, sort_keys=True, default=str))

@@ -89,9 +89,6 @@ def validation_attacks(config: ml_collections.ConfigDict
   return suite
 
 
-JOURNAL_DIR = "eval_journal"
-
-
 def _journal(config: ml_collections.ConfigDict, workdir: str, step: int,
              exp: experiment_lib.Experiment, result_path: str,
              parts: list[str], logger) -> eval_journal.Journal | None:
@@ -103,7 +100,8 @@ def _journal(config: ml_collections.ConfigDict, workdir: str, step: int,
   if jax.process_count() > 1:
     return None
   journal = eval_journal.Journal(
-      os.path.join(workdir, JOURNAL_DIR, os.path.basename(result_path)),
+      os.path.join(workdir, eval_journal.JOURNAL_DIR,
+                   os.path.basename(result_path)),
       {"checkpoint": config.eval.checkpoint, "step": step,
        "seed": config.seed, "data": exp.dataset.description,
        "eval": config.eval.to_dict(), "attack": config.attack.to_dict(),

@@ -163,7 +163,8 @@ def test_eval_of_a_checkpoint_resumes_and_leaves_no_journal(
   with pytest.raises(_Killed):
     eval_run.evaluate_checkpoint(config, str(workdir))
   assert not result.exists()
-  assert len(list((workdir / eval_run.JOURNAL_DIR).iterdir())) == 1
+  assert len(list((workdir / eval_journal.JOURNAL_DIR).iterdir())) == 1
+  assert eval_journal.batches_kept(str(workdir)) == 2
   monkeypatch.setattr(eval_run, "sharded_eval_batches", real)
   capsys.readouterr()
   resumed = eval_run.evaluate_checkpoint(config, str(workdir))
@@ -174,7 +175,7 @@ def test_eval_of_a_checkpoint_resumes_and_leaves_no_journal(
   for name in ("natural", "fgsm"):
     assert resumed["attacks"][name]["accuracy"] == (
         whole["attacks"][name]["accuracy"])
-  assert not (workdir / eval_run.JOURNAL_DIR).exists()
+  assert not (workdir / eval_journal.JOURNAL_DIR).exists()
 
 
 def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):

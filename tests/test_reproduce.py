@@ -21,6 +21,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
+from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
 from fkjax.reproduce import archive as archive_lib
@@ -841,6 +842,16 @@ def test_a_partly_trained_run_is_estimated_by_what_is_left(tmp_path):
       f.write(json.dumps({"epoch": epoch, "step": 352 * epoch}) + "\n")
   assert runner.trained_epochs(run) == 2
   assert runner.status_of(run) == "trained 2/5 epochs"
+  # An evaluation killed after 3 batches says so (fkjax.eval_journal).
+  journal = eval_journal.Journal(
+      os.path.join(run.workdir, eval_journal.JOURNAL_DIR, "eval_paper.json"),
+      {})
+  journal.save({}, batches_done=3, num_examples=30, correct={}, seconds={},
+               compile_seconds={}, predict_compile_seconds=0.0,
+               per_image=None)
+  assert runner.status_of(run) == ("trained 2/5 epochs, evaluating (3 "
+                                   "batches done)")
+  journal.remove()
   evaluations = runner.estimate_seconds(run, epochs_done=5)
   left = runner.estimate_seconds(run, epochs_done=2)
   assert 0 < evaluations < left < whole

@@ -30,6 +30,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping
 
 import ml_collections
 
+from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
 from fkjax.reproduce import archive as archive_lib
@@ -659,7 +660,8 @@ def has_checkpoint(run: Run) -> bool:
 
 def status_of(run: Run) -> str:
   """``done``, ``done, eval_<protocol> not yet run``, ``to update``,
-  ``failed: ...``, ``trained i/n epochs`` or ``not started``."""
+  ``failed: ...``, ``trained i/n epochs`` (with ``, evaluating (k batches
+  done)`` where a killed evaluation kept some) or ``not started``."""
   record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
   if record and record.get("done"):
     if _core_stages_done(run, record):
@@ -672,9 +674,13 @@ def status_of(run: Run) -> str:
   if progress.get("error"):
     return f"failed ({progress['error'][:200]})"
   epochs = trained_epochs(run)
-  if epochs is not None:
-    return f"trained {epochs}/{run.config.training.num_epochs} epochs"
-  return "not started"
+  if epochs is None:
+    return "not started"
+  status = f"trained {epochs}/{run.config.training.num_epochs} epochs"
+  kept = eval_journal.batches_kept(run.workdir)
+  if kept:
+    status += f", evaluating ({kept} batch{'es' if kept > 1 else ''} done)"
+  return status
 
 
 def trained_epochs(run: Run) -> int | None:
