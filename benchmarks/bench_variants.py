@@ -1,4 +1,4 @@
-"""Micro-measurements behind docs/performance.md's proposals (fkjax only).
+"""Micro-measurements behind docs/performance.md (fkjax only).
 
   python -m benchmarks.bench_variants noise --model en2resnet20 --batch 128
   python -m benchmarks.bench_variants cache --model en5resnet20 --batch 32
