@@ -339,6 +339,7 @@ def _iteration_limit(eqn: Any) -> int | None:
   limits = []
   for e in conjuncts:
     if (e is None or e.primitive.name != "lt"
+        or not isinstance(e.invars[0], jax_core.Var)
         or not isinstance(e.invars[1], jax_core.Literal)
         or e.invars[0] not in cond_carry):
       continue
