@@ -19,8 +19,7 @@ from typing import Sequence
 import jax
 from jax import lax
 import jax.numpy as jnp
-
-from fkjax.models import noise
+import numpy as np
 
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -76,12 +75,25 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   shape = tuple(shape)
   rows = shape[0] if shape else 1
   cols = math.prod(shape[1:]) if shape else 1
-  return noise.normal_from_bits(words(key, rows, cols)).reshape(
-      shape).astype(dtype)
+  bits = words(key, rows, cols)
+  # 23 random mantissa bits -> uniform in [1, 2) -> [-1, 1), as
+  # jax.random.uniform does; the clamp keeps erf_inv finite.
+  unit = lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000),
+                                  jnp.float32) - 1.0
+  lo = np.nextafter(np.float32(-1), np.float32(1))
+  normal = np.float32(math.sqrt(2)) * lax.erf_inv(
+      jnp.maximum(lo, 2.0 * unit - 1.0))
+  return normal.reshape(shape).astype(dtype)
 
 
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
                  std_over: str = "batch") -> jax.Array:
   """:func:`fkjax.models.noise.inject_noise` with :func:`standard_normal`."""
-  return out + coef * noise.noise_std(out, std_over) * standard_normal(
-      key, out.shape, out.dtype)
+  if std_over not in ("batch", "example"):
+    raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+  axis = None if std_over == "batch" else tuple(range(1, out.ndim))
+  var = jnp.var(out, axis=axis, keepdims=axis is not None)
+  # no gradient through a zero std (NaN in jnp.std), as the fused kernel
+  nonzero = var > 0
+  std = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, var, 1.0)), 0.0)
+  return out + coef * std * standard_normal(key, out.shape, out.dtype)

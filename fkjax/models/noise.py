@@ -36,21 +36,14 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   words = jex_random.threefry_2x32(jax.random.key_data(key),
                                    jnp.stack([row, col]))
   bits = jnp.concatenate([words[0], words[1]], axis=1)[:, :cols]
-  return normal_from_bits(bits).reshape(shape).astype(dtype)
-
-
-def normal_from_bits(bits: jax.Array) -> jax.Array:
-  """float32 N(0, 1) draws from ``uint32`` random bits, one per word.
-
-  23 random mantissa bits give a uniform in [1, 2), then [-1, 1), as
-  ``jax.random.uniform`` does; ``sqrt(2) * erf_inv`` of it is the normal of
-  ``jax.random.normal``. The clamp keeps ``erf_inv`` finite.
-  """
+  # 23 random mantissa bits -> uniform in [1, 2) -> [-1, 1); the clamp
+  # keeps erf_inv finite.
   unit = lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000),
                                   jnp.float32) - 1.0
   lo = np.nextafter(np.float32(-1), np.float32(1))
-  return np.float32(math.sqrt(2)) * lax.erf_inv(
+  normal = np.float32(math.sqrt(2)) * lax.erf_inv(
       jnp.maximum(lo, 2.0 * unit - 1.0))
+  return normal.reshape(shape).astype(dtype)
 
 
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
@@ -61,17 +54,13 @@ def inject_noise(out: jax.Array, coef: float, key: jax.Array,
   as the authors' PyTorch code (``torch.std(out)``) does; ``"example"`` one
   per example, which makes each prediction independent of its batch.
   """
-  return out + coef * noise_std(out, std_over) * standard_normal(
-      key, out.shape, out.dtype)
-
-
-def noise_std(out: jax.Array, std_over: str = "batch") -> jax.Array:
-  """The ``std(out)`` the noise is scaled by: of the tensor or per example."""
   if std_over == "batch":
-    return spread(out)
-  if std_over == "example":
-    return spread(out, axis=tuple(range(1, out.ndim)))
-  raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+    std = spread(out)
+  elif std_over == "example":
+    std = spread(out, axis=tuple(range(1, out.ndim)))
+  else:
+    raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
+  return out + coef * std * standard_normal(key, out.shape, out.dtype)
 
 
 def spread(out: jax.Array, axis: tuple[int, ...] | None = None) -> jax.Array:
