@@ -76,6 +76,9 @@ def standard_normal(key: jax.Array, shape: Sequence[int],
   rows = shape[0] if shape else 1
   cols = math.prod(shape[1:]) if shape else 1
   bits = words(key, rows, cols)
+  # fkjax.models.noise's map, repeated on purpose: the speed layer imports
+  # nothing from the models (tests/test_kernels.py), and the bit-equality
+  # tests (tests/test_kernels_noise.py) keep the two the same.
   # 23 random mantissa bits -> uniform in [1, 2) -> [-1, 1), as
   # jax.random.uniform does; the clamp keeps erf_inv finite.
   unit = lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000),
