@@ -21,11 +21,14 @@ jax.config.update("jax_default_matmul_precision", "highest")
 
 
 # The slowest files first (measured with --durations on 2 cores): under
-# pytest-xdist's --dist loadfile a file runs whole on one worker, in the
-# order collected, and a slow file collected last (test_train.py is last
-# alphabetically) leaves the other worker idle while it runs.
+# pytest-xdist's --dist loadfile a file runs whole on one worker, and a slow
+# file started last leaves the other worker idle while it runs. xdist keeps
+# this order with --no-loadscope-reorder (README's command); by default it
+# starts the files with the most tests first, and test_train.py has few.
 _SLOWEST_FIRST = ("test_train.py", "test_reproduce.py", "test_sweep.py",
-                  "test_models.py", "test_sanity.py", "test_slim.py")
+                  "test_models.py", "test_sanity.py", "test_kernels_noise.py",
+                  "test_slim.py", "test_kernels_conv.py",
+                  "test_eval_journal.py", "test_protocol.py")
 
 
 def pytest_collection_modifyitems(items):
