@@ -3,17 +3,12 @@ import functools
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from fkjax import attacks
 from fkjax import eval_journal
-from fkjax import eval_run
 from fkjax import evaluate
-from configs import tiny
-from fkjax import run_config
-from fkjax import train
 from fkjax import workdir as workdir_lib
 from tests import tiny_models
 
@@ -137,44 +132,6 @@ def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
   assert resumed["attacks"]["fgsm"]["per_seed"] == (
       whole["attacks"]["fgsm"]["per_seed"])
   assert resumed["worst_case"] == whole["worst_case"]
-
-
-def test_eval_of_a_checkpoint_resumes_and_leaves_no_journal(
-    tmp_path, monkeypatch, capsys):
-  config = tiny.get_config()
-  config.training.num_epochs = 1
-  config.attack.num_steps = 0   # natural training: what matters is the eval
-  config.validation.attack_steps = 0
-  config.eval.final_attacks = "natural"
-  workdir = tmp_path / "run"
-  train.train_and_evaluate(config, str(workdir))
-  overrides = {"eval.attacks": "natural", "eval.batch_size": 8,
-               "eval.num_examples": 24, "progress": False}
-  config = run_config.config_for_eval(str(workdir), None, overrides, False)
-  whole = eval_run.evaluate_checkpoint(config, str(workdir))
-  result = workdir / "eval_paper.json"
-  expected = json.loads(result.read_text())
-  result.unlink()
-
-  real = eval_run.sharded_eval_batches
-  monkeypatch.setattr(
-      eval_run, "sharded_eval_batches",
-      lambda *a, **k: _killed_after(real(*a, **k), 2))
-  with pytest.raises(_Killed):
-    eval_run.evaluate_checkpoint(config, str(workdir))
-  assert not result.exists()
-  assert len(list((workdir / eval_journal.JOURNAL_DIR).iterdir())) == 1
-  assert eval_journal.batches_kept(str(workdir)) == 2
-  monkeypatch.setattr(eval_run, "sharded_eval_batches", real)
-  capsys.readouterr()
-  resumed = eval_run.evaluate_checkpoint(config, str(workdir))
-  assert "batches done by an earlier attempt (main: 2)" in (
-      capsys.readouterr().out)
-  got = json.loads(result.read_text())
-  assert got["correct_per_image"] == expected["correct_per_image"]
-  assert resumed["attacks"]["natural"]["accuracy"] == (
-      whole["attacks"]["natural"]["accuracy"])
-  assert not (workdir / eval_journal.JOURNAL_DIR).exists()
 
 
 def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):

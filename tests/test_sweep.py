@@ -420,6 +420,10 @@ def test_runner_trains_rows_as_one_sweep(tmp_path):
   for run in runs:   # the tiny scale, shorter
     run.config.training.num_epochs = 1
     run.config.eval.final_attacks = "natural"
+    # In this process: JAX's compilation cache is global and stays set for
+    # the tests after this one (tests/test_run_config.py checks the unset
+    # case), and the default folder is the user's.
+    run.config.compilation_cache_dir = ""
   assert runner.train_in_sweeps(runs, show_progress=False) == [
       r.key for r in runs]
   for run in runs:

@@ -226,6 +226,50 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
                              atol=1e-4)
 
 
+class _Killed(Exception):
+  pass
+
+
+def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
+                                                       monkeypatch, capsys):
+  from fkjax import eval_journal  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  shutil.copytree(runs["full"], workdir)
+  overrides = {"eval.attacks": "natural,fgsm", "eval.batch_size": 8,
+               "eval.num_examples": 24, "progress": False}
+  config = run_config.config_for_eval(str(workdir), None, overrides, False)
+  whole = eval_run.evaluate_checkpoint(config, str(workdir))
+  result = workdir / "eval_paper.json"
+  expected = json.loads(result.read_text())
+  result.unlink()
+
+  real = eval_run.sharded_eval_batches
+
+  def killed_after_two(*args, **kwargs):
+    for i, batch in enumerate(real(*args, **kwargs)):
+      if i == 2:
+        raise _Killed
+      yield batch
+  monkeypatch.setattr(eval_run, "sharded_eval_batches", killed_after_two)
+  with pytest.raises(_Killed):
+    eval_run.evaluate_checkpoint(config, str(workdir))
+  assert not result.exists()
+  assert len(list((workdir / eval_journal.JOURNAL_DIR).iterdir())) == 1
+  assert eval_journal.batches_kept(str(workdir)) == 2
+  monkeypatch.setattr(eval_run, "sharded_eval_batches", real)
+  capsys.readouterr()
+  resumed = eval_run.evaluate_checkpoint(config, str(workdir))
+  assert "batches done by an earlier attempt (main: 2)" in (
+      capsys.readouterr().out)
+  assert json.loads(result.read_text())["correct_per_image"] == (
+      expected["correct_per_image"])
+  for name in ("natural", "fgsm"):
+    assert resumed["attacks"][name]["accuracy"] == (
+        whole["attacks"][name]["accuracy"])
+  assert not (workdir / eval_journal.JOURNAL_DIR).exists()
+
+
 def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
   workdir = tmp_path / "strong"
   shutil.copytree(runs["full"], workdir)
