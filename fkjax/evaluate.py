@@ -470,7 +470,9 @@ class Evaluator:
     the counts are written after every batch, and the batches an earlier
     attempt of the same evaluation finished are taken from it instead of
     attacked again (:mod:`fkjax.eval_journal`; the result is the same, its
-    seconds those of all attempts, its compile times this one's).
+    seconds and compile seconds those of all attempts, ``num_compiles`` this
+    one's, ``"resumed_seconds"`` the part of the seconds earlier attempts
+    spent).
     """
     names = self.names
     counting = bool(progress)
@@ -494,9 +496,11 @@ class Evaluator:
       num_examples = earlier["num_examples"]
       correct.update(earlier["correct"])
       seconds.update(earlier["seconds"])
+      compile_seconds.update(earlier["compile_seconds"])
       predict_compile_seconds = earlier["predict_compile_seconds"]
       for name, right in earlier["per_image"].items():
         vectors[name].append(right)
+    resumed_seconds = sum(seconds.values())
     # Only process 0 runs the callbacks (jit places them on device 0).
     display = _Display(desc, num_batches,
                        enabled=counting and jax.process_index() == 0)
@@ -592,6 +596,7 @@ class Evaluator:
             } for name in names
         },
         "predict_compile_seconds": predict_compile_seconds,
+        "resumed_seconds": resumed_seconds,
     }
     if per_image:
       results["per_image"] = {
@@ -648,8 +653,9 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     prediction that scores an adversarial image averages over), "attacks":
     {name: {"accuracy": % correct, "correct": int, "seconds": wall time of
     the attack and the prediction including compilation, "compile_seconds":
-    float, "num_compiles": int}}, "predict_compile_seconds": float}``,
-    attacks in the order given; with ``per_image``, also ``"per_image":
+    float, "num_compiles": int}}, "predict_compile_seconds": float,
+    "resumed_seconds": float (of the seconds, those of batches an earlier
+    attempt finished; 0 without a journal)}``, attacks in the order given; with ``per_image``, also ``"per_image":
     {name: bool ndarray [num_examples]}``.
   """
   evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws)
@@ -880,7 +886,8 @@ def repeat_evaluation(evaluator: Evaluator,
     summed over seeds, "num_compiles"}}, "worst_case": {"accuracy": mean,
     "std", "per_seed", "correct" (seed 0), "num_examples", "attacks"},
     "per_image": {name: bool ndarray} of seed 0,
-    "predict_compile_seconds"}``.
+    "predict_compile_seconds", "resumed_seconds"}`` (both summed over
+    seeds).
   """
   if num_seeds < 1:
     raise ValueError(f"num_seeds must be >= 1, got {num_seeds}.")
@@ -918,6 +925,7 @@ def repeat_evaluation(evaluator: Evaluator,
       "per_image": first["per_image"],
       "predict_compile_seconds": sum(r["predict_compile_seconds"]
                                      for r in runs),
+      "resumed_seconds": sum(r["resumed_seconds"] for r in runs),
   }
   if combine:
     spread = _spread([w["accuracy"] for w in worst])
@@ -982,7 +990,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
     ``repeat_evaluation``'s dict plus ``"protocol": "strong"``,
     ``"description"`` (one line), ``"settings"`` (every option above, the
     resolved ``eot_samples`` and ``check_draws`` included), ``"seconds"``
-    (wall time of the whole evaluation, sanity checks excluded) and, with
+    (wall time of the whole evaluation, of every attempt when resumed from
+    ``journal``, sanity checks excluded) and, with
     ``sanity_batches``, ``"sanity"`` (``SanityReport.to_dict()``: ``passed``,
     ``checks``, ...) and ``"sanity_text"``.
   """
@@ -1006,7 +1015,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   results = repeat_evaluation(evaluator, variables, batches, key,
                               num_seeds=num_seeds, progress=progress,
                               num_batches=num_batches, journal=journal)
-  seconds = time.perf_counter() - start
+  # A resumed evaluation's seconds include what its earlier attempts spent.
+  seconds = time.perf_counter() - start + results["resumed_seconds"]
   labels = [STRONG_COLUMNS[n] for n in suite if n != "natural"]
   description = (
       f"strong protocol: {' + '.join(labels)}, {num_iters} iterations, "

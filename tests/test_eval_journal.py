@@ -78,6 +78,42 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(
       resumed["attacks"]["natural"]["accuracy"])
 
 
+def _set_seconds(journal, seconds, compile_seconds):
+  """The journal, as if its attempt had spent these seconds."""
+  state = json.loads(open(journal.path).read())
+  state["seconds"] = {name: seconds for name in state["seconds"]}
+  state["compile_seconds"] = {name: compile_seconds
+                              for name in state["compile_seconds"]}
+  open(journal.path, "w").write(json.dumps(state))
+
+
+def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
+    mlp, tmp_path):
+  params, batches = mlp
+  evaluator = evaluate.Evaluator(_noisy_mlp, {
+      "natural": evaluate.natural, "fgsm": _attacked_batches([])})
+  key = jax.random.key(4)
+  journal = _journal(tmp_path)
+  with pytest.raises(_Killed):
+    evaluator(params, _killed_after(batches, 2), key, journal=journal)
+  _set_seconds(journal, 1000.0, 400.0)
+  resumed = evaluator(params, batches, key, journal=journal)
+  assert resumed["resumed_seconds"] == 2000.0
+  for entry in resumed["attacks"].values():
+    assert entry["seconds"] > 1000.0 and entry["compile_seconds"] >= 400.0
+  fresh = evaluator(params, batches, key, journal=_journal(tmp_path, new=1))
+  assert fresh["resumed_seconds"] == 0.0
+  # The strong protocol's wall time adds its seeds' earlier attempts.
+  run = functools.partial(
+      evaluate.strong_evaluation, _noisy_mlp, params, batches[:2],
+      jax.random.key(2), epsilon=0.1, num_iters=1, num_seeds=1,
+      journal=journal.scoped("strong"))
+  first = run()
+  _set_seconds(journal.scoped("strong").scoped("seed0"), 500.0, 0.0)
+  again = run()
+  assert first["seconds"] < 500.0 < again["seconds"]
+
+
 def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
   params, batches = mlp
   seen = []
