@@ -655,8 +655,9 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     the attack and the prediction including compilation, "compile_seconds":
     float, "num_compiles": int}}, "predict_compile_seconds": float,
     "resumed_seconds": float (of the seconds, those of batches an earlier
-    attempt finished; 0 without a journal)}``, attacks in the order given; with ``per_image``, also ``"per_image":
-    {name: bool ndarray [num_examples]}``.
+    attempt finished; 0 without a journal)}``, attacks in the order given;
+    with ``per_image``, also ``"per_image": {name: bool ndarray
+    [num_examples]}``.
   """
   evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws)
   return evaluator(variables, batches, key, progress=progress,
