@@ -191,11 +191,12 @@ def progress(iterable: Iterable[Any] | None, total: int | None = None,
 
   On a terminal this is ``tqdm.tqdm(...)``. When ``stream`` (default
   ``sys.stderr``) is not a terminal, it returns a plain iterator that prints
-  ``<desc>: <n>/<total> <unit>s (<percent>%) <elapsed>s <postfix>`` as one
-  line at most every ``interval`` seconds and once at the end, so a
-  redirected log has whole lines (``grep '^epoch' log``) instead of one
-  carriage-return-joined line per epoch. Both support ``set_postfix``,
-  ``update`` and ``close``.
+  ``<desc>: <n>/<total> <unit>s (<percent>%), <elapsed>s, <rate> <unit>s/s,
+  <[H:]MM:SS> left, <postfix>`` (the time left at the rate so far, while
+  there is a total and some of it is left) as one line at most every
+  ``interval`` seconds and once at the end, so a redirected log has whole
+  lines (``grep '^epoch' log``) instead of one carriage-return-joined line
+  per epoch. Both support ``set_postfix``, ``update`` and ``close``.
 
   Args:
     iterable: what to iterate over.
@@ -278,6 +279,10 @@ class PlainProgress:
     parts = [f"{self.desc}: " if self.desc else "",
              f"{done} {self._unit}s{pct}, {elapsed:.0f}s, "
              f"{rate:.3g} {self._unit}s/s"]
+    if self.total and rate > 0 and self.n < self.total:
+      # At the rate so far, as tqdm's terminal bar estimates it.
+      left = tqdm.tqdm.format_interval((self.total - self.n) / rate)
+      parts.append(f", {left} left")
     if self._postfix:
       parts.append(f", {self._postfix}")
     self._stream.write("".join(parts) + "\n")

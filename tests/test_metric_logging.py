@@ -127,6 +127,27 @@ def test_progress_prints_whole_lines_when_not_a_terminal():
   assert lines[-1].endswith("loss=0.167")
 
 
+def test_progress_lines_say_the_time_left_at_the_rate_so_far(monkeypatch):
+  clock = iter(range(0, 1000, 2))   # every step takes 2 s
+  monkeypatch.setattr(metric_logging.time, "monotonic", lambda: next(clock))
+  stream = _Stream(tty=False)
+  for _ in metric_logging.progress(range(6), total=8, desc="epoch 2/5",
+                                   initial=2, unit="step", stream=stream,
+                                   interval=0):
+    pass
+  lines = stream.getvalue().splitlines()
+  # 3/8 after one step in 2 s: 5 steps left at 0.5 steps/s
+  assert lines[0] == "epoch 2/5: 3/8 steps (38%), 2s, 0.5 steps/s, 00:10 left"
+  assert lines[4].endswith("7/8 steps (88%), 10s, 0.5 steps/s, 00:02 left")
+  assert lines[-1].endswith("8/8 steps (100%), 14s, 0.429 steps/s")
+  # No total, no estimate.
+  stream = _Stream(tty=False)
+  for _ in metric_logging.progress(iter(range(2)), stream=stream,
+                                   interval=0):
+    pass
+  assert "left" not in stream.getvalue()
+
+
 def test_progress_is_quiet_between_intervals():
   stream = _Stream(tty=False)
   for _ in metric_logging.progress(range(50), total=50, desc="eval",
