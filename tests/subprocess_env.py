@@ -5,8 +5,9 @@ import os
 # older elemental emitters instead of the fusion emitters (which compile
 # each fusion through MLIR first). The tests' programs are small and most
 # compile once, so compiling is most of their time (tests/test_models.py on
-# 2 AVX-512 cores: 123 s with XLA's default, 53 s with the first two flags;
-# on 2 busier AVX2 cores: 66 s with those two, 37 s with the third added);
+# 2 AVX2 cores: 123 s with XLA's default, 53 s with the first two flags;
+# again later, beside a training run: 66 s with those two, 37 s with the
+# third added);
 # what they compare is computed under the same flags on both sides.
 # train.py, eval.py and the runner never set them (docs/performance.md:
 # the third is no gain there).
