@@ -7,10 +7,9 @@ import os
 # compile once, so compiling is most of their time (tests/test_models.py on
 # 2 AVX2 cores: 123 s with XLA's default, 53 s with the first two flags;
 # again later, beside a training run: 66 s with those two, 37 s with the
-# third added);
-# what they compare is computed under the same flags on both sides.
-# train.py, eval.py and the runner never set them (docs/performance.md:
-# the third is no gain there).
+# third added); what they compare is computed under the same flags on both
+# sides. train.py, eval.py and the runner never set them
+# (docs/performance.md: the third is no gain there).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 "
                       "--xla_llvm_disable_expensive_passes=true "
                       "--xla_cpu_use_fusion_emitters=false")
