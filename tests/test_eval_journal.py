@@ -11,6 +11,7 @@ from fkjax import eval_journal
 from fkjax import evaluate
 from fkjax import workdir as workdir_lib
 from tests import tiny_models
+from tests.killed import Killed, killed_after
 
 
 _noisy_mlp = tiny_models.noisy_relu_mlp
@@ -22,18 +23,6 @@ def mlp():
   batches = [{"image": images[i:i + 4], "label": labels[i:i + 4]}
              for i in range(0, 12, 4)]
   return params, batches
-
-
-class _Killed(Exception):
-  pass
-
-
-def _killed_after(batches, n):
-  """The batches, with the process 'killed' when the (n+1)-th is read."""
-  for i, batch in enumerate(batches):
-    if i == n:
-      raise _Killed
-    yield batch
 
 
 def _attacked_batches(seen):
@@ -61,8 +50,8 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(
   assert len(seen) == 3
   journal = _journal(tmp_path)
   seen.clear()
-  with pytest.raises(_Killed):
-    evaluator(params, _killed_after(batches, 2), key, per_image=True,
+  with pytest.raises(Killed):
+    evaluator(params, killed_after(batches, 2), key, per_image=True,
               journal=journal)
   assert len(seen) == 2 and journal.batches_done() == 2
   seen.clear()
@@ -94,8 +83,8 @@ def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
       "natural": evaluate.natural, "fgsm": _attacked_batches([])})
   key = jax.random.key(4)
   journal = _journal(tmp_path)
-  with pytest.raises(_Killed):
-    evaluator(params, _killed_after(batches, 2), key, journal=journal)
+  with pytest.raises(Killed):
+    evaluator(params, killed_after(batches, 2), key, journal=journal)
   _set_seconds(journal, 1000.0, 400.0)
   resumed = evaluator(params, batches, key, journal=journal)
   assert resumed["resumed_seconds"] == 2000.0
@@ -120,8 +109,8 @@ def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
   evaluator = evaluate.Evaluator(_noisy_mlp, {
       "fgsm": _attacked_batches(seen)})
   journal = _journal(tmp_path)
-  with pytest.raises(_Killed):
-    evaluator(params, _killed_after(batches, 2), jax.random.key(4),
+  with pytest.raises(Killed):
+    evaluator(params, killed_after(batches, 2), jax.random.key(4),
               journal=journal)
   seen.clear()
   # Another key (another seed), or another checkpoint: all three batches.
@@ -153,10 +142,10 @@ def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
   def cut_in_seed_two():
     # Seed 1 reads all batches, seed 2 is killed after its first.
     cut_in_seed_two.calls += 1
-    return batches if cut_in_seed_two.calls == 1 else _killed_after(batches,
-                                                                     1)
+    return (batches if cut_in_seed_two.calls == 1
+            else killed_after(batches, 1))
   cut_in_seed_two.calls = 0
-  with pytest.raises(_Killed):
+  with pytest.raises(Killed):
     evaluate.repeat_evaluation(evaluator, params, cut_in_seed_two, key,
                                num_seeds=2, journal=journal)
   assert journal.scoped("seed0").batches_done() == 3

@@ -23,6 +23,7 @@ from fkjax import data
 from fkjax import sparsity
 from fkjax import eval_run
 from fkjax import experiment
+from tests.killed import Killed, killed_after
 from tests.subprocess_env import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,10 +227,6 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
                              atol=1e-4)
 
 
-class _Killed(Exception):
-  pass
-
-
 def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
                                                        monkeypatch, capsys):
   from fkjax import eval_journal  # pylint: disable=import-outside-toplevel
@@ -245,14 +242,9 @@ def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
   result.unlink()
 
   real = eval_run.sharded_eval_batches
-
-  def killed_after_two(*args, **kwargs):
-    for i, batch in enumerate(real(*args, **kwargs)):
-      if i == 2:
-        raise _Killed
-      yield batch
-  monkeypatch.setattr(eval_run, "sharded_eval_batches", killed_after_two)
-  with pytest.raises(_Killed):
+  monkeypatch.setattr(eval_run, "sharded_eval_batches",
+                      lambda *a, **k: killed_after(real(*a, **k), 2))
+  with pytest.raises(Killed):
     eval_run.evaluate_checkpoint(config, str(workdir))
   assert not result.exists()
   assert len(list((workdir / eval_journal.JOURNAL_DIR).iterdir())) == 1
