@@ -192,11 +192,15 @@ def progress(iterable: Iterable[Any] | None, total: int | None = None,
   On a terminal this is ``tqdm.tqdm(...)``. When ``stream`` (default
   ``sys.stderr``) is not a terminal, it returns a plain iterator that prints
   ``<desc>: <n>/<total> <unit>s (<percent>%), <elapsed>s, <rate> <unit>s/s,
-  <[H:]MM:SS> left, <postfix>`` (the time left at the rate so far, while
-  there is a total and some of it is left) as one line at most every
+  <[H:]MM:SS> left, <postfix>`` as one line at most every
   ``interval`` seconds and once at the end, so a redirected log has whole
   lines (``grep '^epoch' log``) instead of one carriage-return-joined line
-  per epoch. Both support ``set_postfix``, ``update`` and ``close``.
+  per epoch. The rate is the whole elapsed time's; the time left (shown
+  while there is a total and some of it is left) uses the rate since the
+  first update, since the first step of a jitted loop carries its
+  compilation (often minutes on a CPU) and would inflate the estimate for
+  the rest of the run. Both support ``set_postfix``, ``update`` and
+  ``close``.
 
   Args:
     iterable: what to iterate over.
@@ -238,6 +242,8 @@ class PlainProgress:
     self._last_print = self._start
     self._postfix = ""
     self._closed = False
+    # (time, n) at the first update: the estimate's origin.
+    self._first_update: tuple[float, int] | None = None
 
   def __iter__(self) -> Iterator[Any]:
     for item in self._iterable:
@@ -251,6 +257,8 @@ class PlainProgress:
   def update(self, n: int = 1) -> None:
     self.n += n
     now = time.monotonic()
+    if self._first_update is None:
+      self._first_update = (now, self.n)
     if now - self._last_print >= self._interval:
       self._print(now)
 
@@ -279,10 +287,12 @@ class PlainProgress:
     parts = [f"{self.desc}: " if self.desc else "",
              f"{done} {self._unit}s{pct}, {elapsed:.0f}s, "
              f"{rate:.3g} {self._unit}s/s"]
-    if self.total and rate > 0 and self.n < self.total:
-      # At the rate so far, as tqdm's terminal bar estimates it.
-      left = tqdm.tqdm.format_interval((self.total - self.n) / rate)
-      parts.append(f", {left} left")
+    if self.total and self.n < self.total and self._first_update:
+      since, n_since = self._first_update
+      if self.n > n_since and now > since:
+        steady = (self.n - n_since) / (now - since)
+        left = tqdm.tqdm.format_interval((self.total - self.n) / steady)
+        parts.append(f", {left} left")
     if self._postfix:
       parts.append(f", {self._postfix}")
     self._stream.write("".join(parts) + "\n")

@@ -127,8 +127,10 @@ def test_progress_prints_whole_lines_when_not_a_terminal():
   assert lines[-1].endswith("loss=0.167")
 
 
-def test_progress_lines_say_the_time_left_at_the_rate_so_far(monkeypatch):
-  clock = iter(range(0, 1000, 2))   # every step takes 2 s
+def test_progress_lines_say_the_time_left_at_the_rate_after_compiling(
+    monkeypatch):
+  # The first step takes 30 s (it compiles), every later one 2 s.
+  clock = iter([0] + list(range(30, 1000, 2)))
   monkeypatch.setattr(metric_logging.time, "monotonic", lambda: next(clock))
   stream = _Stream(tty=False)
   for _ in metric_logging.progress(range(6), total=8, desc="epoch 2/5",
@@ -136,10 +138,14 @@ def test_progress_lines_say_the_time_left_at_the_rate_so_far(monkeypatch):
                                    interval=0):
     pass
   lines = stream.getvalue().splitlines()
-  # 3/8 after one step in 2 s: 5 steps left at 0.5 steps/s
-  assert lines[0] == "epoch 2/5: 3/8 steps (38%), 2s, 0.5 steps/s, 00:10 left"
-  assert lines[4].endswith("7/8 steps (88%), 10s, 0.5 steps/s, 00:02 left")
-  assert lines[-1].endswith("8/8 steps (100%), 14s, 0.429 steps/s")
+  # One step done, and it compiled: no rate to estimate from yet.
+  assert lines[0] == "epoch 2/5: 3/8 steps (38%), 30s, 0.0333 steps/s"
+  # 4 steps left at 0.5 steps/s since then, not at the 0.0625 of the
+  # whole 32 s (which would say 01:04).
+  assert lines[1] == ("epoch 2/5: 4/8 steps (50%), 32s, 0.0625 steps/s, "
+                      "00:08 left")
+  assert lines[4].endswith("7/8 steps (88%), 38s, 0.132 steps/s, 00:02 left")
+  assert lines[-1].endswith("8/8 steps (100%), 42s, 0.143 steps/s")
   # No total, no estimate.
   stream = _Stream(tty=False)
   for _ in metric_logging.progress(iter(range(2)), stream=stream,
