@@ -561,6 +561,13 @@ def test_lambda_sweep_figure(tmp_path):
                    for m in ("A1", "A2", "A3", "A4", "channel_sparsity")}}
       for net in ("En2ResNet20", "ResNet38") for lamb in (0.05, 0.1)]}
   data["rows"][1]["paper"] = {"channel_sparsity": 56.74, "A1": 76.3}
+  # Two seeds whose checkpoints are of different epochs, one not done.
+  data["rows"][1]["runs"] = [
+      {"status": "done", "checkpoint_epoch": 1,
+       "metrics": {"channel_sparsity": 0.22, "A1": 36.6}},
+      {"status": "done", "checkpoint_epoch": 5,
+       "metrics": {"channel_sparsity": 91.7, "A1": 37.6}},
+      {"status": "training", "metrics": {"A1": 99.0}}]
   path = tmp_path / "sweep.png"
   assert figures.lambda_sweep(data, str(path)) == str(path)
   assert figures.lambda_sweep({"metrics": {}, "rows": []},
@@ -570,12 +577,19 @@ def test_lambda_sweep_figure(tmp_path):
                               "channel_sparsity")
   sparsity, natural = fig.axes[0], fig.axes[1]
   assert sparsity.get_legend_handles_labels()[1] == [
-      "En2ResNet20, paper", "En2ResNet20", "ResNet38"]
+      "En2ResNet20", "En2ResNet20, paper", "ResNet38"]
   paper_line = next(l for l in sparsity.get_lines()
                     if l.get_label() == "En2ResNet20, paper")
   assert list(paper_line.get_xdata()) == [0.1]
   assert list(paper_line.get_ydata()) == [56.74]
   assert "paper" not in " ".join(natural.get_legend_handles_labels()[1])
+  # Each done seed's value is drawn beside the mean, in every panel.
+  def seed_dots(ax):
+    return sorted(tuple(map(float, xy)) for c in ax.collections
+                  for xy in c.get_offsets())
+  assert seed_dots(sparsity) == [(0.1, 0.22), (0.1, 91.7)]
+  assert seed_dots(natural) == [(0.1, 36.6), (0.1, 37.6)]
+  assert "ep 1,5" in [t.get_text() for t in sparsity.texts]
 
 
 def test_beta_sweep_figure(tmp_path):

@@ -10,7 +10,8 @@
 * ``beta_sweep`` (Table 1, not a figure of the paper): weight sparsity and
   A1-A4 against RVSM's beta.
 
-The sweeps draw the paper's sparsities beside fkjax's.
+The sweeps draw each seed's value beside the seeds' mean, and the paper's
+sparsities beside fkjax's.
 
 Each figure uses the runs that exist (seed 0 for histograms and filters) and
 is skipped when there are none.
@@ -163,22 +164,28 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
   """One panel per metric (``sparsity``, A1-A4), a line per net over the
   rows that set ``param``.
 
-  The sparsity panel labels each point with the epochs of the checkpoints
-  evaluated (one per seed): where the best-validation rule kept an early
-  one, the point shows that epoch's net, not the last one's. It also draws
-  the paper's sparsities where the paper gives them (hollow markers,
-  dashed); the accuracies' panels leave them out, being on another scale
-  (docs/reproduction.md has them).
+  Each line joins the means over seeds; each seed's value is a small dot
+  beside it, since with 1-3 seeds a standard deviation says less than the
+  values themselves (two seeds pruned 0.2% and 92% give a mean of 46 ±
+  65). The sparsity panel labels each point with the epochs of the
+  checkpoints evaluated (one per seed): where the best-validation rule kept
+  an early one, the point shows that epoch's net, not the last one's. It
+  also draws the paper's sparsities where the paper gives them (hollow
+  markers, dashed); the accuracies' panels leave them out, being on another
+  scale (docs/reproduction.md has them).
   """
-  series: dict[str, list[tuple[float, dict[str, Any], list[int]]]] = {}
+  series: dict[str, list[tuple[float, dict[str, Any], list[int],
+                               list[dict[str, float]]]]] = {}
   paper: dict[str, list[tuple[float, float]]] = {}
   for row in data["rows"]:
     if not row["summary"] or param not in row["overrides"]:
       continue
     net, x = row["label"]["Net"], row["overrides"][param]
-    epochs = [e["checkpoint_epoch"] for e in row.get("runs", ())
-              if e.get("status") == "done" and e.get("checkpoint_epoch")]
-    series.setdefault(net, []).append((x, row["summary"], epochs))
+    done = [e for e in row.get("runs", ()) if e.get("status") == "done"]
+    epochs = [e["checkpoint_epoch"] for e in done
+              if e.get("checkpoint_epoch")]
+    seeds = [e.get("metrics", {}) for e in done]
+    series.setdefault(net, []).append((x, row["summary"], epochs, seeds))
     if row.get("paper", {}).get(sparsity) is not None:
       paper.setdefault(net, []).append((x, row["paper"][sparsity]))
   if not series:
@@ -188,25 +195,31 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
   axes = fig.subplots(1, len(panels))
   for ax, metric in zip(axes, panels):
     for i, (net, points) in enumerate(sorted(series.items())):
-      points = sorted((x, s[metric], e) for x, s, e in points if metric in s)
+      points = sorted((p for p in points if metric in p[1]),
+                      key=lambda p: p[0])
       if not points:
         continue
-      xs = [x for x, _, _ in points]
-      line = ax.errorbar(xs, [s["mean"] for _, s, _ in points],
-                         yerr=[s["std"] for _, s, _ in points], marker="o",
-                         capsize=3, label=net)
+      (line,) = ax.plot([x for x, *_ in points],
+                        [s[metric]["mean"] for _, s, _, _ in points],
+                        marker="o", label=net)
+      color = line.get_color()
+      seed_x = [x for x, _, _, seeds in points for m in seeds if metric in m]
+      seed_y = [m[metric] for _, _, _, seeds in points for m in seeds
+                if metric in m]
+      ax.scatter(seed_x, seed_y, s=10, facecolors="none", edgecolors=color,
+                 linewidths=0.8, alpha=0.8, zorder=3)
       if metric == sparsity:
-        for x, s, epochs in points:
+        for x, s, epochs, _ in points:
           if epochs:
-            ax.annotate("ep " + ",".join(map(str, epochs)), (x, s["mean"]),
-                        textcoords="offset points",
+            ax.annotate("ep " + ",".join(map(str, epochs)),
+                        (x, s[metric]["mean"]), textcoords="offset points",
                         # Each net's labels on their own side of the line.
                         xytext=(4, -10 if i % 2 == 0 else 5),
-                        fontsize=6, color=line[0].get_color())
+                        fontsize=6, color=color)
         if net in paper:
           px, py = zip(*sorted(paper[net]))
           ax.plot(px, py, linestyle="--", marker="o", mfc="none",
-                  color=line[0].get_color(), label=f"{net}, paper")
+                  color=color, label=f"{net}, paper")
     if log_x:
       ax.set_xscale("log")
     ax.set_xlabel(x_label)
