@@ -23,6 +23,7 @@ from typing import Any
 
 # matplotlib.figure.Figure, not pyplot: it draws PNGs without choosing a
 # backend, so importing this module changes no global matplotlib state.
+from matplotlib import transforms
 from matplotlib.figure import Figure
 import numpy as np
 
@@ -206,8 +207,13 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
       seed_x = [x for x, _, _, seeds in points for m in seeds if metric in m]
       seed_y = [m[metric] for _, _, _, seeds in points for m in seeds
                 if metric in m]
+      # Each net's dots a few points to its own side, so two nets' seeds
+      # at the same x stay apart (on linear and log axes alike).
+      dodge = transforms.ScaledTranslation(
+          (i - (len(series) - 1) / 2) * 4 / 72, 0, fig.dpi_scale_trans)
       ax.scatter(seed_x, seed_y, s=10, facecolors="none", edgecolors=color,
-                 linewidths=0.8, alpha=0.8, zorder=3)
+                 linewidths=0.8, alpha=0.8, zorder=3,
+                 transform=ax.transData + dodge)
       if metric == sparsity:
         for x, s, epochs, _ in points:
           if epochs:
