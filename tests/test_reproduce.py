@@ -589,6 +589,8 @@ def test_lambda_sweep_figure(tmp_path):
                   for xy in c.get_offsets())
   assert seed_dots(sparsity) == [(0.1, 0.22), (0.1, 91.7)]
   assert seed_dots(natural) == [(0.1, 36.6), (0.1, 37.6)]
+  low, high = natural.get_ylim()   # the dots are inside the axes
+  assert low < 36.6 and high > 50.0 + 0.1
   assert "ep 1,5" in [t.get_text() for t in sparsity.texts]
 
 

@@ -214,6 +214,9 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
       ax.scatter(seed_x, seed_y, s=10, facecolors="none", edgecolors=color,
                  linewidths=0.8, alpha=0.8, zorder=3,
                  transform=ax.transData + dodge)
+      if seed_x:  # a shifted transform leaves the axes' limits to us
+        ax.update_datalim(list(zip(seed_x, seed_y)))
+        ax.autoscale_view()
       if metric == sparsity:
         for x, s, epochs, _ in points:
           if epochs:
