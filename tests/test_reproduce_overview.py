@@ -126,6 +126,7 @@ def test_the_figures_points_are_the_rows_with_both_numbers():
   assert (a1_base["paper"], a1_base["mean"], a1_base["seeds"]) == (
       76.07, 53.0, 2)
   assert a1_base["std"] == pytest.approx(1.41421356)
+  assert a1_base["values"] == [52.0, 54.0]
   # ADMM: the dense w's numbers, the reading the paper's belong to
   assert (a1_admm["where"], a1_admm["paper"], a1_admm["mean"],
           a1_admm["std"]) == ("Table 4", 71.55, 48.0, 0.0)
@@ -139,6 +140,12 @@ def test_the_figure_is_drawn_where_a_row_has_both_numbers(tmp_path):
   path = str(tmp_path / "overview.png")
   assert overview.figure(_tables(), "cpu", path) == path
   assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+  # Each seed is a dot at its row's paper number, beside the row's mean.
+  a1 = overview.overview_figure(_tables(), "cpu").axes[0]
+  assert sorted(tuple(map(float, xy)) for c in a1.collections
+                for xy in c.get_offsets()) == [
+                    (71.55, 48.0), (76.07, 52.0), (76.07, 54.0)]
+  assert a1.get_ylim()[1] > 54.0
   tables = _tables()
   for data in tables.values():
     for row in data["rows"]:

@@ -185,7 +185,7 @@ def points_of(tables: Mapping[str, Mapping[str, Any]]
               ) -> dict[str, list[dict[str, Any]]]:
   """Per metric of :data:`PLOT_METRICS`, the rows that have both the paper's
   number and fkjax's: ``{"where", "label", "paper", "mean", "std",
-  "seeds"}``. ADMM rows give their dense ``w``'s numbers, the reading the
+  "seeds", "values"}`` (``values``: each seed's). ADMM rows give their dense ``w``'s numbers, the reading the
   paper's belong to; the sparsities leave out rows with no sparsifier (0 on
   both sides by construction, they would only inflate the correlation)."""
   out: dict[str, list[dict[str, Any]]] = {m: [] for m, _, _ in PLOT_METRICS}
@@ -205,20 +205,32 @@ def points_of(tables: Mapping[str, Mapping[str, Any]]
           "where": label.split(":")[0], "label": label, "paper": paper,
           "mean": float(np.mean(values)),
           "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-          "seeds": len(values)})
+          "seeds": len(values), "values": [float(v) for v in values]})
   return out
 
 
 def figure(tables: Mapping[str, Mapping[str, Any]], scale: str,
            path: str) -> str | None:
-  """``overview.png``: fkjax's number (mean +- sample std over the seeds)
-  against the paper's, a panel per metric of :data:`PLOT_METRICS`, a
-  colour per table, with the diagonal and Spearman's rho over all rows
-  (the title) and within each table (the legend).
+  """``overview.png``: fkjax's number against the paper's (the seeds' mean,
+  each seed a small hollow dot above or below it), a panel per metric of
+  :data:`PLOT_METRICS`, a colour per table, with the diagonal and
+  Spearman's rho of the means over all rows (the title) and within each
+  table (the legend).
 
   A scaled protocol moves every number; what the figure asks is whether
   the rows keep the paper's order. Returns ``path``, or None (nothing
   written) when no row has both numbers yet."""
+  fig = overview_figure(tables, scale)
+  if fig is None:
+    return None
+  fig.savefig(path, dpi=110)
+  return path
+
+
+def overview_figure(tables: Mapping[str, Mapping[str, Any]], scale: str
+                    ) -> Figure | None:
+  """The figure :func:`figure` saves, or None when no row has both
+  numbers."""
   points = points_of(tables)
   if not any(points.values()):
     return None
@@ -237,13 +249,17 @@ def figure(tables: Mapping[str, Mapping[str, Any]], scale: str,
       # The paper compares rows within a table: its own rho says whether
       # they keep their order there.
       rho = rank_correlation(xs, ys)
-      ax.errorbar(xs, ys, yerr=[p["std"] for p in mine], fmt="o",
-                  capsize=3, color=colours[where], alpha=0.8,
-                  label=f"{where}: {_rows(len(mine))}"
-                  + (f", rho {rho:.2f}" if rho is not None else ""))
+      ax.plot(xs, ys, "o", color=colours[where], alpha=0.8,
+              label=f"{where}: {_rows(len(mine))}"
+              + (f", rho {rho:.2f}" if rho is not None else ""))
+      # With 1-3 seeds the values say more than a standard deviation would.
+      ax.scatter([p["paper"] for p in mine for _ in p["values"]],
+                 [v for p in mine for v in p["values"]], s=10,
+                 facecolors="none", edgecolors=colours[where],
+                 linewidths=0.8, alpha=0.8)
     rho = rank_correlation([p["paper"] for p in ps], [p["mean"] for p in ps])
-    low = min([0.0] + [min(p["paper"], p["mean"]) for p in ps])
-    high = max([1.0] + [max(p["paper"], p["mean"] + p["std"]) for p in ps])
+    low = min([0.0] + [min(p["paper"], *p["values"]) for p in ps])
+    high = max([1.0] + [max(p["paper"], *p["values"]) for p in ps])
     ax.plot([low, high], [low, high], color="grey", linestyle=":",
             linewidth=1, label="fkjax = paper")
     ax.set_xlabel("the paper (%)")
@@ -254,8 +270,7 @@ def figure(tables: Mapping[str, Mapping[str, Any]], scale: str,
     if ps:
       ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  return path
+  return fig
 
 
 def _rows(n: int) -> str:
