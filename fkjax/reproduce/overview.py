@@ -237,7 +237,7 @@ def overview_figure(tables: Mapping[str, Mapping[str, Any]], scale: str
   wheres = list(dict.fromkeys(p["where"] for ps in points.values()
                               for p in ps))
   colours = {w: f"C{i % 10}" for i, w in enumerate(wheres)}
-  fig = Figure(figsize=(4.2 * len(PLOT_METRICS), 4.4))
+  fig = Figure(figsize=(4.2 * len(PLOT_METRICS), 5.4))
   axes = fig.subplots(1, len(PLOT_METRICS))
   for ax, (metric, _, title) in zip(axes, PLOT_METRICS):
     ps = points[metric]
@@ -268,7 +268,9 @@ def overview_figure(tables: Mapping[str, Mapping[str, Any]], scale: str
                  + (f"{rho:.2f}" if rho is not None else "n/a")
                  + " (all tables)", fontsize=9)
     if ps:
-      ax.legend(fontsize=7)
+      # Below the panel: inside, "best" still hid points (a seed at 0%).
+      ax.legend(fontsize=7, loc="upper center", ncols=2,
+                bbox_to_anchor=(0.5, -0.16))
   fig.tight_layout()
   return fig
 
