@@ -185,9 +185,10 @@ def points_of(tables: Mapping[str, Mapping[str, Any]]
               ) -> dict[str, list[dict[str, Any]]]:
   """Per metric of :data:`PLOT_METRICS`, the rows that have both the paper's
   number and fkjax's: ``{"where", "label", "paper", "mean", "std",
-  "seeds", "values"}`` (``values``: each seed's). ADMM rows give their dense ``w``'s numbers, the reading the
-  paper's belong to; the sparsities leave out rows with no sparsifier (0 on
-  both sides by construction, they would only inflate the correlation)."""
+  "seeds", "values"}`` (``values``: each seed's). ADMM rows give their
+  dense ``w``'s numbers, the reading the paper's belong to; the sparsities
+  leave out rows with no sparsifier (0 on both sides by construction, they
+  would only inflate the correlation)."""
   out: dict[str, list[dict[str, Any]]] = {m: [] for m, _, _ in PLOT_METRICS}
   for label, row, done in _listed_rows(tables):
     pruned = any(p in _SPARSIFIERS for p in row["presets"].split(","))
