@@ -204,18 +204,18 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
                         [s[metric]["mean"] for _, s, _, _ in points],
                         marker="o", label=net)
       color = line.get_color()
-      seed_x = [x for x, _, _, seeds in points for m in seeds if metric in m]
-      seed_y = [m[metric] for _, _, _, seeds in points for m in seeds
-                if metric in m]
+      dots = [(x, m[metric]) for x, _, _, seeds in points for m in seeds
+              if metric in m]
       # Each net's dots a few points to its own side, so two nets' seeds
       # at the same x stay apart (on linear and log axes alike).
       dodge = transforms.ScaledTranslation(
           (i - (len(series) - 1) / 2) * 4 / 72, 0, fig.dpi_scale_trans)
-      ax.scatter(seed_x, seed_y, s=10, facecolors="none", edgecolors=color,
-                 linewidths=0.8, alpha=0.8, zorder=3,
-                 transform=ax.transData + dodge)
-      if seed_x:  # a shifted transform leaves the axes' limits to us
-        ax.update_datalim(list(zip(seed_x, seed_y)))
+      if dots:
+        ax.scatter(*zip(*dots), s=10, facecolors="none", edgecolors=color,
+                   linewidths=0.8, alpha=0.8, zorder=3,
+                   transform=ax.transData + dodge)
+        # A shifted transform leaves the axes' limits to us.
+        ax.update_datalim(dots)
         ax.autoscale_view()
       if metric == sparsity:
         for x, s, epochs, _ in points:
