@@ -30,6 +30,10 @@ import numpy as np
 from fkjax.reproduce import files
 from fkjax.reproduce import runner as runner_lib
 
+# Every figure draws a run's single seeds alike: small open circles in the
+# colour of the row's mean, so the mean stays the eye's first reading.
+SEED_DOTS = dict(s=10, facecolors="none", linewidths=0.8, alpha=0.8)
+
 
 def _npz(run: runner_lib.Run) -> dict[str, np.ndarray] | None:
   path = os.path.join(run.workdir, "analysis.npz")
@@ -211,9 +215,8 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
       dodge = transforms.ScaledTranslation(
           (i - (len(series) - 1) / 2) * 4 / 72, 0, fig.dpi_scale_trans)
       if dots:
-        ax.scatter(*zip(*dots), s=10, facecolors="none", edgecolors=color,
-                   linewidths=0.8, alpha=0.8, zorder=3,
-                   transform=ax.transData + dodge)
+        ax.scatter(*zip(*dots), edgecolors=color, zorder=3,
+                   transform=ax.transData + dodge, **SEED_DOTS)
         # A shifted transform leaves the axes' limits to us.
         ax.update_datalim(dots)
         ax.autoscale_view()

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from matplotlib.figure import Figure
 import numpy as np
 
+from fkjax.reproduce import figures
 from fkjax.reproduce import files
 from fkjax.reproduce import report
 from fkjax.reproduce import runner as runner_lib
@@ -255,9 +256,8 @@ def overview_figure(tables: Mapping[str, Mapping[str, Any]], scale: str
               + (f", rho {rho:.2f}" if rho is not None else ""))
       # With 1-3 seeds the values say more than a standard deviation would.
       ax.scatter([p["paper"] for p in mine for _ in p["values"]],
-                 [v for p in mine for v in p["values"]], s=10,
-                 facecolors="none", edgecolors=colours[where],
-                 linewidths=0.8, alpha=0.8)
+                 [v for p in mine for v in p["values"]],
+                 edgecolors=colours[where], **figures.SEED_DOTS)
     rho = rank_correlation([p["paper"] for p in ps], [p["mean"] for p in ps])
     low = min([0.0] + [min(p["paper"], *p["values"]) for p in ps])
     high = max([1.0] + [max(p["paper"], *p["values"]) for p in ps])
