@@ -295,7 +295,7 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
   runs = _runs(whole["full"])
   assert len(runs) == 2
   assert "sweep: 2 runs in one program" in whole["full_log"]
-  finals = []
+  firsts, finals = [], []
   for run, alone in zip(runs, whole["alone"]):
     # A few steps (the first epoch, projection included): equal up to
     # float32 rounding and the few PGD sign steps it flips (on an AVX-512
@@ -306,12 +306,11 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
     # channels RGSM's threshold keeps in one and zeroes in the other (none
     # measured). The runs alone use the jnp noise, as the sweep does for its
     # swept noise coefficient (tests/sweep_singles.py).
-    for step, atol in ((2, 2e-3), (4, 1e-2)):
-      diff = sweep_devices.compare(_restore(run, step), _restore(alone, step),
-                                   atol)
+    for step, atol, kept in ((2, 2e-3, firsts), (4, 1e-2, finals)):
+      kept.append(_restore(run, step))
+      diff = sweep_devices.compare(kept[-1], _restore(alone, step), atol)
       assert diff["unexplained"] == 0 and diff["flip_share"] < 0.02, (
           run.name, step, diff)
-    finals.append(_restore(run, 4))
     # Metrics: the single run's records, with the sweep's size added.
     records = [[json.loads(l) for l in open(w / "metrics.jsonl")]
                for w in (run, alone)]
@@ -337,7 +336,6 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
   # The runs differ (their own seeds and hyperparameters) by far more, at
   # both tolerances.
   assert sweep_devices.compare(*finals, 1e-2)["unexplained"] > 1000
-  firsts = [_restore(run, 2) for run in runs]
   assert sweep_devices.compare(*firsts, 2e-3)["unexplained"] > 1000
 
 
