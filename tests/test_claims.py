@@ -268,3 +268,24 @@ def test_a_variants_claims_name_the_commands_that_select_it(tmp_path):
   assert ("- `python -m fkjax.reproduce table4 --scale=cpu --variant=long "
           "--rows=admm_element,admm_channel --seeds=3`" in md)
   assert "cpu-long`" not in md.replace("the `cpu-long` scale", "")
+
+
+def test_open_claims_with_nothing_left_to_run_are_named():
+  def claim(name, verdict):
+    return {"name": name, "claim": name, "where": "Table 1",
+            "verdict": verdict, "comparisons": []}
+  data = {"scale": "cpu", "min_seeds": 3, "z": 2.0,
+          "claims": [claim("waits", "open: 1 as the paper (unresolved)"),
+                     claim("spread", "open: 2 no resolved difference"),
+                     claim("noise", "open: 1 within test-sample noise"),
+                     claim("done", "holds")],
+          "to_settle": [{"table": "table1", "rows": ["r"],
+                         "claims": ["waits"]}]}
+  md = claims.markdown(data)
+  section = md.split("## Open claims with nothing left to run at this "
+                     "scale")[1].split("##")[0]
+  assert section.strip().endswith(": spread, noise.")
+  assert "--rows=r --seeds=3` (waits)" in md
+  # With every open claim waiting on runs, the section is left out.
+  data["claims"] = data["claims"][:1] + data["claims"][3:]
+  assert "nothing left to run" not in claims.markdown(data)

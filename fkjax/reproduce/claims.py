@@ -400,6 +400,19 @@ def markdown(data: Mapping[str, Any]) -> str:
           f"- `python -m fkjax.reproduce {t['table']} {flags} "
           f"--rows={','.join(t['rows'])} --seeds={data['min_seeds']}` "
           f"({', '.join(t['claims'])})")
+  waiting = {n for t in data.get("to_settle", ()) for n in t["claims"]}
+  run_out = [c["name"] for c in data["claims"]
+             if c["verdict"].startswith("open") and c["name"] not in waiting]
+  if run_out:
+    # Without this, a claim left open by differences smaller than the seeds'
+    # spread reads as if it only waited for runs the list above lacks.
+    lines += ["", "## Open claims with nothing left to run at this scale", "",
+              "Each of their unresolved comparisons is within the test "
+              "sample's noise (unresolved whatever the seeds) or has "
+              f"at least {data['min_seeds']} seeds per row without a resolved "
+              f"difference (more than {data['min_seeds']} seeds, or another "
+              "scale, could resolve it): "
+              + ", ".join(run_out) + "."]
   lines += ["", "## Comparisons run so far", "",
             "| claim | table | the paper's higher row | its lower row | "
             "metric | fkjax: higher - lower | seeds | test-sample noise "
