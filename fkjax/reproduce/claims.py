@@ -60,6 +60,8 @@ LAST_EPOCH = {"sparsity": "last_epoch_sparsity",
 Z = 2.0
 ACCURACIES = ("A1", "A2", "A3")
 NOT_RUN = "not yet run"
+# The prefix of a verdict that neither holds nor does not hold (verdict_of).
+OPEN = "open"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,7 +308,7 @@ def verdict_of(verdicts: list[str], turned: int = 0) -> str:
     counts: dict[str, int] = {}
     for v in verdicts:
       counts[v] = counts.get(v, 0) + 1
-    verdict = "open: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+    verdict = f"{OPEN}: " + ", ".join(f"{n} {v}" for v, n in counts.items())
   if turned:
     verdict += (f"; {turned} of them on a checkpoint before the last epoch, "
                 "whose sparsity goes the other way" if turned > 1 else
@@ -402,7 +404,7 @@ def markdown(data: Mapping[str, Any]) -> str:
           f"({', '.join(t['claims'])})")
   waiting = {n for t in data.get("to_settle", ()) for n in t["claims"]}
   run_out = [c["name"] for c in data["claims"]
-             if c["verdict"].startswith("open") and c["name"] not in waiting]
+             if c["verdict"].startswith(OPEN) and c["name"] not in waiting]
   if run_out:
     # Without this, a claim left open by differences smaller than the seeds'
     # spread reads as if it only waited for runs the list above lacks.
