@@ -809,9 +809,26 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
   # En2ResNet20 under RGSM with Table 2's extra columns: NAttack (A5) and
   # the strong protocol with EOT over the noise; the analysis reads the
   # member-stacked kernels.
+  # --defer-extra-evals first: the run is reported without A5 and the
+  # strong column; the command without it then runs those two alone.
   row = "en2resnet20_rgsm_l0.05"
-  _reproduce(["table2", "--scale=tiny", f"--rows={row}"], tmp_path,
-             tiny["cache"])
+  args = ["table2", "--scale=tiny", f"--rows={row}"]
+  deferred = _reproduce([*args, "--defer-extra-evals"], tmp_path,
+                        tiny["cache"])
+  assert "extra evaluation" not in deferred.stdout
+  run = next(r for r in _table(tmp_path, "table2")["rows"]
+             if r["name"] == row)["runs"][0]
+  assert (run["status"], run["pending"]) == ("done",
+                                             ["eval_a5", "eval_strong"])
+  assert "A1" in run["metrics"] and "channel_sparsity" in run["metrics"]
+  assert not {"A5", "A_strong"} & set(run["metrics"])
+  again = _reproduce([*args, "--defer-extra-evals", "--dry-run"], tmp_path,
+                     tiny["cache"])
+  assert "(deferred), ~0m00s" in again.stdout
+  out = _reproduce(args, tmp_path, tiny["cache"])
+  assert "training" not in out.stdout
+  assert "extra evaluation a5" in out.stdout
+  assert "extra evaluation strong" in out.stdout
   data = _table(tmp_path, "table2")
   run = next(r for r in data["rows"] if r["name"] == row)["runs"][0]
   assert run["status"] == "done" and run["pending"] == []

@@ -22,10 +22,15 @@ time, and runs nothing; with ``--calibrate`` it first times ResNet20's
 training steps on this machine and estimates for it.
 ``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
 row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).
+``--defer-extra-evals`` finishes each run without its extra evaluations (A5
+and the strong protocol, the longest on a CPU): the table reports it
+without their columns, and the same command without the flag runs them
+alone later.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -78,6 +83,13 @@ def _parser() -> argparse.ArgumentParser:
                  help="do not restore finished runs missing from their "
                       "workdirs from <results>/<scale>/runs: they train again "
                       "(and replace what is kept there when they finish)")
+  p.add_argument("--defer-extra-evals", "--defer_extra_evals",
+                 action="store_true",
+                 help="train and evaluate each run (A1-A4, sparsity) but "
+                      "leave its extra evaluations (A5 NAttack, the strong "
+                      "protocol) for later: the table reports it without "
+                      "those columns until the command without this flag "
+                      "runs them")
   p.add_argument("--sweep", action="store_true",
                  help="train the runs that differ only in seeds or "
                       "hyperparameters (fkjax.sweep.SWEEPABLE_KEYS) as one "
@@ -210,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
       from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
       step_times = calibrate.measure()
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
-                    step_times=step_times)
+                    step_times=step_times,
+                    extra_evals=not args.defer_extra_evals)
 
   # --no-restore: the runs asked for train again; the rest of each table
   # is reported as usual.
@@ -234,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
       todo = []
       for r in runs:
-        if runner_lib.status_of(r) == "done":
+        if runner_lib.status_of(r) == "done" or (
+            args.defer_extra_evals and runner_lib.finished(r)):
           continue
         if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
           # Restored from results/ without checkpoints: reported as it is.
@@ -255,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
                        f"{run.seed} ({runner_lib.status_of(run)})")
         try:
-          record = runner_lib.execute(run)
+          record = runner_lib.execute(
+              run, extra_evals=not args.defer_extra_evals)
         except Exception as e:  # pylint: disable=broad-except
           # One failed run (a diverged training, say) must not stop the
           # table: it is reported as failed and rerun next time.
@@ -296,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
              max_runs: int | None = None,
-             step_times: runner_lib.StepTimes | None = None) -> int:
+             step_times: runner_lib.StepTimes | None = None,
+             extra_evals: bool = True) -> int:
   reference = runner_lib.REFERENCE_STEP_TIMES
   where = "on 2 idle CPU cores"
   if step_times is not None:
@@ -325,8 +341,12 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
       status = runner_lib.status_of(run)
       if not runner_lib.finished(run):
         estimate = runner_lib.estimate_seconds(
-            run, epochs_done=runner_lib.trained_epochs(run) or 0,
+            run if extra_evals else dataclasses.replace(run, extra_evals=[]),
+            epochs_done=runner_lib.trained_epochs(run) or 0,
             step_times=step_times)
+      elif not extra_evals:
+        estimate = 0.0
+        status = "done" if status == "done" else f"{status} (deferred)"
       elif runner_lib.has_checkpoint(run):
         estimate = runner_lib.estimate_seconds(
             run, only=runner_lib.pending_evals(run), step_times=step_times)

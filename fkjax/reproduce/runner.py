@@ -365,11 +365,15 @@ def _train_done(run: Run) -> bool:
   return run.config.training.num_epochs in epochs
 
 
-def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
+def execute(run: Run, *, show_progress: bool = True,
+            extra_evals: bool = True) -> dict[str, Any]:
   """Runs the stages of ``run`` that are not done; returns its record.
 
   ``show_progress``: progress output (a bar on a terminal, else a plain line
-  every 30 s, see :func:`fkjax.metric_logging.progress`).
+  every 30 s, see :func:`fkjax.metric_logging.progress`). ``extra_evals``:
+  False leaves the extra evaluations not yet done pending
+  (:func:`pending_evals`): the run is finished and reported without their
+  columns, and a later call with True runs them alone.
   """
   # JAX only now: planning and dry runs never load it.
   import jax  # pylint: disable=import-outside-toplevel
@@ -403,7 +407,7 @@ def execute(run: Run, *, show_progress: bool = True) -> dict[str, Any]:
     log(f"{what}: evaluating ({config.eval.attacks})")
     progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
         config, run.workdir, exp=exp()))
-  for extra in run.extra_evals:
+  for extra in run.extra_evals if extra_evals else ():
     stage = f"eval_{extra.protocol}"
     cfg = _with(config, extra.overrides)
     fp = fps[stage]
@@ -593,6 +597,12 @@ def commands_of(run: Run) -> dict[str, str]:
 
 def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
   stages = progress.get("stages", {})
+  # An extra evaluation not run (execute's extra_evals=False) has no
+  # fingerprint in the record: pending_evals names it.
+  done = {k: v for k, v in fingerprints(run).items()
+          if k in ("train", "eval") or (stages.get(k, {}).get("done")
+                                        and stages[k].get("fingerprint") == v)}
+  extras = [e for e in run.extra_evals if f"eval_{e.protocol}" in done]
   main = main_eval(run)
   metadata = main.get("metadata", {})
   return {
@@ -608,15 +618,14 @@ def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
       # runs its training stage shared (fkjax.sweep, --sweep); 1: alone
       "train_sweep_runs": stages.get("train", {}).get("sweep_runs", 1),
       "wall_seconds": sum(v["seconds"] for v in stages.values()),
-      "metrics": metrics_of(run.workdir, run.eval_result, run.extra_evals,
-                            main),
+      "metrics": metrics_of(run.workdir, run.eval_result, extras, main),
       "test_images": main.get("num_examples"),
       "checkpoint_step": metadata.get("step"),
       "git_commit": metadata.get("git_commit"),
       "data": metadata.get("data"),
       # the main evaluation's machine: training's, unless resumed elsewhere
       "devices": metadata.get("devices"),
-      "fingerprints": fingerprints(run),
+      "fingerprints": done,
       "done": True,
   }
 
