@@ -731,6 +731,12 @@ _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}
 _NOISY_EOT_COST = 1.41
 _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
                "cw_authors": 51, "fgsm_authors": 2}
+# One NAttack query (a forward pass of one population sample) per image, in
+# attack iterations: the cpu scale's A5 (100 images, population 50, 100
+# iterations) took 299 and 443 s on ResNet20 and 892 and 998 s on
+# En2ResNet20 (stage_seconds of results/cpu/runs/table{1,2}), 2.3x and 2.5x
+# what a third of an iteration (a forward pass alone) predicts.
+_NATTACK_QUERY_COST = 0.8
 
 
 def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
@@ -777,7 +783,7 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
     for name in cfg.eval.attacks.split(","):
       if name == "nattack":
         total += (n * cfg.eval.nattack_iters * cfg.eval.nattack_population
-                  * m * eval_iter_per_image / 3)
+                  * m * eval_iter_per_image * _NATTACK_QUERY_COST)
       else:
         total += n * m * eval_iter_per_image * _EVAL_ITERS.get(name, 21)
     return total
