@@ -260,6 +260,38 @@ def test_a_sparsity_the_last_epoch_would_turn_round_is_flagged():
   assert "early_checkpoints" not in out
 
 
+def test_an_accuracy_of_a_net_evaluated_before_it_was_pruned_is_flagged():
+  # Row a's seed 0 was evaluated at epoch 1, before RGSM pruned much (0.22%
+  # of channels; 80% at its last epoch): its accuracy is not the sparse
+  # net's.
+  table = _table({"a": ([40.0, 50.0, 52.0], "A1", None),
+                  "b": ([45.0, 46.0, 47.0], "A1", None)})
+  runs = table["rows"][0]["runs"]
+  for seed, (run, channels) in enumerate(zip(runs, (0.22, 75.0, 80.0))):
+    run.update(seed=seed, checkpoint_epoch=1 if seed == 0 else 5, epochs=5)
+    run["metrics"].update(sparsity=0.03 if seed == 0 else channels,
+                          channel_sparsity=channels)
+  runs[0].update(last_epoch_sparsity=79.0, last_epoch_channel_sparsity=80.0)
+  out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
+  note = ("seed 0 at epoch 1/5, 0.22% of channels pruned against 80.00% at "
+          "the last")
+  assert out["unpruned_checkpoints"] == {"a": [note]}
+  assert claims._early_note(out) == f" (evaluated barely pruned: a {note})"
+  assert claims.verdict_of([out["verdict"]], 0, 1).endswith(
+      "; 1 with a row evaluated at a checkpoint its sparsifier had barely "
+      "pruned")
+  # An early checkpoint with a good part of the last epoch's pruning: not
+  # flagged.
+  runs[0]["metrics"]["channel_sparsity"] = 12.0
+  out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
+  assert "unpruned_checkpoints" not in out
+  # Nothing pruned at the last epoch either (an unpruned row): not flagged.
+  runs[0]["metrics"]["channel_sparsity"] = 0.0
+  runs[0].update(last_epoch_sparsity=0.0, last_epoch_channel_sparsity=0.0)
+  out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
+  assert "unpruned_checkpoints" not in out
+
+
 def test_a_variants_claims_name_the_commands_that_select_it(tmp_path):
   _write_rvsm_and_admm(tmp_path / "cpu-long")
   md = claims.markdown(claims.evaluate(str(tmp_path), "cpu-long"))

@@ -34,6 +34,11 @@ sparsity its training log gives for the last epoch would turn the
 comparison round: a short schedule may select a net from before the
 sparsifier pruned.
 
+An accuracy comparison is flagged when a run's evaluated checkpoint is
+barely pruned (under a tenth of the weights or channels its last epoch has
+pruned): the accuracy is then of a net from before the sparsifier acted,
+not of the sparse net the row stands for.
+
 A claim holds when every comparison holds, does not hold when one is
 reversed, and is otherwise labelled by what its comparisons show so far.
 """
@@ -209,6 +214,8 @@ def _row_stats(table: Mapping[str, Any] | None, row: str, metric: str
                       if LAST_EPOCH[metric] in e]
       out["last_epoch_mean"] = statistics.fmean(
           e.get(LAST_EPOCH[metric], e["metrics"][metric]) for e in done)
+    else:
+      out["unpruned"] = [note for note in map(_barely_pruned, done) if note]
     return out
   return None
 
@@ -253,6 +260,28 @@ def _sample_se(comparison: Comparison, table: Mapping[str, Any],
                                             + 1.0 / b["images"])), None
 
 
+# Below this share of its last epoch's sparsity, a run's evaluated
+# checkpoint counts as from before its sparsifier pruned.
+BARELY_PRUNED = 0.1
+
+
+def _barely_pruned(run: Mapping[str, Any]) -> str | None:
+  """Where ``run`` was evaluated at a checkpoint with under BARELY_PRUNED
+  of the weights or channels its last epoch has pruned (report.collect's
+  last-epoch sparsities), says so; else None."""
+  # the kind of sparsity the sparsifier mostly produced: channels (RGSM)
+  # or weights (RVSM)
+  metric = max(LAST_EPOCH, key=lambda k: run.get(LAST_EPOCH[k]) or 0.0)
+  last = run.get(LAST_EPOCH[metric]) or 0.0
+  now = run["metrics"].get(metric, 0.0)
+  if last <= 0 or now >= BARELY_PRUNED * last:
+    return None
+  what = "channels" if metric == "channel_sparsity" else "weights"
+  return (f"seed {run['seed']} at epoch {run['checkpoint_epoch']}/"
+          f"{run['epochs']}, {now:.2f}% of {what} pruned against {last:.2f}% "
+          "at the last")
+
+
 def judge(comparison: Comparison, table: Mapping[str, Any] | None
           ) -> dict[str, Any]:
   """The verdict on one comparison from its table's results data."""
@@ -277,6 +306,11 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
           "runs": {row: stats["early"] for row, stats in
                    ((comparison.higher, a), (comparison.lower, b))
                    if stats["early"]}}
+  unpruned = {row: stats["unpruned"] for row, stats in
+              ((comparison.higher, a), (comparison.lower, b))
+              if stats.get("unpruned")}
+  if unpruned:
+    out["unpruned_checkpoints"] = unpruned
   if comparison.metric in ACCURACIES and a["images"] and b["images"]:
     # The floor below which no seed count makes a difference real.
     noise, paired_seeds = _sample_se(comparison, table, a, b)
@@ -295,9 +329,11 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
                              "against the paper") + " (unresolved)"}
 
 
-def verdict_of(verdicts: list[str], turned: int = 0) -> str:
+def verdict_of(verdicts: list[str], turned: int = 0,
+               unpruned: int = 0) -> str:
   """A claim's verdict from its comparisons' verdicts; ``turned``: how many
-  of them the last epoch's sparsity would turn round (``judge``)."""
+  of them the last epoch's sparsity would turn round, ``unpruned``: how many
+  compare accuracies of a net evaluated barely pruned (``judge``)."""
   if all(v == NOT_RUN for v in verdicts):
     return NOT_RUN
   if any(v == "reversed" for v in verdicts):
@@ -314,6 +350,11 @@ def verdict_of(verdicts: list[str], turned: int = 0) -> str:
                 "whose sparsity goes the other way" if turned > 1 else
                 "; 1 on a checkpoint before the last epoch, whose sparsity "
                 "goes the other way")
+  if unpruned:
+    verdict += (f"; {unpruned} of them with a row evaluated at a checkpoint "
+                "its sparsifier had barely pruned" if unpruned > 1 else
+                "; 1 with a row evaluated at a checkpoint its sparsifier had "
+                "barely pruned")
   return verdict
 
 
@@ -331,7 +372,8 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
     out.append({"name": claim.name, "claim": claim.text, "where": claim.where,
                 "verdict": verdict_of(
                     [c["verdict"] for c in comparisons],
-                    sum("early_checkpoints" in c for c in comparisons)),
+                    sum("early_checkpoints" in c for c in comparisons),
+                    sum("unpruned_checkpoints" in c for c in comparisons)),
                 "comparisons": comparisons})
   return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out,
           "to_settle": to_settle(out)}
@@ -436,6 +478,11 @@ def markdown(data: Mapping[str, Any]) -> str:
 
 
 def _early_note(comparison: Mapping[str, Any]) -> str:
+  unpruned = comparison.get("unpruned_checkpoints")
+  if unpruned:
+    runs = "; ".join(f"{row} {', '.join(seeds)}"
+                     for row, seeds in unpruned.items())
+    return f" (evaluated barely pruned: {runs})"
   early = comparison.get("early_checkpoints")
   if not early:
     return ""
