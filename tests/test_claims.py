@@ -275,7 +275,7 @@ def test_an_accuracy_of_a_net_evaluated_before_it_was_pruned_is_flagged():
   out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
   note = ("seed 0 at epoch 1/5, 0.22% of channels pruned against 80.00% at "
           "the last")
-  assert out["unpruned_checkpoints"] == {"a": [note]}
+  assert out["barely_pruned_checkpoints"] == {"a": [note]}
   assert claims._early_note(out) == f" (evaluated barely pruned: a {note})"
   assert claims.verdict_of([out["verdict"]], 0, 1).endswith(
       "; 1 with a row evaluated at a checkpoint its sparsifier had barely "
@@ -284,12 +284,12 @@ def test_an_accuracy_of_a_net_evaluated_before_it_was_pruned_is_flagged():
   # flagged.
   runs[0]["metrics"]["channel_sparsity"] = 12.0
   out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
-  assert "unpruned_checkpoints" not in out
+  assert "barely_pruned_checkpoints" not in out
   # Nothing pruned at the last epoch either (an unpruned row): not flagged.
   runs[0]["metrics"]["channel_sparsity"] = 0.0
   runs[0].update(last_epoch_sparsity=0.0, last_epoch_channel_sparsity=0.0)
   out = claims.judge(claims.Comparison("t", "a", "b", "A1"), table)
-  assert "unpruned_checkpoints" not in out
+  assert "barely_pruned_checkpoints" not in out
 
 
 def test_a_variants_claims_name_the_commands_that_select_it(tmp_path):

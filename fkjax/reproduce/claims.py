@@ -215,7 +215,8 @@ def _row_stats(table: Mapping[str, Any] | None, row: str, metric: str
       out["last_epoch_mean"] = statistics.fmean(
           e.get(LAST_EPOCH[metric], e["metrics"][metric]) for e in done)
     else:
-      out["unpruned"] = [note for note in map(_barely_pruned, done) if note]
+      out["barely_pruned"] = [note for note in map(_barely_pruned, done)
+                              if note]
     return out
   return None
 
@@ -306,11 +307,11 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
           "runs": {row: stats["early"] for row, stats in
                    ((comparison.higher, a), (comparison.lower, b))
                    if stats["early"]}}
-  unpruned = {row: stats["unpruned"] for row, stats in
-              ((comparison.higher, a), (comparison.lower, b))
-              if stats.get("unpruned")}
-  if unpruned:
-    out["unpruned_checkpoints"] = unpruned
+  barely = {row: stats["barely_pruned"] for row, stats in
+            ((comparison.higher, a), (comparison.lower, b))
+            if stats.get("barely_pruned")}
+  if barely:
+    out["barely_pruned_checkpoints"] = barely
   if comparison.metric in ACCURACIES and a["images"] and b["images"]:
     # The floor below which no seed count makes a difference real.
     noise, paired_seeds = _sample_se(comparison, table, a, b)
@@ -330,10 +331,11 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
 
 
 def verdict_of(verdicts: list[str], turned: int = 0,
-               unpruned: int = 0) -> str:
+               barely_pruned: int = 0) -> str:
   """A claim's verdict from its comparisons' verdicts; ``turned``: how many
-  of them the last epoch's sparsity would turn round, ``unpruned``: how many
-  compare accuracies of a net evaluated barely pruned (``judge``)."""
+  of them the last epoch's sparsity would turn round, ``barely_pruned``:
+  how many compare accuracies of a net evaluated barely pruned
+  (``judge``)."""
   if all(v == NOT_RUN for v in verdicts):
     return NOT_RUN
   if any(v == "reversed" for v in verdicts):
@@ -350,9 +352,10 @@ def verdict_of(verdicts: list[str], turned: int = 0,
                 "whose sparsity goes the other way" if turned > 1 else
                 "; 1 on a checkpoint before the last epoch, whose sparsity "
                 "goes the other way")
-  if unpruned:
-    verdict += (f"; {unpruned} of them with a row evaluated at a checkpoint "
-                "its sparsifier had barely pruned" if unpruned > 1 else
+  if barely_pruned:
+    verdict += (f"; {barely_pruned} of them with a row evaluated at a "
+                "checkpoint its sparsifier had barely pruned"
+                if barely_pruned > 1 else
                 "; 1 with a row evaluated at a checkpoint its sparsifier had "
                 "barely pruned")
   return verdict
@@ -373,7 +376,7 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
                 "verdict": verdict_of(
                     [c["verdict"] for c in comparisons],
                     sum("early_checkpoints" in c for c in comparisons),
-                    sum("unpruned_checkpoints" in c for c in comparisons)),
+                    sum("barely_pruned_checkpoints" in c for c in comparisons)),
                 "comparisons": comparisons})
   return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out,
           "to_settle": to_settle(out)}
@@ -478,10 +481,10 @@ def markdown(data: Mapping[str, Any]) -> str:
 
 
 def _early_note(comparison: Mapping[str, Any]) -> str:
-  unpruned = comparison.get("unpruned_checkpoints")
-  if unpruned:
+  barely = comparison.get("barely_pruned_checkpoints")
+  if barely:
     runs = "; ".join(f"{row} {', '.join(seeds)}"
-                     for row, seeds in unpruned.items())
+                     for row, seeds in barely.items())
     return f" (evaluated barely pruned: {runs})"
   early = comparison.get("early_checkpoints")
   if not early:
