@@ -421,7 +421,7 @@ def execute(run: Run, *, show_progress: bool = True,
   if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
     progress.timed("analysis", eval_fp,
                    lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
-  record = make_record(run, progress.data)
+  record = make_record(run, progress)
   files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
   if run.archive is not None:
     archive_lib.save(run.workdir, run.archive)
@@ -595,13 +595,12 @@ def commands_of(run: Run) -> dict[str, str]:
                        f"--workdir={shlex.quote(run.workdir)}")}
 
 
-def make_record(run: Run, progress: Mapping[str, Any]) -> dict[str, Any]:
-  stages = progress.get("stages", {})
+def make_record(run: Run, progress: Progress) -> dict[str, Any]:
+  stages = progress.data.get("stages", {})
   # An extra evaluation not run (execute's extra_evals=False) has no
   # fingerprint in the record: pending_evals names it.
   done = {k: v for k, v in fingerprints(run).items()
-          if k in ("train", "eval") or (stages.get(k, {}).get("done")
-                                        and stages[k].get("fingerprint") == v)}
+          if k in ("train", "eval") or progress.done(k, v)}
   extras = [e for e in run.extra_evals if f"eval_{e.protocol}" in done]
   main = main_eval(run)
   metadata = main.get("metadata", {})
