@@ -13,13 +13,12 @@ progress). Results go to ``<workdir>/eval_<protocol>[_eot<K>].json`` and
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
 from fkjax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
-config_flags.DEFINE_config_file(
+cli.define_config_file(
     "config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "configs", "default.py"),
     "Optional: the config file the run was trained with (checked against "

@@ -15,7 +15,6 @@ key). Load it with ``fkjax.slim.load_slim(out)`` (docs/slim.md).
 import os
 
 from absl import flags
-from ml_collections import config_flags
 
 from fkjax import cli
 
@@ -28,7 +27,7 @@ flags.DEFINE_bool("noise", True,
 flags.DEFINE_integer("check_examples", 250,
                      "Test images the logits are compared on (0: none).",
                      lower_bound=0)
-config_flags.DEFINE_config_file(
+cli.define_config_file(
     "config", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "configs", "default.py"),
     "Optional: the config file the run was trained with (checked against "

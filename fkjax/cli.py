@@ -10,6 +10,7 @@ debugging; an unexpected exception (a bug) always shows it.
 """
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import sys
@@ -72,8 +73,11 @@ def _parse_flags(argv: list[str]) -> list[str]:
     if show_traceback(argv):
       raise
     if not isinstance(e, flags.Error):
-      fail(f"bad command line: {type(e).__name__}: {e} (see --helpshort)",
-           code=2)
+      # ml_collections says an override's path is wrong as a KeyError, an
+      # AttributeError or a ValueError whose text names neither the flag
+      # nor the fields there are. (A default config file's overrides fail
+      # earlier, in define_config_file.)
+      _bad_override(argv, e, None)
     # A config file's own error (e.g. an unknown preset) arrives as the text
     # of its traceback; its last line says what is wrong.
     lines = [l for l in str(e).splitlines() if l.strip()]
@@ -82,6 +86,95 @@ def _parse_flags(argv: list[str]) -> list[str]:
       cause = cause.split(":", 1)[1].strip()
     fail(f"{cause} (see --helpshort)", code=2)
   return []  # not reached
+
+
+def _config_file_arg(argv: Sequence[str],
+                     default: str | None) -> str | None:
+  """The ``--config=FILE[:presets]`` of ``argv``, else ``default``."""
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return default
+
+
+def unknown_override_field(argv: Sequence[str],
+                           default_config_file: str | None = None
+                           ) -> str | None:
+  """Which ``--config.a.b=v`` of ``argv`` names no field of the config file,
+  said as ``--config.a.b: config.a has no field 'b'; did you mean
+  config.a.c? (its fields: ...)``.
+
+  The config file is ``argv``'s ``--config=``, else ``default_config_file``.
+  Returns None where every override's path exists, or where the config file
+  itself does not load (that has its own message).
+  """
+  # pylint: disable=import-outside-toplevel
+  import ml_collections
+  from ml_collections import config_flags
+  spec = _config_file_arg(argv, default_config_file)
+  overrides = [a[len("--config."):].split("=", 1)[0]
+               for a in argv[1:] if a.startswith("--config.")]
+  if spec is None or not overrides:
+    return None
+  loader = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=loader)
+  # config_flags takes the overrides from sys.argv as well as from the
+  # arguments it parses: the file alone is loaded with sys.argv set to it.
+  argv_before, sys.argv = sys.argv, ["fkjax", f"--config={spec}"]
+  try:
+    loader(sys.argv)
+  except Exception:  # pylint: disable=broad-except
+    return None
+  finally:
+    sys.argv = argv_before
+  config = loader["config"].value
+  if not isinstance(config, ml_collections.ConfigDict):
+    return None
+  for path in overrides:
+    node, where = config, "config"
+    for name in path.split("."):
+      if not isinstance(node, ml_collections.ConfigDict):
+        return (f"--config.{path}: {where} is a value "
+                f"({type(node).__name__}), not a section with fields")
+      if name not in node:
+        fields = sorted(node.keys())
+        close = difflib.get_close_matches(name, fields, n=1)
+        hint = f"; did you mean {where}.{close[0]}?" if close else ""
+        return (f"--config.{path}: {where} has no field {name!r}{hint} "
+                f"(its fields: {', '.join(fields)})")
+      node, where = node[name], f"{where}.{name}"
+  return None
+
+
+def _bad_override(argv: Sequence[str], exc: BaseException,
+                  default_config_file: str | None) -> None:
+  """Ends a config override's error (not one of absl's) in one line."""
+  problem = unknown_override_field(argv, default_config_file)
+  fail(problem or f"bad command line: {type(exc).__name__}: {one_line(exc)} "
+       "(see --helpshort)", code=2)
+
+
+def define_config_file(name: str, default: str | None, help_string: str,
+                       *, lock_config: bool) -> Any:
+  """``config_flags.DEFINE_config_file``, with a bad override in one line.
+
+  With a ``default`` file, config_flags loads it, and applies the command
+  line's ``--config.*`` overrides, as the flag is defined, before
+  :func:`run` parses anything: an override of a field the file lacks would
+  otherwise end in a traceback at import.
+  """
+  # pylint: disable=import-outside-toplevel
+  from ml_collections import config_flags
+  try:
+    return config_flags.DEFINE_config_file(name, default, help_string,
+                                           lock_config=lock_config)
+  except Exception as e:  # pylint: disable=broad-except
+    if show_traceback(sys.argv):
+      raise
+    _bad_override(sys.argv, e, default)
+  return None  # not reached
 
 
 def loaded_config(config: Any) -> Any:

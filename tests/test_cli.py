@@ -40,7 +40,14 @@ def _assert_one_line_error(proc, *fragments, code=None):
     (["--config=configs/tiny.py", "--config.sparsity.lambda=1"],
      ["sparsity.lambda"], 2),
     (["--config=configs/tiny.py", "--config.sparsity.lamb_one=1"],
-     ["lamb_one"], 2),
+     ["--config.sparsity.lamb_one", "config.sparsity has no field 'lamb_one'",
+      "its fields: admm_variant, beta,"], 2),
+    (["--config=configs/tiny.py:rgsm", "--config.modl.depth=8"],
+     ["config has no field 'modl'; did you mean config.model?"], 2),
+    (["--config=configs/tiny.py", "--config.model.depth.x=1"],
+     ["--config.model.depth.x", "config.model.depth is a value (int)"], 2),
+    (["--config=configs/sweep.py:tiny", "--config.sweep.runs=2"],
+     ["config.sweep has no field 'runs'", "product"], 2),
     (["--config=configs/nope.py"], ["nope.py"], 2),
     (["--config=configs/tiny.py", "--config.model.depth=21"],
      ["config.model.depth=21", "6n+2"], 1),
@@ -83,12 +90,26 @@ def test_eval_of_a_missing_workdir_fails_at_once(tmp_path):
 @pytest.mark.parametrize("flag, fragment", [
     ("--check_examples=-5", "--check_examples=-5"),
     (None, "no config.json"),
+    ("--config.eval.atacks=natural", "did you mean config.eval.attacks?"),
 ])
 def test_export_rejects_bad_input_in_one_line(tmp_path, flag, fragment):
   # A negative count sliced the test set from its end: 9,995 images checked.
   proc = _run(["export.py", f"--workdir={tmp_path / 'nowhere'}",
                *([flag] if flag else [])])
   _assert_one_line_error(proc, fragment)
+
+
+def test_eval_names_an_overrides_unknown_field_in_one_line(tmp_path):
+  # eval.py's default config file is loaded, overrides applied, as its flag
+  # is defined, before the command line is parsed.
+  proc = _run(["eval.py", f"--workdir={tmp_path}",
+               "--config.eval.atacks=natural"])
+  _assert_one_line_error(
+      proc, "--config.eval.atacks: config.eval has no field 'atacks'; "
+      "did you mean config.eval.attacks?", code=2)
+  assert "Traceback" in _run(["eval.py", f"--workdir={tmp_path}",
+                              "--config.eval.atacks=natural",
+                              "--traceback"]).stderr
 
 
 def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
