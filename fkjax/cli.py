@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import re
 import sys
 from typing import Any, Callable, Sequence
 
@@ -84,6 +85,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
     cause = lines[-1].strip() if lines else str(e)
     if "Traceback" in str(e) and ":" in cause:
       cause = cause.split(":", 1)[1].strip()
+    # absl words a bad boolean as the repr of its error's arguments.
+    cause = re.sub(r"\('Non-boolean argument to boolean flag', (.*)\)$",
+                   r"\1 is not a boolean (true or false)", cause)
     fail(f"{cause} (see --helpshort)", code=2)
   return []  # not reached
 
