@@ -38,7 +38,8 @@ def _assert_one_line_error(proc, *fragments, code=None):
     (["--config=configs/tiny.py:resnet21x"],
      ["unknown config preset 'resnet21x'"], 2),
     (["--config=configs/tiny.py", "--config.sparsity.lambda=1"],
-     ["sparsity.lambda"], 2),
+     ["--config.sparsity.lambda: config.sparsity has no field 'lambda'; "
+      "did you mean config.sparsity.lamb?"], 2),
     (["--config=configs/tiny.py", "--config.sparsity.lamb_one=1"],
      ["--config.sparsity.lamb_one", "config.sparsity has no field 'lamb_one'",
       "its fields: admm_variant, beta,"], 2),
