@@ -146,7 +146,8 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # "paper": the paper's A1..A5 (eval_paper.json); "strong": APGD-CE and
   # APGD-DLR (+ APGD-T) with EOT for noisy models, per-image worst case over
   # seeds, and sanity checks (eval_strong.json; docs/attacks.md). Any other
-  # name runs the paper's protocol into eval_<name>.json, so that a further
+  # name (not within a typo of these two: "Strong" is refused) runs the
+  # paper's protocol into eval_<name>.json, so that a further
   # evaluation (e.g. NAttack alone on fewer images) keeps its own file.
   config.eval.protocol = "paper"
   config.eval.checkpoint = "best"   # or "latest"

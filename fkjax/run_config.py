@@ -11,6 +11,7 @@ saved config and lets the command line change only those keys.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -162,6 +163,15 @@ def validate(config: ml_collections.ConfigDict,
            "'paper', 'strong', or a name of letters and digits for a "
            "further paper-protocol evaluation kept in its own file "
            "(eval_<name>.json)")
+  # Any other name runs the paper's attacks: a misspelt "strong" would spend
+  # an evaluation on the wrong protocol without a word.
+  for named in ("paper", "strong"):
+    _require(protocol == named or difflib.SequenceMatcher(
+        None, protocol.lower(), named).ratio() < 0.8,
+             "eval.protocol", protocol,
+             f"too close to {named!r} to be a further paper-protocol "
+             f"evaluation's name: {named!r} for that protocol, else a name "
+             "further from it")
   if _get(config, "eval.nattack_variant") is not None:
     choice("eval.nattack_variant", ("paper", "attackbox"))
   if _get(config, "eval.strong") is not None:

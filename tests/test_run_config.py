@@ -36,6 +36,9 @@ def test_shipped_configs_are_valid(module):
     ("eval.checkpoint", "last", "one of"),
     ("eval.protocol", "a5/../x", "eval_<name>.json"),
     ("eval.protocol", "", "eval_<name>.json"),
+    ("eval.protocol", "strng", "too close to 'strong'"),
+    ("eval.protocol", "Strong", "too close to 'strong'"),
+    ("eval.protocol", "Paper", "too close to 'paper'"),
     ("eval.eot_samples", 0, "integer >= 1"),
     ("eval.attacks", "natural,pgd7", "unknown attack"),
     ("dataset.name", "cifar11", "one of"),
@@ -70,6 +73,10 @@ def test_a_named_protocol_is_a_further_paper_evaluation(tmp_path):
   config = default.get_config()
   config.eval.protocol = "a5"
   run_config.validate(config)
+  for name in ("natural100", "latest", "strong", "paper"):
+    config.eval.protocol = name
+    run_config.validate(config)
+  config.eval.protocol = "a5"
   assert workdir.eval_result_path(str(tmp_path), config) == str(
       tmp_path / "eval_a5.json")
 
