@@ -59,6 +59,10 @@ def test_expand_product_and_zip_name_every_run():
     ("", "seed=0,1; sparsity.lamb=1e-3", "as many values"),
     ("seed=0", "seed=1", "in both product and zip"),
     ("sparsity.lamb=abc", "", "is not a number"),
+    ("seed=0,1,0", "", r"runs 00_seed-0 and 02_seed-0 are the same run "
+     r"\(seed=0\)"),
+    ("sparsity.lamb=1e-6,0.000001", "", "are the same run"),
+    ("seed=0,1", "seed=", "has no values"),
 ])
 def test_bad_sweep_sections_fail_in_one_line(product, zipped, match):
   config = sweep_config.get_config("tiny")

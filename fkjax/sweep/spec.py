@@ -281,7 +281,16 @@ def expand(config: ml_collections.ConfigDict
         raise ConfigError(f"config.sweep: {key}={value!r} is not a number")
       set_value(run, key, value)
       overrides[key] = value
-    runs.append((run_name(i, overrides), overrides, run))
+    name = run_name(i, overrides)
+    same = next((n for n, o, _ in runs if o == overrides), None)
+    if same is not None:
+      # The same settings twice would train the same net twice, in two
+      # workdirs, as if they were two results.
+      raise ConfigError(
+          f"config.sweep: runs {same} and {name} are the same run ("
+          + ", ".join(f"{k}={_format_value(v)}" for k, v in overrides.items())
+          + "): a value is listed twice")
+    runs.append((name, overrides, run))
   return runs
 
 
