@@ -9,6 +9,7 @@ import pytest
 
 from fkjax import workdir as workdir_lib
 from fkjax.reproduce import claims
+from fkjax.reproduce import claims_figure
 from fkjax.reproduce import tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,6 +119,9 @@ def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
   assert by_name["at_denser"]["verdict"] == claims.NOT_RUN
   md = (folder / "claims.md").read_text()
   assert out.endswith(md)
+  # Table 4's comparison has run: the one-page figure of comparisons too.
+  assert (folder / claims.FIGURE).read_bytes().startswith(b"\x89PNG")
+  assert f"]({claims.FIGURE})" in md
   assert ("| rvsm_sparser_than_admm | table4 | rvsm | admm_element | "
           "w_sparsity | 67.30 - 80.00 = -12.70 | 1, 1 | — | "
           "against the paper (unresolved) |"
@@ -126,6 +130,59 @@ def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
   assert ("- `python -m fkjax.reproduce table4 --scale=cpu "
           "--rows=admm_element,admm_channel --seeds=3` "
           "(rvsm_sparser_than_admm, rgsm_beats_admm_channels)" in md)
+
+
+def test_no_figure_before_any_comparison_has_run(tmp_path):
+  claims.write(str(tmp_path), "cpu")
+  assert (tmp_path / "cpu" / "claims.md").exists()
+  assert not (tmp_path / "cpu" / claims.FIGURE).exists()
+  assert claims.FIGURE not in (tmp_path / "cpu" / "claims.md").read_text()
+
+
+def test_a_comparison_carries_the_papers_difference():
+  table = _table({"a": ([60.0], "A1", 2000), "b": ([50.0], "A1", 2000)})
+  comparison = claims.Comparison("t", "a", "b", "A1")
+  assert "paper_difference" not in claims.judge(comparison, table)
+  table["rows"][0]["paper"] = {"A1": 76.3}
+  # one row without the paper's number: no difference
+  assert "paper_difference" not in claims.judge(comparison, table)
+  table["rows"][1]["paper"] = {"A1": 72.95}
+  assert claims.judge(comparison, table)["paper_difference"] == (
+      pytest.approx(76.3 - 72.95))
+  # the dense w's reading is the paper's own number (it evaluated w)
+  table["rows"][1]["summary"]["w_A1"] = {"mean": 55.0, "std": 0.0, "n": 1}
+  dense = claims.judge(claims.Comparison("t", "a", "b", "A1", "w_A1"), table)
+  assert dense["paper_difference"] == pytest.approx(76.3 - 72.95)
+
+
+def test_the_figure_draws_each_comparison_under_its_claim():
+  table = _table({"a": ([60.0, 61.0, 60.5], "A1", 2000),
+                  "b": ([50.0, 50.5, 49.5], "A1", 2000),
+                  "c": ([30.0, 30.2, 30.1], "sparsity", None),
+                  "d": ([29.0, 29.1, 29.0], "sparsity", None)})
+  table["rows"][0]["paper"] = {"A1": 70.0}
+  table["rows"][1]["paper"] = {"A1": 66.0}
+  judged = [
+      {"name": "accurate", "comparisons": [
+          claims.judge(claims.Comparison("t", "a", "b", "A1"), table),
+          claims.judge(claims.Comparison("t", "a", "x", "A2"), table)]},
+      {"name": "sparser", "comparisons": [
+          claims.judge(claims.Comparison("t", "c", "d", "sparsity"), table)]}]
+  fig = claims_figure.claims_figure({"scale": "cpu", "z": 2.0,
+                                     "claims": judged})
+  accuracy, sparsity = fig.axes
+  labels = lambda ax: [t.get_text() for t in ax.get_yticklabels()]
+  # the claim's name heads its comparisons; one not run is left out
+  assert labels(accuracy) == ["accurate", "t: a - b, A1 (3, 3 seeds)"]
+  assert labels(sparsity) == ["sparser", "t: c - d, sparsity (3, 3 seeds)"]
+  # fkjax's difference and the paper's (a diamond) on the comparison's line
+  points = [(line.get_xdata()[0], line.get_marker()) for line in accuracy.lines
+            if list(line.get_ydata()) == [1]]
+  assert (pytest.approx(10.5), "o") in points
+  assert (pytest.approx(4.0), "D") in points
+  assert claims_figure.claims_figure(
+      {"scale": "cpu", "z": 2.0, "claims": judged[1:]}).axes[0].get_title(
+      ).endswith(": sparsity")
 
 
 def test_what_would_settle_the_open_claims():

@@ -13,8 +13,9 @@ one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 ``<results>/<scale>/<table>.json``, ``.md`` and its figures (also after each
 run). Rerunning the same command skips finished runs and resumes a killed
 one from its last checkpoint. ``claims`` judges the paper's claims from
-the tables written so far (``<results>/<scale>/claims.{json,md}``, also
-rewritten with every table); ``overview`` lists every row run so far in one
+the tables written so far (``<results>/<scale>/claims.{json,md}``, with
+``claims.png``: every comparison beside the paper's; also rewritten with
+every table); ``overview`` lists every row run so far in one
 table (``<results>/<scale>/overview.md``, with ``overview.png``: the rows
 against the paper's numbers; likewise). ``--dry-run`` prints
 each run's status, exact ``train.py`` / ``eval.py`` commands and estimated

@@ -53,11 +53,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from fkjax import workdir as workdir_lib
+from fkjax.reproduce import claims_figure
 from fkjax.reproduce import files
 from fkjax.reproduce import scales as scales_lib
 from fkjax.reproduce import tables as tables_lib
 
 MIN_SEEDS = 3
+FIGURE = "claims.png"
 # A sparsity column and what the run's training log says of it at the last
 # epoch (fkjax.reproduce.report: runs evaluated at an earlier checkpoint).
 LAST_EPOCH = {"sparsity": "last_epoch_sparsity",
@@ -283,6 +285,18 @@ def _barely_pruned(run: Mapping[str, Any]) -> str | None:
           "at the last")
 
 
+def _paper_value(table: Mapping[str, Any] | None, row: str, metric: str
+                 ) -> float | None:
+  """The paper's ``metric`` for ``row`` (transcribed in the results table),
+  or None where the paper gives none. A reading of the trained weights w
+  (``w_A1``, ``w_sparsity``, ...) is the paper's own number: the paper
+  evaluated and counted w."""
+  for r in (table or {}).get("rows", ()):
+    if r["name"] == row:
+      return (r.get("paper") or {}).get(metric.removeprefix("w_"))
+  return None
+
+
 def judge(comparison: Comparison, table: Mapping[str, Any] | None
           ) -> dict[str, Any]:
   """The verdict on one comparison from its table's results data."""
@@ -290,6 +304,11 @@ def judge(comparison: Comparison, table: Mapping[str, Any] | None
   b = _row_stats(table, comparison.lower,
                  comparison.lower_metric or comparison.metric)
   out: dict[str, Any] = dataclasses.asdict(comparison)
+  paper = [_paper_value(table, row, metric) for row, metric in (
+      (comparison.higher, comparison.metric),
+      (comparison.lower, comparison.lower_metric or comparison.metric))]
+  if None not in paper:
+    out["paper_difference"] = paper[0] - paper[1]
   if a is None or b is None:
     return {**out, "verdict": NOT_RUN,
             "seeds": [a["n"] if a else 0, b["n"] if b else 0]}
@@ -460,8 +479,10 @@ def markdown(data: Mapping[str, Any]) -> str:
               f"difference (more than {data['min_seeds']} seeds, or another "
               "scale, could resolve it): "
               + ", ".join(run_out) + "."]
-  lines += ["", "## Comparisons run so far", "",
-            "| claim | table | the paper's higher row | its lower row | "
+  lines += ["", "## Comparisons run so far", ""]
+  if claims_figure.has_comparisons(data):
+    lines += [f"![Every comparison run, beside the paper's]({FIGURE})", ""]
+  lines += ["| claim | table | the paper's higher row | its lower row | "
             "metric | fkjax: higher - lower | seeds | test-sample noise "
             f"({data['z']:g} SE) | verdict |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -507,7 +528,9 @@ def _noise_cell(comparison: Mapping[str, Any], z: float) -> str:
 
 
 def write(results_dir: str, scale: str) -> tuple[str, str]:
-  """Writes ``<results_dir>/<scale>/claims.{json,md}``; returns the paths."""
+  """Writes ``<results_dir>/<scale>/claims.{json,md}`` and, once a
+  comparison has run, ``claims.png`` (:mod:`fkjax.reproduce.claims_figure`);
+  returns the paths of the first two."""
   data = evaluate(results_dir, scale)
   folder = os.path.join(results_dir, scale)
   os.makedirs(folder, exist_ok=True)
@@ -515,4 +538,5 @@ def write(results_dir: str, scale: str) -> tuple[str, str]:
   md_path = os.path.join(folder, "claims.md")
   files.atomic_json(json_path, data)
   files.atomic_text(md_path, markdown(data))
+  claims_figure.figure(data, os.path.join(folder, FIGURE))
   return json_path, md_path
