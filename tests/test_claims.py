@@ -168,8 +168,9 @@ def test_the_figure_draws_each_comparison_under_its_claim():
           claims.judge(claims.Comparison("t", "a", "x", "A2"), table)]},
       {"name": "sparser", "comparisons": [
           claims.judge(claims.Comparison("t", "c", "d", "sparsity"), table)]}]
-  fig = claims_figure.claims_figure({"scale": "cpu", "z": 2.0,
-                                     "claims": judged})
+  data = {"scale": "cpu", "z": 2.0, "accuracies": ["A1", "A2", "A3"],
+          "claims": judged}
+  fig = claims_figure.claims_figure(data)
   accuracy, sparsity = fig.axes
   labels = lambda ax: [t.get_text() for t in ax.get_yticklabels()]
   # the claim's name heads its comparisons; one not run is left out
@@ -180,9 +181,9 @@ def test_the_figure_draws_each_comparison_under_its_claim():
             if list(line.get_ydata()) == [1]]
   assert (pytest.approx(10.5), "o") in points
   assert (pytest.approx(4.0), "D") in points
-  assert claims_figure.claims_figure(
-      {"scale": "cpu", "z": 2.0, "claims": judged[1:]}).axes[0].get_title(
-      ).endswith(": sparsity")
+  data["claims"] = judged[1:]
+  assert claims_figure.claims_figure(data).axes[0].get_title().endswith(
+      ": sparsity")
 
 
 def test_what_would_settle_the_open_claims():

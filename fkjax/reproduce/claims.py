@@ -397,7 +397,8 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
                     sum("early_checkpoints" in c for c in comparisons),
                     sum("barely_pruned_checkpoints" in c for c in comparisons)),
                 "comparisons": comparisons})
-  return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z, "claims": out,
+  return {"scale": scale, "min_seeds": MIN_SEEDS, "z": Z,
+          "accuracies": list(ACCURACIES), "claims": out,
           "to_settle": to_settle(out)}
 
 

@@ -18,7 +18,6 @@ from typing import Any, Mapping
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-ACCURACY_METRICS = ("A1", "A2", "A3")
 _COLOURS = {"holds": "tab:green", "reversed": "tab:red"}
 _UNRESOLVED = "0.45"
 _NOISE = dict(color="tab:blue", alpha=0.25, linewidth=5,
@@ -32,13 +31,13 @@ def _panels(data: Mapping[str, Any]
   """(title, lines) of each panel that has a comparison run; a line is
   (label, comparison), or (claim name, None) for the claim's header."""
   panels = []
+  accuracies = tuple(data["accuracies"])
   for title, wanted in (
-      ("accuracy (A1-A3)", True), ("sparsity", False)):
+      (f"accuracy ({', '.join(accuracies)})", True), ("sparsity", False)):
     lines: list[tuple[str, Mapping[str, Any] | None]] = []
     for claim in data["claims"]:
-      mine = [c for c in claim["comparisons"]
-              if c.get("verdict") != "not yet run" and "difference" in c
-              and (c["metric"] in ACCURACY_METRICS) == wanted]
+      mine = [c for c in claim["comparisons"] if "difference" in c
+              and (c["metric"] in accuracies) == wanted]
       if not mine:
         continue
       lines.append((claim["name"], None))
@@ -49,9 +48,12 @@ def _panels(data: Mapping[str, Any]
 
 
 def has_comparisons(data: Mapping[str, Any]) -> bool:
-  """Whether a comparison of the judged claims ``data`` has run, i.e.
-  whether :func:`figure` draws anything."""
-  return bool(_panels(data))
+  """Whether a comparison of the judged claims ``data``
+  (:func:`fkjax.reproduce.claims.evaluate`) has run, i.e. whether
+  :func:`figure` draws anything."""
+  # a comparison not yet run has no difference
+  return any("difference" in c for claim in data["claims"]
+             for c in claim["comparisons"])
 
 
 def _label(c: Mapping[str, Any]) -> str:
@@ -68,9 +70,9 @@ def _flagged(c: Mapping[str, Any]) -> bool:
 
 def claims_figure(data: Mapping[str, Any]) -> Figure | None:
   """The figure :func:`figure` saves, or None when no comparison has run."""
-  panels = _panels(data)
-  if not panels:
+  if not has_comparisons(data):
     return None
+  panels = _panels(data)
   z = data["z"]
   heights = [_LINE * len(lines) + _MARGIN for _, lines in panels]
   fig = Figure(figsize=(11, sum(heights)))
@@ -111,11 +113,11 @@ def claims_figure(data: Mapping[str, Any]) -> Figure | None:
       Line2D([], [], marker="o", linestyle="none", color=_UNRESOLVED,
              label="unresolved"),
       Line2D([], [], marker="|", color="black", linewidth=1,
-             label="bar: %g SE of the seeds' means" % z),
+             label=f"bar: {z:g} SE of the seeds' means"),
       Line2D([], [], marker="o", linestyle="none", color=_UNRESOLVED,
              markerfacecolor="white",
              label="flagged checkpoint (claims.md)"),
-      Line2D([], [], label="test-sample noise (%g SE)" % z, **_NOISE),
+      Line2D([], [], label=f"test-sample noise ({z:g} SE)", **_NOISE),
       Line2D([], [], marker="D", linestyle="none", markerfacecolor="none",
              markeredgecolor="black", label="the paper"),
   ], fontsize=7, loc="upper center", ncols=4,
