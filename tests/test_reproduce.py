@@ -548,9 +548,57 @@ def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
   assert summary["u"]["zero_share"] > summary["w"]["zero_share"] == 0.0
   assert summary["figure_layer"] == "conv/kernel"
   for kind in tables.TABLES[table].figures:
+    if kind == "training":   # from the training logs, tested below
+      continue
     path = tmp_path / f"{kind}.png"
     assert figures.draw(kind, runs, {}, str(path)) == str(path)
     assert path.stat().st_size > 1000
+
+
+def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
+  from fkjax.reproduce import figures  # pylint: disable=C0415
+  table = tables.TABLES["table2"]
+  runs = runner.plan(table, scales.SCALES["tiny"], root=str(tmp_path),
+                     seeds=2)
+  for run in runs:
+    os.makedirs(run.workdir)
+    with open(os.path.join(run.workdir, "metrics.jsonl"), "w") as f:
+      for epoch in (1, 2, 3):
+        f.write(json.dumps({
+            "epoch": epoch, "step": 10 * epoch,
+            "val_natural_accuracy": 30.0 + 10 * epoch + run.seed,
+            "weight_sparsity": 5.0 * epoch,
+            "channel_sparsity": 20.0 * epoch}) + "\n")
+  # the RGSM row at lambda1 0.05 finished both seeds (seed 1 kept its
+  # epoch-1 checkpoint); at 0.1 only seed 0; the unpruned row is left out
+  # as is every unfinished run
+  rgsm = "resnet20_rgsm_l0.05"
+  data = {"rows": [
+      {"name": "resnet20_none", "label": {"Net": "ResNet20"},
+       "runs": [{"seed": 0, "status": "done", "checkpoint_epoch": 3}]},
+      {"name": rgsm, "label": {"Net": "ResNet20", "beta": "1",
+                               "lambda1": "0.05", "lambda2": "n/a"},
+       "runs": [{"seed": 0, "status": "done", "checkpoint_epoch": 3},
+                {"seed": 1, "status": "done", "checkpoint_epoch": 1}]},
+      {"name": "resnet20_rgsm_l0.1", "label": {"Net": "ResNet20"},
+       "runs": [{"seed": 0, "status": "done", "checkpoint_epoch": 2},
+                {"seed": 1, "status": "trained 2/5 epochs"}]}]}
+  fig = figures.training_figure(runs, data)
+  shown = [ax for ax in fig.axes if ax.axison]
+  assert len(shown) == 4   # two rows, accuracy above sparsity
+  top, bottom = shown[0], shown[2]
+  assert top.get_title() == "ResNet20\nbeta 1, lambda1 0.05"
+  assert bottom.get_ylabel() == "channels pruned (%)"
+  # the filled markers: each seed's evaluated epoch, on both panels
+  def filled(ax):
+    return sorted((float(line.get_xdata()[0]), float(line.get_ydata()[0]))
+                  for line in ax.lines if line.get_markerfacecolor() != "none")
+  assert filled(top) == [(1.0, 41.0), (3.0, 60.0)]
+  assert filled(bottom) == [(1.0, 20.0), (3.0, 60.0)]
+  assert len(shown[1].get_legend().get_texts()) == 1   # lambda1 0.1: seed 0
+  path = tmp_path / "training.png"
+  assert figures.draw("training", runs, data, str(path)) == str(path)
+  assert figures.draw("training", runs, {"rows": []}, str(path)) is None
 
 
 def test_lambda_sweep_figure(tmp_path):

@@ -27,6 +27,7 @@ from matplotlib import transforms
 from matplotlib.figure import Figure
 import numpy as np
 
+from fkjax import metric_logging
 from fkjax.reproduce import files
 from fkjax.reproduce import runner as runner_lib
 
@@ -243,6 +244,110 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
   return fig
 
 
+# The curves figure's panels per line of the figure.
+_CURVE_COLUMNS = 5
+_SPARSITIES = {"channel_sparsity": "channels pruned (%)",
+               "weight_sparsity": "weights pruned (%)"}
+
+
+def _pruned_kind(config) -> str:
+  """What the row's sparsifier prunes: channels or single weights."""
+  sparsity = config.sparsity
+  channels = sparsity.method == "rgsm" or (
+      sparsity.method == "admm" and sparsity.structure == "channel")
+  return "channel_sparsity" if channels else "weight_sparsity"
+
+
+def _row_title(row: dict[str, Any]) -> str:
+  """``ResNet20\nbeta 1, lambda1 0.05``: a row's label over two lines, its
+  settings named, those that do not apply left out."""
+  parts = [v if k in ("Net", "Method", "Pruning", "Training") else f"{k} {v}"
+           for k, v in row["label"].items() if v != "n/a"]
+  if not parts:
+    return row["name"]
+  return parts[0] + ("\n" + ", ".join(parts[1:]) if parts[1:] else "")
+
+
+def training_curves(runs: list[runner_lib.Run], data: dict[str, Any],
+                    path: str) -> str | None:
+  """Writes :func:`training_figure` to ``path``; returns ``path``, or None
+  (nothing written) when no sparsified run has finished."""
+  fig = training_figure(runs, data)
+  if fig is None:
+    return None
+  fig.savefig(path, dpi=100)
+  return path
+
+
+def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
+                    ) -> Figure | None:
+  """Each sparsified row's training, epoch by epoch: the natural
+  validation accuracy (the checkpoint rule's measure) above the sparsity
+  of the checkpoint (channels or weights, what its sparsifier prunes), a
+  line per seed and the evaluated checkpoint's epoch filled.
+
+  It shows where the rule (best validation accuracy) kept a net from
+  before the sparsifier pruned: a short schedule's first projection can
+  cost more validation accuracy than the remaining epochs win back.
+  """
+  # The finished runs the table reports, by (row, seed): their evaluated
+  # checkpoint's epoch.
+  done = {(row["name"], e["seed"]): e.get("checkpoint_epoch")
+          for row in data.get("rows", ()) for e in row.get("runs", ())
+          if e.get("status") == "done"}
+  columns: dict[str, list[tuple[int, list[dict[str, Any]], int | None]]] = {}
+  runs_by_row = {run.row.name: run for run in runs}
+  for run in sorted(runs, key=lambda r: r.seed):
+    key = (run.row.name, run.seed)
+    if run.config.sparsity.method == "none" or key not in done:
+      continue
+    records = metric_logging.read_metrics(run.workdir)
+    if records:
+      columns.setdefault(run.row.name, []).append(
+          (run.seed, records, done[key]))
+  if not columns:
+    return None
+  labels = {row["name"]: _row_title(row) for row in data["rows"]}
+  n = len(columns)
+  width = min(n, _CURVE_COLUMNS)
+  lines = -(-n // width)
+  fig = Figure(figsize=(3.0 * width, 4.6 * lines))
+  axes = fig.subplots(2 * lines, width, squeeze=False)
+  for i, (name, seeds) in enumerate(columns.items()):
+    top = axes[2 * (i // width), i % width]
+    bottom = axes[2 * (i // width) + 1, i % width]
+    sparsity = _pruned_kind(runs_by_row[name].config)
+    for seed, records, epoch in seeds:
+      epochs = [r["epoch"] for r in records if "epoch" in r]
+      for ax, key in ((top, "val_natural_accuracy"), (bottom, sparsity)):
+        values = [r.get(key) for r in records if "epoch" in r]
+        (line,) = ax.plot(epochs, values, marker="o", markersize=3,
+                          markerfacecolor="none", linewidth=1,
+                          label=f"seed {seed}")
+        if epoch in epochs:
+          ax.plot(epoch, values[epochs.index(epoch)], marker="o",
+                  markersize=6, color=line.get_color())
+    top.set_title(labels.get(name, name), fontsize=8)
+    top.set_ylabel("validation natural accuracy (%)", fontsize=7)
+    bottom.set_ylabel(_SPARSITIES[sparsity], fontsize=7)
+    # every panel on one scale: the rows' sparsities compare at a glance
+    bottom.set_ylim(-2, 102)
+    bottom.set_xlabel("epoch", fontsize=7)
+    epochs = sorted({r["epoch"] for _, records, _ in seeds for r in records
+                     if "epoch" in r})
+    for ax in (top, bottom):
+      ax.set_xticks(epochs)
+      ax.tick_params(labelsize=7)
+    top.legend(fontsize=6)
+  for i in range(n, lines * width):
+    axes[2 * (i // width), i % width].axis("off")
+    axes[2 * (i // width) + 1, i % width].axis("off")
+  fig.suptitle("Training of each sparsified row (filled: the evaluated "
+               "checkpoint, best validation accuracy)", fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
 def draw(kind: str, runs: list[runner_lib.Run], data: dict[str, Any],
          path: str) -> str | None:
   if kind == "weight_histograms":
@@ -255,4 +360,6 @@ def draw(kind: str, runs: list[runner_lib.Run], data: dict[str, Any],
     return lambda_sweep(data, path)
   if kind == "beta_sweep":
     return beta_sweep(data, path)
+  if kind == "training":
+    return training_curves(runs, data, path)
   raise ValueError(f"unknown figure {kind!r}")

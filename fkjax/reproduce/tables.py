@@ -209,7 +209,7 @@ TABLE1 = Table(
     rows=_table1_rows(),
     metrics=("A1", "A2", "A3", "A4", "A4_authors", "A_strong", "sparsity"),
     extra_evals=(STRONG_EVAL,),
-    figures=("beta_sweep",),
+    figures=("beta_sweep", "training"),
     notes=("Strong (APGD+EOT) is not in the paper: fkjax's strong protocol "
            "(APGD-CE + APGD-DLR, 100 iterations, EOT over the noise; an "
            "image counts as robust only if no attack fools it). At cpu "
@@ -294,6 +294,7 @@ TABLE2 = Table(
            "iterations, the first 100 test images, seed 0 only): a much "
            "weaker attack on far fewer images than the paper's.",
            TABLE1.notes[0]),
+    figures=("training",),
 )
 
 # --------------------------------------------------------------------------
@@ -335,6 +336,7 @@ TABLE3 = Table(
            "lambda1, lambda2, channel sparsity).",
            "The paper's En2ResNet20 lambda1 = 0.1 row has A1 76.30 here and "
            "75.87 in Table 2 (same settings); both transcribed as printed."),
+    figures=("training",),
 )
 
 # Figs. 4-5: channel sparsity and accuracies against lambda1 (the paper: 5
@@ -363,7 +365,7 @@ FIG45 = Table(
     rows=_fig45_rows(),
     metrics=("A1", "A2", "A3", "A4", "A4_authors", "channel_sparsity"),
     seeds={"paper": 5},
-    figures=("lambda_sweep",),
+    figures=("lambda_sweep", "training"),
     notes=("The paper plots 5 runs per point without listing its lambda1 "
            f"values; fkjax sweeps lambda1 in {FIG45_LAMBDAS}. The paper "
            "numbers shown are Table 3's, where lambda1 matches.",),
@@ -401,7 +403,7 @@ TABLE4 = Table(
     metrics=("A1", "A2", "A3", "A4", "A4_authors", "sparsity",
              "channel_sparsity", "w_A1", "w_A2", "w_A3", "w_sparsity",
              "w_channel_sparsity", "w_small_share", "w_small_channel_share"),
-    figures=("channel_norms",),
+    figures=("channel_norms", "training"),
     notes=("The paper labels its channel-pruning row RVSM; its numbers are "
            "Table 2's RGSM ResNet20 row (lambda1 = 0.1), which this row "
            "reuses.",
@@ -471,6 +473,7 @@ TABLE6 = Table(
     ),
     metrics=("A1", "A2", "A3", "A4", "A4_authors", "sparsity",
              "channel_sparsity"),
+    figures=("training",),
 )
 
 # --------------------------------------------------------------------------
@@ -502,6 +505,7 @@ TABLE7 = Table(
            "cifar-100-binary/) in the data directory; fkjax downloads it "
            "where the network allows (python -m fkjax.data.download "
            "cifar100).",),
+    figures=("training",),
 )
 
 TABLES: dict[str, Table] = {t.name: t for t in (
