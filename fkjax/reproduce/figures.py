@@ -317,15 +317,16 @@ def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
     top = axes[2 * (i // width), i % width]
     bottom = axes[2 * (i // width) + 1, i % width]
     sparsity = _pruned_kind(runs_by_row[name].config)
-    for seed, records, epoch in seeds:
-      epochs = [r["epoch"] for r in records if "epoch" in r]
+    for seed, records, chosen in seeds:
+      records = [r for r in records if "epoch" in r]
+      epochs = [r["epoch"] for r in records]
       for ax, key in ((top, "val_natural_accuracy"), (bottom, sparsity)):
-        values = [r.get(key) for r in records if "epoch" in r]
+        values = [r.get(key) for r in records]
         (line,) = ax.plot(epochs, values, marker="o", markersize=3,
                           markerfacecolor="none", linewidth=1,
                           label=f"seed {seed}")
-        if epoch in epochs:
-          ax.plot(epoch, values[epochs.index(epoch)], marker="o",
+        if chosen in epochs:
+          ax.plot(chosen, values[epochs.index(chosen)], marker="o",
                   markersize=6, color=line.get_color())
     top.set_title(labels.get(name, name), fontsize=8)
     top.set_ylabel("validation natural accuracy (%)", fontsize=7)
@@ -333,10 +334,10 @@ def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
     # every panel on one scale: the rows' sparsities compare at a glance
     bottom.set_ylim(-2, 102)
     bottom.set_xlabel("epoch", fontsize=7)
-    epochs = sorted({r["epoch"] for _, records, _ in seeds for r in records
-                     if "epoch" in r})
+    ticks = sorted({r["epoch"] for _, records, _ in seeds for r in records
+                    if "epoch" in r})
     for ax in (top, bottom):
-      ax.set_xticks(epochs)
+      ax.set_xticks(ticks)
       ax.tick_params(labelsize=7)
     top.legend(fontsize=6)
   for i in range(n, lines * width):
