@@ -451,7 +451,7 @@ def test_rerun_skips_finished_rows(tiny):
   again = _reproduce(["table5", "--scale=tiny", f"--rows={ROW}"],
                      tiny["root"], tiny["cache"])
   assert "1 done, 0 to run" in again.stdout
-  assert "training" not in again.stdout
+  assert ": training in" not in again.stdout
   assert again.stdout.count("table written") == 1
   after = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()
            if p.is_file()}
@@ -733,7 +733,7 @@ def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
                      tiny["cache"])
   assert "restored the finished run" in again.stdout
   assert "1 done, 0 to run" in again.stdout
-  assert "training" not in again.stdout
+  assert ": training in" not in again.stdout
   before, after = _table(tiny["root"]), _table(tmp_path)
   assert before["rows"][0]["runs"][0]["metrics"] == (
       after["rows"][0]["runs"][0]["metrics"])
@@ -786,7 +786,7 @@ def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
   dry = _reproduce([*args, "--dry-run"], tiny["root"], tiny["cache"])
   assert "resnet20_none seed 0: done, eval_strong not yet run" in dry.stdout
   out = _reproduce(args, tiny["root"], tiny["cache"])
-  assert "training" not in out.stdout
+  assert ": training in" not in out.stdout
   assert "extra evaluation strong" in out.stdout
   run = _table(tiny["root"], "table1")["rows"][0]["runs"][0]
   assert run["pending"] == []
@@ -874,7 +874,7 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
                      tiny["cache"])
   assert "(deferred), ~0m00s" in again.stdout
   out = _reproduce(args, tmp_path, tiny["cache"])
-  assert "training" not in out.stdout
+  assert ": training in" not in out.stdout
   assert "extra evaluation a5" in out.stdout
   assert "extra evaluation strong" in out.stdout
   data = _table(tmp_path, "table2")
