@@ -301,7 +301,8 @@ def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
     key = (run.row.name, run.seed)
     if run.config.sparsity.method == "none" or key not in done:
       continue
-    records = metric_logging.read_metrics(run.workdir)
+    records = [r for r in metric_logging.read_metrics(run.workdir)
+               if "epoch" in r]
     if records:
       columns.setdefault(run.row.name, []).append(
           (run.seed, records, done[key]))
@@ -318,7 +319,6 @@ def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
     bottom = axes[2 * (i // width) + 1, i % width]
     sparsity = _pruned_kind(runs_by_row[name].config)
     for seed, records, chosen in seeds:
-      records = [r for r in records if "epoch" in r]
       epochs = [r["epoch"] for r in records]
       for ax, key in ((top, "val_natural_accuracy"), (bottom, sparsity)):
         values = [r.get(key) for r in records]
@@ -334,8 +334,7 @@ def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
     # every panel on one scale: the rows' sparsities compare at a glance
     bottom.set_ylim(-2, 102)
     bottom.set_xlabel("epoch", fontsize=7)
-    ticks = sorted({r["epoch"] for _, records, _ in seeds for r in records
-                    if "epoch" in r})
+    ticks = sorted({r["epoch"] for _, records, _ in seeds for r in records})
     for ax in (top, bottom):
       ax.set_xticks(ticks)
       ax.tick_params(labelsize=7)
