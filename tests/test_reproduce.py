@@ -890,6 +890,51 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
   assert stats["w"]["num_channels"] > 0
 
 
+def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
+    tiny, tmp_path, monkeypatch):
+  # Table 2 adds A5 and the strong column to the fixture's ResNet20 run; the
+  # strong evaluation (the last) stops as a killed session would: the
+  # record, its copy under results/ and the table keep A5, and the strong
+  # column stays pending.
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  shutil.copytree(tiny["root"] / "w", tmp_path / "w")
+  workdir = tmp_path / "w" / os.path.join(*ROW_WORKDIR)
+  # Another test may have run Table 1's strong column here already.
+  progress = json.loads((workdir / runner.PROGRESS_FILE).read_text())
+  progress["stages"].pop("eval_strong", None)
+  (workdir / runner.PROGRESS_FILE).write_text(json.dumps(progress))
+  (workdir / "eval_strong.json").unlink(missing_ok=True)
+
+  evaluate = eval_run.evaluate_checkpoint
+
+  def stopped_in_strong(config, directory, **kwargs):
+    if config.eval.get("protocol") == "strong":
+      raise RuntimeError("stopped")
+    return evaluate(config, directory, **kwargs)
+
+  monkeypatch.setattr(eval_run, "evaluate_checkpoint", stopped_in_strong)
+  run = runner.plan(tables.TABLES["table2"], scales.SCALES["tiny"],
+                    rows=["resnet20_none"], seeds=1,
+                    root=str(tmp_path / "w"),
+                    results=str(tmp_path / "results"))[0]
+  assert Path(run.workdir) == workdir
+  with pytest.raises(RuntimeError, match="stopped"):
+    runner.execute(run, show_progress=False)
+  assert runner.status_of(run) == "done, eval_strong not yet run"
+  kept = json.loads(Path(run.archive, runner.RUN_RECORD).read_text())
+  assert "eval_a5" in kept["fingerprints"]
+  assert "eval_strong" not in kept["fingerprints"]
+  assert 0 <= kept["metrics"]["A5"] <= kept["metrics"]["A1"]
+  assert "A_strong" not in kept["metrics"]
+
+  _reproduce(["table2", "--scale=tiny", "--rows=resnet20_none",
+              "--report-only"], tmp_path, tiny["cache"])
+  reported = next(r for r in _table(tmp_path, "table2")["rows"]
+                  if r["name"] == "resnet20_none")["runs"][0]
+  assert reported["pending"] == ["eval_strong"]
+  assert reported["metrics"]["A5"] == kept["metrics"]["A5"]
+
+
 def test_the_cpu_scale_checkpoints_within_an_epoch_without_changing_runs(
     tmp_path):
   # A run killed mid-epoch (an hour-long ensemble epoch on 2 cores) loses

@@ -407,6 +407,14 @@ def execute(run: Run, *, show_progress: bool = True,
     log(f"{what}: evaluating ({config.eval.attacks})")
     progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
         config, run.workdir, exp=exp()))
+  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
+  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
+    progress.timed("analysis", eval_fp,
+                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
+  # The run is reportable from here on, its extra evaluations pending; the
+  # record is written again after each of them, so a run stopped during
+  # the last one (an hour on a CPU) keeps the columns of those before it.
+  record = _save_record(run, progress)
   for extra in run.extra_evals if extra_evals else ():
     stage = f"eval_{extra.protocol}"
     cfg = _with(config, extra.overrides)
@@ -417,14 +425,7 @@ def execute(run: Run, *, show_progress: bool = True,
           f"({extra.attacks}, {cfg.eval.num_examples or 'all'} images)")
       progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
           cfg, run.workdir, exp=exp()))
-  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
-  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
-    progress.timed("analysis", eval_fp,
-                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
-  record = make_record(run, progress)
-  files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
-  if run.archive is not None:
-    archive_lib.save(run.workdir, run.archive)
+      record = _save_record(run, progress)
   exp_cache.clear()
   jax.clear_caches()
   return record
@@ -588,7 +589,8 @@ def correct_per_image_of(main: Mapping[str, Any]) -> dict[str, str]:
 
 
 def commands_of(run: Run) -> dict[str, str]:
-  """The exact equivalent commands of a run, in the order they run."""
+  """The exact equivalent commands of a run, in an order they can run in
+  (the analysis and the extra evaluations do not depend on each other)."""
   return {"train": run.train_command, "eval": run.eval_command,
           **{f"eval_{e.protocol}": e.command for e in run.extra_evals},
           "analysis": ("python -m fkjax.reproduce.analysis "
@@ -627,6 +629,15 @@ def make_record(run: Run, progress: Progress) -> dict[str, Any]:
       "fingerprints": done,
       "done": True,
   }
+
+
+def _save_record(run: Run, progress: Progress) -> dict[str, Any]:
+  """Writes the run's record, then its copy under ``results/``."""
+  record = make_record(run, progress)
+  files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
+  if run.archive is not None:
+    archive_lib.save(run.workdir, run.archive)
+  return record
 
 
 def record_failure(run: Run, error: BaseException) -> None:
