@@ -64,6 +64,22 @@ def _assert_one_line_error(proc, *fragments, code=None):
     (["--config=configs/tiny.py", "--config.eval.final_attacks=natural,pgd"],
      ["unknown attack"], 1),
     (["--config=configs/tiny.py", "stray"], ["unexpected arguments"], 2),
+    (["--config=configs/tiny.py", "--config.dataset.synthetic_sizes=(-5,32)"],
+     ["config.dataset.synthetic_sizes=(-5, 32)", "two integers >= 1"], 1),
+    (["--config=configs/tiny.py", "--config.seed=-1"],
+     ["config.seed=-1", "an integer >= 0"], 1),
+    (["--config=configs/tiny.py", "--config.dataset.val_size=96"],
+     ["config.dataset.val_size=96", "96 training images",
+      "config.dataset.synthetic_sizes[0]"], 1),
+    (["--config=configs/cpu.py", "--config.dataset.val_size=50000"],
+     ["config.dataset.val_size=50000", "official cifar10 training set"], 1),
+    (["--config=configs/tiny.py", "--config.num_devices=99"],
+     ["config.num_devices=99", "visible", "use at most"], 1),
+    (["--config=configs/tiny.py", "--config.eval.nattack_chunk=-3"],
+     ["config.eval.nattack_chunk=-3", "an integer >= 1"], 1),
+    # 0 ran NAttack forever.
+    (["--config=configs/tiny.py", "--config.eval.nattack_chunk=0"],
+     ["config.eval.nattack_chunk=0"], 1),
 ])
 def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   workdir = tmp_path / "run"
@@ -72,6 +88,16 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   # Nothing was recorded: the corrected command starts cleanly.
   assert not (workdir / "config.json").exists()
   assert not (workdir / "checkpoints").exists()
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("kept")
+  proc = _run(["train.py", "--config=configs/tiny.py",
+               f"--workdir={a_file}"])
+  _assert_one_line_error(proc, f"--workdir={a_file} is not a directory",
+                         code=1)
+  assert a_file.read_text() == "kept"
 
 
 def test_missing_workdir_flag_is_one_line():
@@ -145,7 +171,8 @@ def test_missing_data_is_one_line(tmp_path):
                f"--config.dataset.data_dir={tmp_path / 'empty'}",
                "--config.dataset.download=false"])
   _assert_one_line_error(proc, str(tmp_path / "empty"))
-  assert not (tmp_path / "run" / "config.json").exists()
+  # Nothing left behind: not even the lock file, nor the new workdir.
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("args,fragments", [
