@@ -31,6 +31,15 @@ def _summary(val, test, sparsity, channels):
 def test_a_sweep_ends_with_one_table_of_its_runs():
   configs = _configs()
   assert summary.swept_keys(configs) == ["seed", "sparsity.lamb1"]
+  # One batch stream shared by seeds 0 and 1 (recorded by the run of seed
+  # 1) is not a swept value; nor is each run's own; other streams are.
+  configs[2].training.data_seed = 0
+  assert summary.swept_keys(configs) == ["seed", "sparsity.lamb1"]
+  configs[2].training.data_seed = 1
+  assert summary.swept_keys(configs) == ["seed", "sparsity.lamb1"]
+  configs[1].training.data_seed = 5
+  assert "training.data_seed" in summary.swept_keys(configs)
+  configs[1].training.data_seed = configs[2].training.data_seed = None
   summaries = [_summary(50.0, 40.0, 10.0, 5.0), _summary(55.5, 44.25, 20, 7.5),
                {"validation": {"val_natural_accuracy": 60.0,
                                "weight_sparsity": 3.0,

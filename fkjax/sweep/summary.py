@@ -8,14 +8,29 @@ from typing import Any, Mapping, Sequence, TextIO
 import ml_collections
 
 from fkjax import run_config
+from fkjax.sweep import spec
+
+
+_DATA_SEED = "training.data_seed"
+
+
+def _flat(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  flat = run_config.flatten(run_config.as_dict(config))
+  # None stands for the run's seed; a shared batch stream is recorded by the
+  # runs whose own seed differs: the seed it stands for is what counts.
+  flat[_DATA_SEED] = spec.effective_data_seed(config)
+  return flat
 
 
 def swept_keys(configs: Sequence[ml_collections.ConfigDict]) -> list[str]:
   """The dotted keys whose values differ between the runs (how a run is
-  executed, e.g. the data directory, does not count)."""
-  flats = [run_config.flatten(run_config.as_dict(c)) for c in configs]
+  executed, e.g. the data directory, does not count; nor the data seed
+  where each run's is its own seed)."""
+  flats = [_flat(c) for c in configs]
   keys = sorted(set().union(*flats)) if flats else []
+  own_seeds = all(f[_DATA_SEED] == f.get("seed") for f in flats)
   return [k for k in keys if not run_config.is_environment_key(k)
+          and not (k == _DATA_SEED and own_seeds)
           and len({repr(f.get(k)) for f in flats}) > 1]
 
 
@@ -41,7 +56,7 @@ def sweep_table(configs: Sequence[ml_collections.ConfigDict],
     (%, of the evaluated weights; the last epoch's where there is no test).
   """
   keys = swept_keys(configs)
-  flats = [run_config.flatten(run_config.as_dict(c)) for c in configs]
+  flats = [_flat(c) for c in configs]
   val_names = sorted({k for s in summaries for k in s.get("validation", {})
                       if k.startswith("val_") and k.endswith("_accuracy")})
   test_names: list[str] = []
