@@ -82,6 +82,18 @@ class _DropMetriclessWarning(logging.Filter):
     return "did not provide metrics" not in str(record.msg)
 
 
+class _DropStepMetadataComplaints(logging.Filter):
+  """Orbax logs, then ignores, a step metadata file that is missing or not
+  JSON when it opens a directory; ``restore`` refuses such a step in one
+  line of its own (``_read_digests``), and only the step it restores."""
+
+  _TEXTS = ("Metadata file does not exist", "Failed to json parse Metadata",
+            "Failed to read Metadata file")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(self._TEXTS)
+
+
 class _HeldLogRecords(logging.Filter):
   """Holds back orbax's errors during a save.
 
@@ -181,7 +193,12 @@ class Checkpointer:
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices("fkjax_checkpointer_open")
     self._read_only = must_exist
-    self._manager = _manager(self.directory, read_only=must_exist)
+    quiet = _DropStepMetadataComplaints()
+    logging.getLogger("absl").addFilter(quiet)
+    try:
+      self._manager = _manager(self.directory, read_only=must_exist)
+    finally:
+      logging.getLogger("absl").removeFilter(quiet)
 
   def save(self, step: int, state: Any, val_accuracy: float | None = None
            ) -> None:
@@ -278,6 +295,8 @@ class Checkpointer:
     _check_stored_shapes(want, stored, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     _drop_orbax_leftovers()
+    quiet = _DropStepMetadataComplaints()   # said by _saved_digests
+    logging.getLogger("absl").addFilter(quiet)
     try:
       state = self._manager.restore(step,
                                     args=ocp.args.StandardRestore(abstract))
@@ -297,6 +316,8 @@ class Checkpointer:
           f"{where}: {type(e).__name__}: {first} Is it complete, and was it "
           "written with the same model/optimizer config? If it is damaged, "
           f"delete {where} to use the previous checkpoint") from e
+    finally:
+      logging.getLogger("absl").removeFilter(quiet)
     _check_same_structure(template, state, where)
     self._verify(step, state, which, saved)
     return step, state
