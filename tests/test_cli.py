@@ -165,6 +165,19 @@ def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
 
 
+@pytest.mark.parametrize("chunk", ["0", "-3"])
+def test_eval_refuses_nattack_chunks_below_one(tmp_path, chunk):
+  # 0 ran NAttack until killed; a negative chunk failed inside JAX.
+  sys.path.insert(0, str(REPO))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  run_config.save(tiny.get_config(), str(tmp_path))
+  proc = _run(["eval.py", f"--workdir={tmp_path}",
+               f"--config.eval.nattack_chunk={chunk}"])
+  _assert_one_line_error(proc, f"config.eval.nattack_chunk={chunk} is "
+                         "invalid: an integer >= 1", code=1)
+
+
 def test_missing_data_is_one_line(tmp_path):
   proc = _run(["train.py", f"--workdir={tmp_path / 'run'}",
                "--config=configs/cpu.py",
