@@ -178,12 +178,17 @@ def test_eval_refuses_nattack_chunks_below_one(tmp_path, chunk):
                          "invalid: an integer >= 1", code=1)
 
 
-def test_missing_data_is_one_line(tmp_path):
+@pytest.mark.parametrize("download", ["false", "true"])
+def test_missing_data_is_one_line(tmp_path, download):
+  # download=true: the download fails (its URL names no file).
   proc = _run(["train.py", f"--workdir={tmp_path / 'run'}",
                "--config=configs/cpu.py",
                f"--config.dataset.data_dir={tmp_path / 'empty'}",
-               "--config.dataset.download=false"])
+               f"--config.dataset.download={download}"],
+              env={"FKJAX_CIFAR_URL": f"file://{tmp_path / 'no_mirror'}/"})
   _assert_one_line_error(proc, str(tmp_path / "empty"))
+  if download == "true":
+    assert "cannot download" in proc.stderr
   # Nothing left behind: not even the lock file, nor the new workdir.
   assert not (tmp_path / "run").exists()
 
