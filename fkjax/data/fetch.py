@@ -22,7 +22,7 @@ import urllib.request
 
 from fkjax.data import cifar_binary
 from fkjax.data import integrity
-from fkjax.data.integrity import file_md5  # pylint: disable=unused-import
+from fkjax.data.integrity import file_md5  # noqa: F401 (fetch.file_md5, as before)
 from fkjax.data.types import DISPLAY_NAMES
 from fkjax.data.types import DataError
 
