@@ -5,6 +5,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -164,16 +165,15 @@ def _tamper_metadata(step_dir, how):
 ])
 def test_rewritten_arrays_without_their_digests_are_refused(tmp_path, how,
                                                             says):
-  # Arrays rewritten, then the digests that would expose them removed: the
-  # checkpoint was restored with exit 0 after a log warning.
-  ck = ckpt_lib.Checkpointer(str(tmp_path))
-  ck.save(8, _state(8, size=4096))
-  step_dir = tmp_path / "checkpoints" / "8"
-  chunk = _data_files(step_dir)[0]
-  data = bytearray(chunk.read_bytes())
-  middle = len(data) // 2
-  data[middle:middle + 8] = bytes(b ^ 0x01 for b in data[middle:middle + 8])
-  chunk.write_bytes(bytes(data))
+  # Arrays rewritten (here: another state's), then the digests that would
+  # expose them removed: the checkpoint was restored with exit 0 after a
+  # log warning.
+  run, other = tmp_path / "run", tmp_path / "other"
+  ckpt_lib.Checkpointer(str(run)).save(8, _state(8))
+  ckpt_lib.Checkpointer(str(other)).save(8, _state(9))
+  step_dir = run / "checkpoints" / "8"
+  shutil.rmtree(step_dir / "default")
+  shutil.copytree(other / "checkpoints" / "8" / "default", step_dir / "default")
   _tamper_metadata(step_dir, how)
   logged = []
   handler = logging.Handler()
@@ -181,8 +181,8 @@ def test_rewritten_arrays_without_their_digests_are_refused(tmp_path, how,
   logging.getLogger("absl").addHandler(handler)
   try:
     with pytest.raises(ckpt_lib.CheckpointError) as info:
-      ckpt_lib.Checkpointer(str(tmp_path), must_exist=True).restore(
-          _state(0, size=4096), "latest")
+      ckpt_lib.Checkpointer(str(run), must_exist=True).restore(_state(0),
+                                                               "latest")
   finally:
     logging.getLogger("absl").removeHandler(handler)
   # The error says it once; orbax's log lines of the same are dropped.
@@ -194,11 +194,14 @@ def test_rewritten_arrays_without_their_digests_are_refused(tmp_path, how,
   assert says in message
   assert "--allow_unverified_checkpoint" in message
   assert "FKJAX_ALLOW_UNVERIFIED_CHECKPOINT=1" in message
-  # Allowed explicitly (or by the environment), it restores, with a warning.
-  for reader in (ckpt_lib.Checkpointer(str(tmp_path), allow_unverified=True),
+  # Allowed explicitly (or by the environment), it restores the rewritten
+  # arrays, with a warning.
+  for reader in (ckpt_lib.Checkpointer(str(run), allow_unverified=True),
                  _with_env(ckpt_lib.ALLOW_UNVERIFIED_ENV, "1", lambda:
-                           ckpt_lib.Checkpointer(str(tmp_path)))):
-    assert reader.restore(_state(0, size=4096), "latest")[0] == 8
+                           ckpt_lib.Checkpointer(str(run)))):
+    step, state = reader.restore(_state(0), "latest")
+    assert step == 8
+    _assert_state_equal(state, _state(9))
 
 
 def _with_env(name, value, make):
