@@ -37,8 +37,10 @@ def main(argv):
              "--name=value)", code=2)
   # Before anything is loaded or compiled: a bad value fails in a second.
   from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax import workdir  # pylint: disable=import-outside-toplevel
   config = cli.loaded_config(FLAGS.config)
   run_config.validate(config)
+  workdir.check_workdir(FLAGS.workdir)
   from fkjax import kernels  # pylint: disable=import-outside-toplevel
   kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.

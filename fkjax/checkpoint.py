@@ -19,18 +19,24 @@ Every checkpoint records a SHA-256 digest of each array in its orbax step
 metadata (``_CHECKPOINT_METADATA``, written inside the temporary directory,
 so it is committed with the arrays). ``restore`` recomputes the digests and
 checks that floating-point values are finite, so bytes damaged on disk raise
-``CheckpointError`` instead of restoring garbage.
+``CheckpointError`` instead of restoring garbage. A checkpoint whose digests
+cannot be read (its metadata file deleted, not JSON, or holding none) cannot
+be verified and is refused, saying which, unless the caller allows it
+(``allow_unverified=True``; on the command line
+``--allow_unverified_checkpoint`` or ``FKJAX_ALLOW_UNVERIFIED_CHECKPOINT=1``):
+anyone who can rewrite the arrays can delete their digests too.
 
 Workdirs written by earlier fkjax versions keep ``checkpoints/latest/<step>``
 and ``checkpoints/best/<step>``. Opening one moves those step directories
 into ``checkpoints/<step>`` (renames only; idempotent if interrupted), after
 which training resumes and evaluation reads them as usual. Such checkpoints
-have no digests: they are checked for finiteness only.
+have no digests: they restore only where unverified checkpoints are allowed.
 """
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import math
 import os
@@ -51,6 +57,10 @@ KEEP_LATEST = 2
 _METADATA_KEY = "fkjax"
 _DIGEST_FORMAT = "sha256-v1"
 _LEGACY_DIRS = ("best", "latest")  # best first: its copy carries the metric
+# orbax's per-step metadata file, which holds the digests.
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+ALLOW_UNVERIFIED_ENV = "FKJAX_ALLOW_UNVERIFIED_CHECKPOINT"
+ALLOW_UNVERIFIED_FLAG = "--allow_unverified_checkpoint"
 # errnos that mean "the disk cannot take more": the user must free space.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 # Tensorstore's way of naming the errno in its error text.
@@ -70,6 +80,18 @@ class _DropMetriclessWarning(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     return "did not provide metrics" not in str(record.msg)
+
+
+class _DropStepMetadataComplaints(logging.Filter):
+  """Orbax logs, then ignores, a step metadata file that is missing or not
+  JSON when it opens a directory; ``restore`` refuses such a step in one
+  line of its own (``_read_digests``), and only the step it restores."""
+
+  _TEXTS = ("Metadata file does not exist", "Failed to json parse Metadata",
+            "Failed to read Metadata file")
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(self._TEXTS)
 
 
 class _HeldLogRecords(logging.Filter):
@@ -151,9 +173,17 @@ class Checkpointer:
     must_exist: open for reading only (eval): raise ``CheckpointError`` if
       the workdir has no checkpoints, and leave temporary directories alone
       (a training process may be writing one).
+    allow_unverified: restore a checkpoint whose digests cannot be read
+      (with a warning) instead of refusing it; None: whether
+      ``FKJAX_ALLOW_UNVERIFIED_CHECKPOINT`` is set (to anything but 0).
   """
 
-  def __init__(self, workdir: str, must_exist: bool = False):
+  def __init__(self, workdir: str, must_exist: bool = False,
+               allow_unverified: bool | None = None):
+    if allow_unverified is None:
+      allow_unverified = os.environ.get(ALLOW_UNVERIFIED_ENV, "") not in (
+          "", "0")
+    self.allow_unverified = allow_unverified
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
     if must_exist:
       require_checkpoints(workdir)
@@ -163,7 +193,12 @@ class Checkpointer:
       from jax.experimental import multihost_utils
       multihost_utils.sync_global_devices("fkjax_checkpointer_open")
     self._read_only = must_exist
-    self._manager = _manager(self.directory, read_only=must_exist)
+    quiet = _DropStepMetadataComplaints()
+    logging.getLogger("absl").addFilter(quiet)
+    try:
+      self._manager = _manager(self.directory, read_only=must_exist)
+    finally:
+      logging.getLogger("absl").removeFilter(quiet)
 
   def save(self, step: int, state: Any, val_accuracy: float | None = None
            ) -> None:
@@ -253,10 +288,15 @@ class Checkpointer:
           f"no {which} checkpoint in {self.directory}" +
           (" (none has finished an epoch yet)" if which == "best" else ""))
     where = self.step_dir(step)
+    # Before orbax reads the step: it logs, and then ignores, a missing or
+    # unparsable metadata file.
+    saved = self._saved_digests(step, which)
     want, stored = _shapes_by_path(template), _stored_shapes(where)
     _check_stored_shapes(want, stored, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     _drop_orbax_leftovers()
+    quiet = _DropStepMetadataComplaints()   # said by _saved_digests
+    logging.getLogger("absl").addFilter(quiet)
     try:
       state = self._manager.restore(step,
                                     args=ocp.args.StandardRestore(abstract))
@@ -276,25 +316,45 @@ class Checkpointer:
           f"{where}: {type(e).__name__}: {first} Is it complete, and was it "
           "written with the same model/optimizer config? If it is damaged, "
           f"delete {where} to use the previous checkpoint") from e
+    finally:
+      logging.getLogger("absl").removeFilter(quiet)
     _check_same_structure(template, state, where)
-    self._verify(step, state, which)
+    self._verify(step, state, which, saved)
     return step, state
 
-  def _verify(self, step: int, state: Any, which: str) -> None:
+  def _remedy(self, step: int) -> str:
     where = self.step_dir(step)
     others = [s for s in self.all_steps() if s != step]
-    remedy = (f"delete {where} and rerun to fall back to another checkpoint "
-              f"(steps {', '.join(map(str, others))})" if others else
-              f"it is the only checkpoint: deleting {where} restarts "
-              "training from scratch")
-    try:
-      custom = self._manager.metadata(step).custom_metadata or {}
-    except Exception:  # unreadable metadata: the digests check will say so
-      custom = {}
-    saved = custom.get(_METADATA_KEY, {})
-    if saved.get("format") == _DIGEST_FORMAT:
+    return (f"delete {where} and rerun to fall back to another checkpoint "
+            f"(steps {', '.join(map(str, others))})" if others else
+            f"it is the only checkpoint: deleting {where} restarts "
+            "training from scratch")
+
+  def _saved_digests(self, step: int, which: str) -> dict[str, Any] | None:
+    """The digests saved with ``step``; None where they cannot be read and
+    unverified checkpoints are allowed (else ``CheckpointError``)."""
+    path = os.path.join(self.step_dir(step), _STEP_METADATA)
+    problem, digests = _read_digests(path)
+    if problem is None:
+      return digests
+    what = (f"the {which} checkpoint step {step} cannot be verified: "
+            f"{problem}")
+    if self.allow_unverified:
+      logging.getLogger(__name__).warning(
+          "%s; restoring it unverified, as allowed", what)
+      return None
+    raise CheckpointError(
+        f"{what}. Its arrays may have been altered: {self._remedy(step)}; "
+        f"or, if you trust it, rerun with {ALLOW_UNVERIFIED_FLAG} "
+        f"({ALLOW_UNVERIFIED_ENV}=1) to use it unverified")
+
+  def _verify(self, step: int, state: Any, which: str,
+              saved: dict[str, Any] | None) -> None:
+    where = self.step_dir(step)
+    remedy = self._remedy(step)
+    if saved is not None:
       got = _digests(state)
-      want = saved.get("digests", {})
+      want = saved
       bad = [k for k in sorted(set(got) | set(want))
              if got.get(k) is not None and want.get(k) is not None
              and got[k] != want[k]]
@@ -318,6 +378,31 @@ class Checkpointer:
 
 # --------------------------------------------------------------------------
 # Digests and finiteness of a state's arrays.
+
+
+def _read_digests(path: str) -> tuple[str | None, dict[str, Any]]:
+  """``(None, {leaf path: digest})`` from a step's metadata file, or
+  ``(what is wrong, {})``."""
+  try:
+    with open(path, "rb") as f:
+      text = f.read()
+  except FileNotFoundError:
+    return (f"its metadata file {path}, which holds the digests of its "
+            "arrays, is missing (deleted?)"), {}
+  except OSError as e:
+    return f"its metadata file {path} is unreadable ({e.strerror})", {}
+  try:
+    metadata = json.loads(text)
+  except ValueError as e:
+    return (f"its metadata file {path}, which holds the digests of its "
+            f"arrays, is not valid JSON ({' '.join(str(e).split())})"), {}
+  entry = ((metadata.get("custom_metadata") or {}).get(_METADATA_KEY)
+           if isinstance(metadata, dict) else None)
+  if not (isinstance(entry, dict) and entry.get("format") == _DIGEST_FORMAT
+          and isinstance(entry.get("digests"), dict)):
+    return (f"its metadata file {path} holds no digests of its arrays "
+            "(removed, or written by an fkjax from before digests)"), {}
+  return None, entry["digests"]
 
 
 def _local_value(x: Any) -> np.ndarray | None:

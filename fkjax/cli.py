@@ -25,6 +25,14 @@ TRACEBACK_ENV = "FKJAX_TRACEBACK"
 flags.DEFINE_bool("traceback", False,
                   "Show the Python traceback of an error instead of one line "
                   f"(also {TRACEBACK_ENV}=1).")
+# The same name and variable as fkjax.checkpoint's (not imported here: the
+# entry points must not import JAX before parsing flags).
+ALLOW_UNVERIFIED_ENV = "FKJAX_ALLOW_UNVERIFIED_CHECKPOINT"
+flags.DEFINE_bool("allow_unverified_checkpoint", False,
+                  "Restore a checkpoint whose digests cannot be read (its "
+                  "metadata deleted or damaged), so that damaged or altered "
+                  "arrays go unnoticed; without it such a checkpoint is "
+                  f"refused (also {ALLOW_UNVERIFIED_ENV}=1).")
 
 
 def show_traceback(argv: Sequence[str] = ()) -> bool:
@@ -217,6 +225,9 @@ def run_config_for_eval(argv: Sequence[str], workdir: str,
 
 
 def _guarded(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
+  if flags.FLAGS.allow_unverified_checkpoint:
+    # Where fkjax.checkpoint.Checkpointer looks, however deep it is built.
+    os.environ[ALLOW_UNVERIFIED_ENV] = "1"
   try:
     return main(argv)
   except KeyboardInterrupt:

@@ -242,6 +242,7 @@ class PlainProgress:
     self._last_print = self._start
     self._postfix = ""
     self._closed = False
+    self._printed: tuple[int, str] | None = None   # (n, postfix) last shown
     # (time, n) at the first update: the estimate's origin.
     self._first_update: tuple[float, int] | None = None
 
@@ -273,13 +274,16 @@ class PlainProgress:
     self.desc = desc
 
   def close(self) -> None:
+    # The last update may have printed the final count already (its
+    # interval had passed): the same line twice said nothing new.
     if not self._closed:
       self._closed = True
-      if self.n > self._initial:
+      if self.n > self._initial and self._printed != (self.n, self._postfix):
         self._print(time.monotonic())
 
   def _print(self, now: float) -> None:
     self._last_print = now
+    self._printed = (self.n, self._postfix)
     done = f"{self.n}/{self.total}" if self.total else f"{self.n}"
     pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
     elapsed = now - self._start

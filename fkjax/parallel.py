@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fkjax import run_config
+
 DATA_AXIS = "data"
 
 
@@ -47,8 +49,11 @@ def make_mesh(num_devices: int | None = None) -> Mesh:
   devices = jax.devices()
   if num_devices is not None:
     if not 1 <= num_devices <= len(devices):
-      raise ValueError(f"num_devices={num_devices} but {len(devices)} "
-                       "devices are visible")
+      raise run_config.ConfigError(
+          f"config.num_devices={num_devices} is invalid: {len(devices)} "
+          f"device{'s are' if len(devices) != 1 else ' is'} visible "
+          f"({', '.join(sorted({d.platform for d in devices}))}); use at "
+          f"most {len(devices)}, or 0 for all of them")
     devices = devices[:num_devices]
   return Mesh(np.asarray(devices), (DATA_AXIS,))
 
@@ -64,8 +69,10 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
   if global_batch_size % mesh.size:
-    raise ValueError(f"batch size {global_batch_size} is not divisible by the "
-                     f"{mesh.size} devices of the mesh")
+    raise run_config.ConfigError(
+        f"the batch size {global_batch_size} does not divide over the "
+        f"{mesh.size} devices of the mesh: use a multiple of {mesh.size}, "
+        "or fewer devices (config.num_devices)")
 
 
 def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

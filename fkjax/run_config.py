@@ -94,9 +94,11 @@ def validate(config: ml_collections.ConfigDict,
     v = _get(config, key)
     _require(v in options, key, v, f"one of {list(options)}")
 
+  positive_int("seed", 0)   # numpy's generators refuse negative seeds
   choice("dataset.name", ("cifar10", "cifar100"))
   choice("dataset.source", ("cifar_binary", "tfds", "synthetic"))
-  positive_int("dataset.val_size", 0)
+  positive_int("dataset.split_seed", 0)
+  _validate_dataset_sizes(config)
   for key in ("dataset.subset_per_class", "dataset.test_subset_per_class"):
     if _get(config, key) is not None:
       positive_int(key)
@@ -186,6 +188,11 @@ def validate(config: ml_collections.ConfigDict,
   positive_int("eval.num_noise_draws")
   positive_int("eval.nattack_iters")
   positive_int("eval.nattack_population")
+  # A chunk of 0 never advanced (NAttack ran forever), a negative one
+  # failed deep inside JAX.
+  for key in ("eval.nattack_chunk", "eval.nattack_image_chunk"):
+    if _get(config, key) is not None:
+      positive_int(key)
   known = tuple(attack_names)
   for key in ("eval.attacks", "eval.final_attacks"):
     names = [n.strip() for n in str(_get(config, key) or "").split(",")
@@ -194,6 +201,28 @@ def validate(config: ml_collections.ConfigDict,
     _require(not unknown, key, _get(config, key),
              f"unknown attack(s) {unknown}; choose from {list(known)}")
   positive_int("num_devices", 0)
+
+
+def _validate_dataset_sizes(config: ml_collections.ConfigDict) -> None:
+  """The synthetic sizes, and a validation split smaller than the training
+  set it is taken from (known before any data are read)."""
+  sizes = _get(config, "dataset.synthetic_sizes")
+  _require(isinstance(sizes, (tuple, list)) and len(sizes) == 2
+           and all(_int(n) and n >= 1 for n in sizes),
+           "dataset.synthetic_sizes", sizes,
+           "two integers >= 1, (train pool, test)")
+  val_size = _get(config, "dataset.val_size")
+  _require(_int(val_size) and val_size >= 0, "dataset.val_size", val_size,
+           "an integer >= 0")
+  if _get(config, "dataset.source") == "synthetic":
+    pool, where = sizes[0], "config.dataset.synthetic_sizes[0]"
+  else:
+    from fkjax.data import types  # pylint: disable=import-outside-toplevel
+    pool = types.OFFICIAL_TRAIN_SIZE
+    where = f"the official {_get(config, 'dataset.name')} training set"
+  _require(val_size < pool, "dataset.val_size", val_size,
+           f"the validation split is taken out of the {pool:,} training "
+           f"images ({where}): it must be smaller, in [0, {pool:,})")
 
 
 def _validate_sparsity(config: ml_collections.ConfigDict) -> None:

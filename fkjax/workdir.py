@@ -10,7 +10,12 @@ Lock
   takes a shared lock: any number of shared holders (evaluations) may run
   together, but not alongside an exclusive holder (training). With
   ``jax.distributed`` only process 0 should take the lock. On a filesystem
-  without ``flock`` support the lock warns and does nothing.
+  without ``flock`` support the lock warns and does nothing. A run that
+  fails before it writes anything (bad data, a download error) leaves
+  nothing behind: releasing an exclusive lock on a workdir that holds only
+  the lock file removes the file, and the directory if the lock created it.
+  ``check_workdir(path)`` refuses, in one line, a path that cannot be a
+  workdir (an existing file).
 
 Results files
   Every evaluation writes its own file, named by what produced it, so results
@@ -69,7 +74,25 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 class WorkdirError(RuntimeError):
-  """The workdir is in use, or a results file cannot be written."""
+  """The workdir is in use, is no directory, or a results file cannot be
+  written."""
+
+
+def check_workdir(workdir: str | os.PathLike[str]) -> None:
+  """Raises :class:`WorkdirError` where ``workdir`` names an existing file,
+  or lies below one, instead of a directory (existing or not)."""
+  path = os.path.abspath(os.fspath(workdir))
+  node = path
+  while True:
+    if os.path.exists(node) and not os.path.isdir(node):
+      below = "" if node == path else f" (its parent {node} is a file)"
+      raise WorkdirError(
+          f"--workdir={os.fspath(workdir)} is not a directory{below}: pass "
+          "the directory that holds (or will hold) the run")
+    parent = os.path.dirname(node)
+    if parent == node:
+      return
+    node = parent
 
 
 # --------------------------------------------------------------------------
@@ -100,6 +123,8 @@ class WorkdirLock:
     self.path = os.path.join(self.workdir, LOCK_NAME)
     self.shared = shared
     self._fd: int | None = None
+    # The outermost directory this lock created (None: the workdir existed).
+    self._made: str | None = None
 
   @property
   def held(self) -> bool:
@@ -113,41 +138,91 @@ class WorkdirLock:
     """
     if self._fd is not None:
       raise WorkdirError(f"the lock on {self.workdir} is already held")
-    os.makedirs(self.workdir, exist_ok=True)
-    # O_CLOEXEC: child processes must not inherit (and keep) the lock.
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    check_workdir(self.workdir)
     mode = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
-    try:
-      fcntl.flock(fd, mode | fcntl.LOCK_NB)
-    except BlockingIOError:
-      holder = _describe_holder(fd)
+    while True:
+      if not os.path.isdir(self.workdir):
+        self._made = _outermost_missing(self.workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+      try:
+        # O_CLOEXEC: child processes must not inherit (and keep) the lock.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+      except FileNotFoundError:
+        continue  # the directory was tidied away in between (see release)
+      try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = _describe_holder(fd)
+        os.close(fd)
+        raise WorkdirError(
+            f"{self.workdir} is in use by {holder}; wait for it or stop it"
+        ) from None
+      except OSError as e:
+        os.close(fd)
+        if e.errno not in _NO_FLOCK:
+          raise
+        warnings.warn(f"cannot lock {self.path} ({e.strerror}): this "
+                      "filesystem does not support flock; make sure no other "
+                      "process uses the workdir", RuntimeWarning,
+                      stacklevel=2)
+        return self
+      if _is_current(fd, self.path):
+        break
+      # Locked a file that a releasing holder had just removed: the lock
+      # must be on the file that the path names now.
       os.close(fd)
-      raise WorkdirError(
-          f"{self.workdir} is in use by {holder}; wait for it or stop it"
-      ) from None
-    except OSError as e:
-      os.close(fd)
-      if e.errno not in _NO_FLOCK:
-        raise
-      warnings.warn(f"cannot lock {self.path} ({e.strerror}): this "
-                    "filesystem does not support flock; make sure no other "
-                    "process uses the workdir", RuntimeWarning, stacklevel=2)
-      return self
     self._fd = fd
     _write_holder(fd)
     return self
 
   def release(self) -> None:
+    """Releases the lock; an exclusive holder whose workdir holds nothing
+    but the lock file removes it (and the directory, if it made it)."""
     if self._fd is not None:
       fd, self._fd = self._fd, None
+      if not self.shared:
+        self._tidy()
       fcntl.flock(fd, fcntl.LOCK_UN)
       os.close(fd)
+
+  def _tidy(self) -> None:
+    # Still holding the lock: a process that opened the file meanwhile finds
+    # it gone after taking its lock (_is_current) and starts over.
+    try:
+      if os.listdir(self.workdir) != [LOCK_NAME]:
+        return
+      os.unlink(self.path)
+      if self._made is not None:
+        directory = self.workdir
+        while True:
+          os.rmdir(directory)   # fails, and stops, on anything not empty
+          if directory == self._made:
+            break
+          directory = os.path.dirname(directory)
+    except OSError:
+      pass  # something appeared meanwhile, or no permission: keep it
 
   def __enter__(self) -> "WorkdirLock":
     return self.acquire()
 
   def __exit__(self, *exc_info: Any) -> None:
     self.release()
+
+
+def _outermost_missing(path: str) -> str:
+  """The outermost directory of ``path`` that does not exist yet."""
+  while not os.path.exists(os.path.dirname(path)):
+    path = os.path.dirname(path)
+  return path
+
+
+def _is_current(fd: int, path: str) -> bool:
+  """Whether ``fd`` is still the file at ``path`` (not one unlinked)."""
+  try:
+    here, there = os.fstat(fd), os.stat(path)
+  except OSError:
+    return False
+  return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _write_holder(fd: int) -> None:

@@ -5,6 +5,7 @@ import asyncio
 import errno
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -139,6 +140,97 @@ def test_flipped_bytes_in_a_chunk_are_detected(tmp_path):
       _state(0, size=4096), "latest")
   assert step == 4
   _assert_state_equal(state, _state(4, size=4096))
+
+
+def _tamper_metadata(step_dir, how):
+  metadata = Path(step_dir) / "_CHECKPOINT_METADATA"
+  if how == "deleted":
+    metadata.unlink()
+  elif how == "not JSON":
+    metadata.write_text("{not json")
+  else:  # the digests alone removed, the rest of orbax's metadata kept
+    text = metadata.read_text()
+    import json
+    content = json.loads(text)
+    del content["custom_metadata"]["fkjax"]
+    metadata.write_text(json.dumps(content))
+
+
+@pytest.mark.parametrize("how, says", [
+    ("deleted", "_CHECKPOINT_METADATA, which holds the digests of its "
+                "arrays, is missing"),
+    ("not JSON", "_CHECKPOINT_METADATA, which holds the digests of its "
+                 "arrays, is not valid JSON"),
+    ("digests removed", "_CHECKPOINT_METADATA holds no digests"),
+])
+def test_rewritten_arrays_without_their_digests_are_refused(tmp_path, how,
+                                                            says):
+  # Arrays rewritten (here: another state's), then the digests that would
+  # expose them removed: the checkpoint was restored with exit 0 after a
+  # log warning.
+  run, other = tmp_path / "run", tmp_path / "other"
+  ckpt_lib.Checkpointer(str(run)).save(8, _state(8))
+  ckpt_lib.Checkpointer(str(other)).save(8, _state(9))
+  step_dir = run / "checkpoints" / "8"
+  shutil.rmtree(step_dir / "default")
+  shutil.copytree(other / "checkpoints" / "8" / "default", step_dir / "default")
+  _tamper_metadata(step_dir, how)
+  logged = []
+  handler = logging.Handler()
+  handler.emit = logged.append
+  logging.getLogger("absl").addHandler(handler)
+  try:
+    with pytest.raises(ckpt_lib.CheckpointError) as info:
+      ckpt_lib.Checkpointer(str(run), must_exist=True).restore(_state(0),
+                                                               "latest")
+  finally:
+    logging.getLogger("absl").removeHandler(handler)
+  # The error says it once; orbax's log lines of the same are dropped.
+  assert not [r for r in logged if "Metadata file" in str(r.msg)], logged
+  message = str(info.value)
+  assert message.startswith(
+      "the latest checkpoint step 8 cannot be verified: its metadata file "
+      f"{step_dir}")
+  assert says in message
+  assert "--allow_unverified_checkpoint" in message
+  assert "FKJAX_ALLOW_UNVERIFIED_CHECKPOINT=1" in message
+  # Allowed explicitly (or by the environment), it restores the rewritten
+  # arrays, with a warning.
+  for reader in (ckpt_lib.Checkpointer(str(run), allow_unverified=True),
+                 _with_env(ckpt_lib.ALLOW_UNVERIFIED_ENV, "1", lambda:
+                           ckpt_lib.Checkpointer(str(run)))):
+    step, state = reader.restore(_state(0), "latest")
+    assert step == 8
+    _assert_state_equal(state, _state(9))
+
+
+def _with_env(name, value, make):
+  before = os.environ.get(name)
+  os.environ[name] = value
+  try:
+    return make()
+  finally:
+    if before is None:
+      del os.environ[name]
+    else:
+      os.environ[name] = before
+
+
+def test_the_cli_flag_allows_unverified_checkpoints(tmp_path):
+  script = textwrap.dedent("""
+      from fkjax import cli
+      def main(argv):
+        from fkjax import checkpoint
+        print(checkpoint.Checkpointer(%r).allow_unverified)
+      cli.run(main)
+  """ % str(tmp_path))
+  env = {k: v for k, v in os.environ.items()
+         if k != ckpt_lib.ALLOW_UNVERIFIED_ENV}
+  outputs = [subprocess.run([sys.executable, "-c", script, *flag], cwd=REPO,
+                            env=env, capture_output=True, text=True,
+                            timeout=120).stdout.strip()
+             for flag in ([], ["--allow_unverified_checkpoint"])]
+  assert outputs == ["False", "True"]
 
 
 def test_truncated_chunk_is_an_error(tmp_path):
@@ -355,6 +447,10 @@ def test_old_layout_is_moved_and_resumes(tmp_path):
   ck = ckpt_lib.Checkpointer(str(tmp_path))
   assert not (root / "latest").exists() and not (root / "best").exists()
   assert (ck.latest_step(), ck.best_step()) == (8, 4)
+  # They carry no digests: unverified checkpoints must be allowed.
+  with pytest.raises(ckpt_lib.CheckpointError, match="holds no digests"):
+    ck.restore(_state(0), "latest")
+  ck = ckpt_lib.Checkpointer(str(tmp_path), allow_unverified=True)
   for which, want in (("latest", 8), ("best", 4)):
     step, state = ck.restore(_state(0), which)
     assert step == want

@@ -64,6 +64,22 @@ def _assert_one_line_error(proc, *fragments, code=None):
     (["--config=configs/tiny.py", "--config.eval.final_attacks=natural,pgd"],
      ["unknown attack"], 1),
     (["--config=configs/tiny.py", "stray"], ["unexpected arguments"], 2),
+    (["--config=configs/tiny.py", "--config.dataset.synthetic_sizes=(-5,32)"],
+     ["config.dataset.synthetic_sizes=(-5, 32)", "two integers >= 1"], 1),
+    (["--config=configs/tiny.py", "--config.seed=-1"],
+     ["config.seed=-1", "an integer >= 0"], 1),
+    (["--config=configs/tiny.py", "--config.dataset.val_size=96"],
+     ["config.dataset.val_size=96", "96 training images",
+      "config.dataset.synthetic_sizes[0]"], 1),
+    (["--config=configs/cpu.py", "--config.dataset.val_size=50000"],
+     ["config.dataset.val_size=50000", "official cifar10 training set"], 1),
+    (["--config=configs/tiny.py", "--config.num_devices=99"],
+     ["config.num_devices=99", "visible", "use at most"], 1),
+    (["--config=configs/tiny.py", "--config.eval.nattack_chunk=-3"],
+     ["config.eval.nattack_chunk=-3", "an integer >= 1"], 1),
+    # 0 ran NAttack forever.
+    (["--config=configs/tiny.py", "--config.eval.nattack_chunk=0"],
+     ["config.eval.nattack_chunk=0"], 1),
 ])
 def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   workdir = tmp_path / "run"
@@ -72,6 +88,16 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   # Nothing was recorded: the corrected command starts cleanly.
   assert not (workdir / "config.json").exists()
   assert not (workdir / "checkpoints").exists()
+
+
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("kept")
+  proc = _run(["train.py", "--config=configs/tiny.py",
+               f"--workdir={a_file}"])
+  _assert_one_line_error(proc, f"--workdir={a_file} is not a directory",
+                         code=1)
+  assert a_file.read_text() == "kept"
 
 
 def test_missing_workdir_flag_is_one_line():
@@ -139,13 +165,32 @@ def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
 
 
-def test_missing_data_is_one_line(tmp_path):
+@pytest.mark.parametrize("chunk", ["0", "-3"])
+def test_eval_refuses_nattack_chunks_below_one(tmp_path, chunk):
+  # 0 ran NAttack until killed; a negative chunk failed inside JAX.
+  sys.path.insert(0, str(REPO))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  run_config.save(tiny.get_config(), str(tmp_path))
+  proc = _run(["eval.py", f"--workdir={tmp_path}",
+               f"--config.eval.nattack_chunk={chunk}"])
+  _assert_one_line_error(proc, f"config.eval.nattack_chunk={chunk} is "
+                         "invalid: an integer >= 1", code=1)
+
+
+@pytest.mark.parametrize("download", ["false", "true"])
+def test_missing_data_is_one_line(tmp_path, download):
+  # download=true: the download fails (its URL names no file).
   proc = _run(["train.py", f"--workdir={tmp_path / 'run'}",
                "--config=configs/cpu.py",
                f"--config.dataset.data_dir={tmp_path / 'empty'}",
-               "--config.dataset.download=false"])
+               f"--config.dataset.download={download}"],
+              env={"FKJAX_CIFAR_URL": f"file://{tmp_path / 'no_mirror'}/"})
   _assert_one_line_error(proc, str(tmp_path / "empty"))
-  assert not (tmp_path / "run" / "config.json").exists()
+  if download == "true":
+    assert "cannot download" in proc.stderr
+  # Nothing left behind: not even the lock file, nor the new workdir.
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("args,fragments", [

@@ -307,3 +307,113 @@ def test_real_cifar10_load_dataset_split(real_cifar10, monkeypatch):
   np.testing.assert_array_equal(np.bincount(small.train.labels), [10] * 10)
   np.testing.assert_array_equal(np.bincount(small.test.labels), [5] * 10)
   np.testing.assert_array_equal(small.val.labels, ds.val.labels)
+
+
+# --------------------------------------------------------------------------
+# The official files' md5 sums (fkjax.data.integrity).
+
+
+def _official_size_batch(rng):
+  """A CIFAR-10 batch of the official size (10,000 records) that is not the
+  official file: labels in range, random pixels."""
+  labels = rng.integers(0, 10, 10_000).astype(np.uint8)
+  records = rng.integers(0, 256, (10_000, 3073), dtype=np.uint8)
+  records[:, 0] = labels
+  return records.tobytes()
+
+
+@pytest.fixture
+def md5_calls(monkeypatch, tmp_path):
+  """The files hashed, with the verified-files cache under tmp_path."""
+  from fkjax.data import integrity
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+  calls = []
+  real = integrity.file_md5
+
+  def counted(path):
+    calls.append(os.path.basename(path))
+    return real(path)
+  monkeypatch.setattr(integrity, "file_md5", counted)
+  return calls
+
+
+def _release_with_official_size_batch(tmp_path):
+  """A tiny release whose data_batch_1.bin has the official size."""
+  blobs = {f: v[0] for f, v in
+           _cifar10_files(np.random.default_rng(1)).items()}
+  blobs["data_batch_1.bin"] = _official_size_batch(np.random.default_rng(2))
+  folder = tmp_path / "cifar-10-batches-bin"
+  _write_folder(folder, blobs)
+  return folder
+
+
+def test_a_file_of_the_official_size_must_be_the_official_file(tmp_path,
+                                                               md5_calls):
+  folder = _release_with_official_size_batch(tmp_path)
+  with pytest.raises(data.DataError) as info:
+    data.read_cifar_binary(tmp_path, "cifar10", strict_sizes=False)
+  message = str(info.value)
+  assert message.startswith(f"{folder / 'data_batch_1.bin'}: md5 ")
+  assert "differs from the official release's " \
+         "5dd7e06a14cb22eb9f671a540d1b7c25" in message
+  assert "damaged or altered" in message
+  assert "python -m fkjax.data.download cifar10" in message
+  # Files of other sizes (the tiny ones) are not the official release.
+  assert md5_calls == ["data_batch_1.bin"]
+
+
+def test_a_verified_file_is_hashed_once_until_it_changes(tmp_path, md5_calls,
+                                                         monkeypatch):
+  from fkjax.data import integrity
+  folder = _release_with_official_size_batch(tmp_path)
+  batch = folder / "data_batch_1.bin"
+  monkeypatch.setitem(integrity.CIFAR10_FILES, "data_batch_1.bin",
+                      integrity.Official(batch.stat().st_size,
+                                         integrity.file_md5(batch)))
+  md5_calls.clear()
+  for _ in range(2):
+    got = data.read_cifar_binary(tmp_path, "cifar10", strict_sizes=False)
+  assert got.train.images.shape[0] == 10_000 + 2 + 4 + 1 + 2
+  assert md5_calls == ["data_batch_1.bin"]   # the second read trusted it
+  # One pixel byte flipped (size and labels intact): hashed again, refused.
+  blob = bytearray(batch.read_bytes())
+  blob[3073 * 5000 + 100] ^= 0xFF
+  batch.write_bytes(bytes(blob))
+  os.utime(batch, ns=(batch.stat().st_atime_ns,
+                      batch.stat().st_mtime_ns + 1_000_000))
+  with pytest.raises(data.DataError, match=f"^{batch}: md5 "):
+    data.read_cifar_binary(tmp_path, "cifar10", strict_sizes=False)
+  assert md5_calls == ["data_batch_1.bin"] * 2
+
+
+def test_an_archive_of_the_official_size_must_be_the_official_one(
+    tmp_path, md5_calls, monkeypatch):
+  from fkjax.data import integrity
+  blobs = {f: v[0] for f, v in _cifar100_files(
+      np.random.default_rng(0)).items()}
+  archive = tmp_path / "cifar-100-binary.tar.gz"
+  _write_archive(archive, "cifar-100-binary", blobs)
+  data.read_cifar_binary(tmp_path, "cifar100", strict_sizes=False)
+  assert not md5_calls   # not the official size: a test's own archive
+  # The same archive, were it of the official size, is not the official one.
+  monkeypatch.setitem(integrity.ARCHIVES, "cifar-100-binary.tar.gz",
+                      integrity.Official(archive.stat().st_size,
+                                         "03b5dce01913d631647c71ecec9e9cb8"))
+  with pytest.raises(data.DataError, match=f"^{archive}: md5 .* differs"):
+    data.read_cifar_binary(tmp_path, "cifar100", strict_sizes=False)
+
+
+def test_real_cifar10_with_a_flipped_pixel_byte_is_refused(
+    real_cifar10, tmp_path, md5_calls):
+  root, _ = real_cifar10
+  source = root / "cifar-10-batches-bin" / "test_batch.bin"
+  if not source.is_file():
+    pytest.skip("the real CIFAR-10 here is an archive")
+  copy = tmp_path / "cifar-10-batches-bin" / "test_batch.bin"
+  copy.parent.mkdir()
+  blob = bytearray(source.read_bytes())
+  blob[3073 * 1234 + 1 + 512] ^= 0x01   # a pixel of image 1,234, not a label
+  copy.write_bytes(bytes(blob))
+  with pytest.raises(data.DataError, match=f"^{copy}: md5 .* "
+                     "803d5f7f4d78ea53de84dbe85f74fb6d"):
+    data.read_cifar_binary(tmp_path, "cifar10")

@@ -120,7 +120,9 @@ def test_progress_prints_whole_lines_when_not_a_terminal():
   text = stream.getvalue()
   assert "\r" not in text and text.endswith("\n")
   lines = text.splitlines()
-  assert len(lines) == 6 + 1  # one a step (interval 0) and one at the end
+  # One a step (interval 0); closing repeats none (the last said 8/8 with
+  # this postfix already).
+  assert len(lines) == 6
   assert all(l.startswith("epoch 2/5: ") for l in lines)
   assert lines[0].startswith("epoch 2/5: 3/8 steps (38%)")
   assert lines[-1].startswith("epoch 2/5: 8/8 steps (100%)")
@@ -145,13 +147,31 @@ def test_progress_lines_say_the_time_left_at_the_rate_after_compiling(
   assert lines[1] == ("epoch 2/5: 4/8 steps (50%), 32s, 0.0625 steps/s, "
                       "00:08 left")
   assert lines[4].endswith("7/8 steps (88%), 38s, 0.132 steps/s, 00:02 left")
-  assert lines[-1].endswith("8/8 steps (100%), 42s, 0.143 steps/s")
+  assert lines[-1].endswith("8/8 steps (100%), 40s, 0.15 steps/s")
   # No total, no estimate.
   stream = _Stream(tty=False)
   for _ in metric_logging.progress(iter(range(2)), stream=stream,
                                    interval=0):
     pass
   assert "left" not in stream.getvalue()
+
+
+def test_an_epochs_last_line_is_printed_once_in_a_log(monkeypatch):
+  # The epoch's last step came 30 s after the previous line: its update
+  # printed 16/16, and closing printed the same line again.
+  clock = iter([0, 62, 94, 140, 140, 140])
+  monkeypatch.setattr(metric_logging.time, "monotonic", lambda: next(clock))
+  stream = _Stream(tty=False)
+  bar = metric_logging.progress(range(3), total=3, desc="epoch 1/3",
+                                unit="step", stream=stream, interval=30)
+  for i in bar:
+    bar.set_postfix({"loss": f"{2.3 - i / 10:.3f}"})
+  bar.close()
+  lines = stream.getvalue().splitlines()
+  assert [l.split(",")[0] for l in lines] == [
+      "epoch 1/3: 1/3 steps (33%)", "epoch 1/3: 2/3 steps (67%)",
+      "epoch 1/3: 3/3 steps (100%)"]
+  assert lines[-1].endswith("loss=2.100")
 
 
 def test_progress_is_quiet_between_intervals():

@@ -343,6 +343,15 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
   assert sweep_devices.compare(*firsts, 2e-3)["unexplained"] > 1000
 
 
+def test_a_sweep_ends_with_a_table_of_its_runs(whole):
+  log = whole["full_log"]
+  table = log[log.index("sweep of 2 runs:"):].splitlines()[1:5]
+  assert table[0].startswith("| run | attack.epsilon | attack.step_size |")
+  assert "| test natural % | sparsity % | channel sparsity % |" in table[0]
+  assert [row.split(" | ")[0] for row in table[2:]] == [
+      f"| {run.name}" for run in _runs(whole["full"])]
+
+
 def test_each_run_is_projected_with_its_own_hyperparameters(whole):
   for run in _runs(whole["full"]):
     config = run_config.config_for_eval(str(run), None, {}, False)

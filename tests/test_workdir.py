@@ -79,6 +79,57 @@ def test_shared_holders_coexist_but_exclude_a_writer(tmp_path):
   workdir_lib.WorkdirLock(tmp_path).acquire().release()
 
 
+def test_a_run_that_wrote_nothing_leaves_nothing_behind(tmp_path):
+  # A run that failed before training (bad data, a download error) left
+  # fkjax.lock in a directory it had created for nothing.
+  new = tmp_path / "a" / "new"
+  with pytest.raises(RuntimeError, match="no data"):
+    with workdir_lib.WorkdirLock(new):
+      raise RuntimeError("no data")
+  assert not (tmp_path / "a").exists()
+  # An existing, empty workdir stays, without the lock file.
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  workdir_lib.WorkdirLock(empty).acquire().release()
+  assert empty.is_dir() and not list(empty.iterdir())
+  # A workdir holding a run keeps everything, the lock file too.
+  run = tmp_path / "run"
+  with workdir_lib.WorkdirLock(run):
+    (run / "config.json").write_text("{}")
+  assert sorted(p.name for p in run.iterdir()) == [
+      "config.json", workdir_lib.LOCK_NAME]
+  # A shared holder (an evaluation) never removes what a writer may use.
+  workdir_lib.WorkdirLock(empty, shared=True).acquire().release()
+  assert (empty / workdir_lib.LOCK_NAME).exists()
+
+
+def test_a_lock_on_a_file_removed_by_its_releaser_is_not_kept(tmp_path):
+  # Process B opened fkjax.lock just before A released and removed it: B's
+  # lock on the removed file would exclude nobody, so B locks the new file.
+  lock_b = workdir_lib.WorkdirLock(tmp_path / "w")
+  a = workdir_lib.WorkdirLock(tmp_path / "w").acquire()
+  stale = os.open(a.path, os.O_RDWR)
+  a.release()   # removes the file and the directory
+  assert not (tmp_path / "w").exists()
+  assert not workdir_lib._is_current(stale, a.path)
+  os.close(stale)
+  lock_b.acquire()
+  with pytest.raises(workdir_lib.WorkdirError, match="in use by"):
+    workdir_lib.WorkdirLock(tmp_path / "w").acquire()
+  lock_b.release()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_workdir_that_is_a_file_is_one_line(tmp_path, below):
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  path = a_file / below if below else a_file
+  with pytest.raises(workdir_lib.WorkdirError,
+                     match=f"--workdir={path} is not a directory"):
+    workdir_lib.WorkdirLock(path).acquire()
+  assert a_file.read_text() == ""
+
+
 def test_result_paths_never_collide(tmp_path):
   names = {
       os.path.basename(workdir_lib.result_path(tmp_path, p, **s))

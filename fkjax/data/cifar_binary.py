@@ -17,6 +17,7 @@ import zlib
 
 import numpy as np
 
+from fkjax.data import integrity
 from fkjax.data.types import DataError
 from fkjax.data.types import IMAGE_SIZE
 from fkjax.data.types import NUM_CLASSES
@@ -119,6 +120,7 @@ def read_cifar_binary(
         f"{layout.label_fields}")
   kind, location = _locate(os.fspath(data_dir), name)
   wanted = layout.train_files + layout.test_files
+  _check_official(kind, location, name, layout)
   if kind == "archive":
     raw, meta = _read_archive(location, layout, wanted)
   else:
@@ -269,6 +271,28 @@ def _read_archive(
         f"{archive}: missing member {layout.folder}/{missing[0]}; expected "
         f"{_describe(layout, missing[0])} (missing: {', '.join(missing)})")
   return raw, meta
+
+
+def _check_official(kind: str, location: str, name: str,
+                    layout: _Layout) -> None:
+  """Refuses files of the official size that are not the official files
+  (see `fkjax.data.integrity`)."""
+  get = f"`python -m fkjax.data.download {name} --data-dir DIR` fetches it"
+  if kind == "archive":
+    official = integrity.ARCHIVES.get(layout.archive)
+    if official is not None:
+      integrity.check_official(
+          location, official, location,
+          f"delete it and download the official archive again ({get})")
+    return
+  files = integrity.CIFAR10_FILES if name == "cifar10" else {}
+  for f, official in files.items():
+    path = os.path.join(location, f)
+    if os.path.isfile(path):
+      integrity.check_official(
+          path, official, path,
+          f"replace {location} with the official release (delete it; "
+          f"{get.replace('fetches it', 'fetches the archive')})")
 
 
 def _where(kind: str, location: str, layout: _Layout, f: str) -> str:

@@ -21,6 +21,8 @@ import urllib.error
 import urllib.request
 
 from fkjax.data import cifar_binary
+from fkjax.data import integrity
+from fkjax.data.integrity import file_md5  # noqa: F401 (fetch.file_md5, as before)
 from fkjax.data.types import DISPLAY_NAMES
 from fkjax.data.types import DataError
 
@@ -45,10 +47,10 @@ class Archive(NamedTuple):
 
 
 ARCHIVES = {
-    "cifar10": Archive(cifar_binary.archive_name("cifar10"),
-                       "c32a1d4ab5d03f1284b67883e8d87530", 170_052_171),
-    "cifar100": Archive(cifar_binary.archive_name("cifar100"),
-                        "03b5dce01913d631647c71ecec9e9cb8", 168_513_733),
+    name: Archive(cifar_binary.archive_name(name),
+                  integrity.ARCHIVES[cifar_binary.archive_name(name)].md5,
+                  integrity.ARCHIVES[cifar_binary.archive_name(name)].size)
+    for name in ("cifar10", "cifar100")
 }
 
 
@@ -80,15 +82,6 @@ def archive_url(name: str, base_url: str | None = None) -> str:
   """
   base = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
   return base.rstrip("/") + "/" + _archive(name).filename
-
-
-def file_md5(path: str | os.PathLike[str]) -> str:
-  """Hex md5 of a file, read in chunks."""
-  digest = hashlib.md5(usedforsecurity=False)
-  with open(path, "rb") as fh:
-    for chunk in iter(lambda: fh.read(_CHUNK), b""):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def download_cifar(
@@ -247,6 +240,9 @@ def _fetch(name: str, url: str, dest: str, md5: str, timeout: float) -> None:
           f"or the server ({BASE_URL_ENV}) serves another file. Run again, or "
           f"{hint}")
     os.replace(part, dest)
+    official = integrity.ARCHIVES.get(filename)
+    if official is not None and official.md5 == md5:
+      integrity.remember(dest, official)   # hashed just now: not again
   finally:
     # Reached with `part` still present only on failure (or interruption).
     if os.path.lexists(part):

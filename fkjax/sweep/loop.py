@@ -32,6 +32,7 @@ from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
 from fkjax.sweep import program
 from fkjax.sweep import spec
+from fkjax.sweep import summary
 
 ConfigError = spec.ConfigError
 SWEEP_FILE = "sweep.json"
@@ -92,7 +93,8 @@ def train_sweep(configs: Sequence[ml_collections.ConfigDict],
       lock = workdir_lib.WorkdirLock(w)
       lock.acquire()
       locks.append(lock)
-    return _train_sweep(configs, workdirs, names, shard)
+    return summary.report(configs, names, _train_sweep(
+        configs, workdirs, names, shard), enabled=jax.process_index() == 0)
   finally:
     for lock in locks:
       lock.release()
