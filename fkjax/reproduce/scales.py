@@ -274,6 +274,8 @@ SCALES: dict[str, Scale] = {
             },
         },
         seeds=1,
+        # The tests exercise every step of the gpu and paper scales.
+        publish_weights=True,
     ),
 }
 
