@@ -280,8 +280,10 @@ def test_the_finished_run_equals_a_run_never_stopped(session):
   table = json.loads((home / "results/tiny/table1.json").read_text())
   row = next(r for r in table["rows"] if r["name"] == "resnet20_none")
   assert row["runs"][0]["metrics"] == want["metrics"]
-  assert "| 1 | tiny/table1/resnet20_none/seed0 | done |" in (
-      home / "results/queue.md").read_text()
+  state = (home / "results/queue.md").read_text()
+  assert "| 1 | tiny/table1/resnet20_none/seed0 | done |" in state
+  size = (home / RUN / weights.WEIGHTS_FILE).stat().st_size
+  assert f"Published weights: 1 run(s), {size / 1e6:.1f} MB" in state
 
 
 def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(

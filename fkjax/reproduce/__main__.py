@@ -1,4 +1,4 @@
-"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|paper|tiny``.
+"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|gpu|paper|tiny``.
 
   python -m fkjax.reproduce list
   python -m fkjax.reproduce table1 --scale=cpu --dry-run

@@ -27,8 +27,11 @@ from fkjax.reproduce import carry
 from fkjax.reproduce import files
 from fkjax.reproduce import scales as scales_lib
 from fkjax.reproduce import tables as tables_lib
+from fkjax.reproduce import weights
 
 QUEUE_FILE = "queue.json"
+# What the published weights may take in the repository, in all.
+WEIGHTS_BUDGET_MB = 150
 DONE, CARRIED, PENDING = "done", "carried", "pending"
 
 
@@ -166,12 +169,18 @@ def summary(entries: Sequence[Entry], results: str) -> str:
   states = [(e, state(e, results)) for e in entries]
   counts = {s: sum(1 for _, t in states if t == s)
             for s in (DONE, CARRIED, PENDING)}
+  published = [os.path.getsize(p) for e in entries
+               if os.path.exists(p := os.path.join(
+                   e.archive(results), weights.WEIGHTS_FILE))]
   lines = ["# The reproduction queue", "",
            f"{len(entries)} runs: {counts[DONE]} done, {counts[CARRIED]} "
            f"carried (a checkpoint committed, resumed by the next lease), "
            f"{counts[PENDING]} pending. Written by `python -m "
            "fkjax.reproduce queue`; the order is `results/queue.json`'s "
            "(docs/reproduction.md, \"The queue\").", "",
+           f"Published weights: {len(published)} run(s), "
+           f"{sum(published) / 1e6:.1f} MB of the {WEIGHTS_BUDGET_MB} MB "
+           "budget.", "",
            "| # | run | state |", "| --- | --- | --- |"]
   lines += [f"| {i} | {e.name} | {s} |" for i, (e, s) in
             enumerate(states, 1)]
