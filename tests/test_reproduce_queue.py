@@ -392,3 +392,30 @@ def test_carry_keeps_only_the_last_and_best_checkpoints(tmp_path):
                      "checkpoints/8.orbax-checkpoint-tmp-1/x")
          if carry._wanted(r, [8])]
   assert rel == ["config.json"]
+
+
+def test_a_kept_run_with_an_evaluation_pending_stays_carried(tmp_path):
+  # A lease can end after a run's record (A1-A4) and before its A5: while
+  # its checkpoint is carried the queue is not done with it.
+  entry = queue_lib.Entry("tiny", "table2", "resnet20_rgsm_l0.05", 0)
+  results = str(tmp_path / "results")
+  run = runner.plan(tables.TABLES["table2"], scales.SCALES["tiny"],
+                    root=str(tmp_path / "w"), rows=[entry.row], seeds=1)[0]
+  now = runner.fingerprints(run)
+  kept = Path(entry.archive(results))
+  kept.mkdir(parents=True)
+
+  def record(stages):
+    (kept / runner.RUN_RECORD).write_text(json.dumps(
+        {"done": True, "fingerprints": {k: now[k] for k in stages}}))
+  record(["train", "eval"])
+  assert queue_lib.pending_evals(entry, results) == ["eval_a5",
+                                                     "eval_strong"]
+  # nothing to evaluate it with: reported as it is
+  assert queue_lib.state(entry, results) == queue_lib.DONE
+  Path(entry.carry(results)).parent.mkdir(parents=True)
+  Path(entry.carry(results)).write_bytes(b"checkpoint")
+  assert queue_lib.state(entry, results) == queue_lib.CARRIED
+  assert queue_lib.next_units([entry], results, 1)[0].row == entry.row
+  record(["train", "eval", "eval_a5", "eval_strong"])
+  assert queue_lib.state(entry, results) == queue_lib.DONE

@@ -85,17 +85,20 @@ def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
   for entry in entries:
     kept = entry.archive(results)
     record = os.path.join(kept, archive.RUN_RECORD)
-    if queue_lib.state(entry, results) == queue_lib.DONE:
-      if _newer(record, since):
-        finished.append(entry.name)
-        for name in sorted(os.listdir(kept)):
-          paths.append(os.path.join(kept, name))
-          size += os.path.getsize(paths[-1])
-        if os.path.exists(entry.carry(results)):
-          removed.append(entry.carry(results))
+    if _newer(record, since):
+      # finished here, or given an extra evaluation: reportable
+      finished.append(entry.name)
+      for name in sorted(os.listdir(kept)):
+        paths.append(os.path.join(kept, name))
+        size += os.path.getsize(paths[-1])
+    if (files.load_json(record) or {}).get("done") and not (
+        queue_lib.pending_evals(entry, results)):
+      # complete: nothing of it is carried any more
+      if os.path.exists(entry.carry(results)):
+        removed.append(entry.carry(results))
       continue
-    workdir = entry.workdir(root)
-    if carry.checkpoint_steps(workdir):
+    # stopped mid-way (training, or an evaluation after its record)
+    if carry.checkpoint_steps(entry.workdir(root)):
       candidates.append(entry)
   for entry in candidates:
     path = entry.carry(results)

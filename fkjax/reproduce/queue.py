@@ -133,15 +133,34 @@ def write(path: str, entries: Sequence[Entry], note: str = "") -> None:
   files.atomic_text(path, json.dumps(data, indent=1) + "\n")
 
 
+def scale_of(name: str) -> scales_lib.Scale:
+  """The scale a result folder is named after (``cpu-long``: a variant)."""
+  base, _, variant = name.partition("-")
+  scale = scales_lib.SCALES[base]
+  return scales_lib.with_variant(scale, variant) if variant else scale
+
+
+def pending_evals(entry: Entry, results: str) -> list[str]:
+  """The extra evaluations (A5, the strong protocol) the kept run lacks:
+  its record is written before them, so a lease can end between."""
+  from fkjax.reproduce import runner  # pylint: disable=import-outside-toplevel
+  run = runner.plan(tables_lib.TABLES[entry.table], scale_of(entry.scale),
+                    root="", rows=[entry.row], seeds=entry.seed + 1)[-1]
+  view = dataclasses.replace(run, workdir=entry.archive(results))
+  return [f"eval_{e.protocol}" for e in runner.pending_evals(view)]
+
+
 def state(entry: Entry, results: str) -> str:
-  """``done``, ``carried`` or ``pending`` (see the module docstring)."""
+  """``done``, ``carried`` or ``pending`` (see the module docstring). A
+  kept run whose extra evaluations are pending is ``carried`` while its
+  checkpoint is: the next lease evaluates it."""
   record = files.load_json(os.path.join(entry.archive(results),
                                         archive.RUN_RECORD))
-  if record and record.get("done"):
+  carried = os.path.exists(entry.carry(results))
+  if record and record.get("done") and not (
+      carried and pending_evals(entry, results)):
     return DONE
-  if os.path.exists(entry.carry(results)):
-    return CARRIED
-  return PENDING
+  return CARRIED if carried else PENDING
 
 
 def units(entries: Iterable[Entry]) -> list[Unit]:
