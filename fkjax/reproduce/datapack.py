@@ -12,10 +12,10 @@ call, to be staged in a folder that persists while the machine stays warm
 Each image file is split into its label bytes and its pixel planes (the
 release stores an image as 1 label byte then 1024 red, 1024 green, 1024
 blue bytes), and the pixels are xz-compressed through xz's delta filter
-(each byte stored as its difference from its left neighbour): 0.70 of the
-raw size where plain xz or gzip keep 0.75-0.89. ``unpack`` checks every
-part and every file's SHA-256 before it writes the release, and exits 1
-naming the parts still missing.
+(each byte stored as its difference from its left neighbour, which
+neighbouring pixels make small; ``pack`` prints what it saves).
+``unpack`` checks every part and every file's SHA-256 before it writes the
+release, and exits 1 naming the parts still missing.
 """
 from __future__ import annotations
 
