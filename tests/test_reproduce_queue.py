@@ -419,3 +419,40 @@ def test_a_kept_run_with_an_evaluation_pending_stays_carried(tmp_path):
   assert queue_lib.next_units([entry], results, 1)[0].row == entry.row
   record(["train", "eval", "eval_a5", "eval_strong"])
   assert queue_lib.state(entry, results) == queue_lib.DONE
+
+
+def test_a_lease_brings_back_what_fits_and_home_checks_the_parts(
+    tmp_path, monkeypatch):
+  # Two unfinished runs whose states together exceed the limit: the first
+  # in queue order comes back, the second is named as dropped.
+  lent = tmp_path / "lent"
+  entries = [queue_lib.Entry("tiny", "table1", r, 0)
+             for r in ("resnet20_none", "en2resnet20_none")]
+  rng = np.random.default_rng(0)
+  for e in entries:
+    state = lent / e.workdir("workdirs") / "checkpoints" / "8"
+    state.mkdir(parents=True)
+    (state / "arrays").write_bytes(rng.bytes(30_000))   # incompressible
+    (lent / e.workdir("workdirs") / "config.json").write_text("{}")
+  monkeypatch.setattr(carry, "kept_steps", carry.checkpoint_steps)
+  monkeypatch.chdir(lent)
+  since = time.time() - 1
+  manifest = lease.gather(entries, "results", "workdirs", since,
+                          max_bytes=45_000)
+  assert manifest["carried"] == [entries[0].name]
+  assert manifest["dropped"] == [entries[1].name]
+  parts = lease.write_parts(manifest, str(tmp_path / "out"), str(lent),
+                            part_bytes=10_000)
+  assert len(parts) >= 3
+  assert all((tmp_path / "out" / p).stat().st_size <= 10_000 for p in parts)
+  home = tmp_path / "home"
+  home.mkdir()
+  lease.unpack(str(tmp_path / "out"), str(home))
+  assert (home / entries[0].carry("results")).read_bytes() == (
+      lent / entries[0].carry("results")).read_bytes()
+  assert not (home / entries[1].carry("results")).exists()
+  # a damaged part is refused, naming why
+  with open(tmp_path / "out" / parts[1], "r+b") as f:
+    f.write(b"x")
+  with pytest.raises(ValueError, match="a part is damaged"):
+    lease.unpack(str(tmp_path / "out"), str(home))
