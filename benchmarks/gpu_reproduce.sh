@@ -141,8 +141,10 @@ pack_unfinished() {
 if (( QUEUE_MODE )); then
   # the scale is in each job's commands
   EXTRA=""
-  mapfile -t job_list < <($PY -m fkjax.reproduce.lease prepare --jobs="$JOBS" --root="$ROOT")
-  (( ${#job_list[@]} )) || { log "the queue has no run left"; exit 0; }
+  jobs_text=$($PY -m fkjax.reproduce.lease prepare --jobs="$JOBS" --root="$ROOT") \
+    || { log "the queue could not be read (above)"; exit 1; }
+  [ -n "$jobs_text" ] || { log "the queue has no run left"; exit 0; }
+  mapfile -t job_list <<< "$jobs_text"
 else
   EXTRA="--scale=$SCALE${VARIANT:+ --variant=$VARIANT}"
   job_list=("$@")

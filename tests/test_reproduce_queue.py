@@ -456,3 +456,15 @@ def test_a_lease_brings_back_what_fits_and_home_checks_the_parts(
     f.write(b"x")
   with pytest.raises(ValueError, match="a part is damaged"):
     lease.unpack(str(tmp_path / "out"), str(home))
+
+
+def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
+  clone = _clone(tmp_path / "bad")
+  (clone / "results" / queue_lib.QUEUE_FILE).write_text('{"runs": [{}]}')
+  env = _env(tmp_path / "cache", tmp_path / "out", LOGS=str(clone / "logs"),
+             FKJAX_DATA_DIR=str(_release(tmp_path / "data").parent))
+  proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert "error: a queue is" in proc.stderr
+  assert "the queue could not be read" in proc.stdout
