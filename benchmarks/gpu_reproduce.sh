@@ -2,6 +2,28 @@
 # Reproduction rows on a lent GPU machine: several `python -m fkjax.reproduce`
 # jobs at once, stopped at a deadline, their finished runs packed for home.
 #
+# With no arguments: the committed queue (results/queue.json,
+# docs/reproduction.md "The queue"), the same command for every call of a
+# session:
+#
+#   bash benchmarks/gpu_reproduce.sh
+#
+# 1. CIFAR-10: parts of fkjax.reproduce.datapack found in .datapack/ (the
+#    call's `carry`) are moved to $STAGE (default /tmp/fkjax_datapack, kept
+#    while the machine stays warm); until all parts are there the call ends
+#    saying how many are staged. Then they are unpacked, checked, into
+#    /tmp/fkjax_data (FKJAX_DATA_DIR, unless set and already holding it).
+# 2. `python -m fkjax.reproduce.lease prepare`: the committed state of the
+#    next runs is unpacked into their workdirs, and JOBS (2) jobs take the
+#    next units round-robin (with the queue's order: one the paper scale's
+#    run, the other the gpu scale's rows).
+# 3. At DEADLINE (450 s) the jobs are stopped and
+#    `python -m fkjax.reproduce.lease pack` writes to $OUT the results and
+#    weights of every run finished here and the last checkpoint of every
+#    run not finished (lease.tar.part-NN, lease.json; within the tool's 8
+#    files of 16 MiB). At home: python -m fkjax.reproduce unpack <folder>.
+#
+# With arguments (jobs named by hand):
 #   FKJAX_DATA_DIR=/data DEADLINE=480 bash benchmarks/gpu_reproduce.sh \
 #     "table1 --rows=a,b --seeds=1 --sweep" \
 #     "fig45 --rows=c,d --seeds=1 --sweep; table2 --rows=c --seeds=1"
@@ -41,10 +63,13 @@ SCALE=${SCALE:-cpu}
 VARIANT=${VARIANT:-}
 # where the runner puts this scale's results and workdirs
 RESULTS_NAME=$SCALE${VARIANT:+-$VARIANT}
-DEADLINE=${DEADLINE:-480}
+QUEUE_MODE=$(( $# == 0 ))
+DEADLINE=${DEADLINE:-$(( QUEUE_MODE ? 450 : 480 ))}
+JOBS=${JOBS:-2}
+STAGE=${STAGE:-/tmp/fkjax_datapack}
 PY=${PY:-python3}
 ROOT=${ROOT:-workdirs/reproduce}   # the runner's --root (its default)
-LOGS=/tmp/fkjax_reproduce_logs
+LOGS=${LOGS:-/tmp/fkjax_reproduce_logs}
 PART_BYTES=${PART_BYTES:-15728640}
 mkdir -p "$OUT" "$LOGS"
 export PYTHONUNBUFFERED=1
@@ -53,9 +78,21 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 # Rows of one architecture share their evaluation programs: compile once.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/fkjax_jax_cache}
-: "${FKJAX_DATA_DIR:?set FKJAX_DATA_DIR to the folder holding cifar-10-batches-bin}"
 start=$SECONDS
 log() { echo "=== +$((SECONDS - start))s $*"; }
+if (( QUEUE_MODE )) && [ ! -f "${FKJAX_DATA_DIR:-/nonexistent}/cifar-10-batches-bin/test_batch.bin" ]; then
+  # CIFAR-10 comes in parts over consecutive calls (docs/reproduction.md).
+  mkdir -p "$STAGE"
+  if ls .datapack/* > /dev/null 2>&1; then cp .datapack/* "$STAGE"/; fi
+  export FKJAX_DATA_DIR=${DATA_DEST:-/tmp/fkjax_data}
+  if [ ! -f "$FKJAX_DATA_DIR/cifar-10-batches-bin/test_batch.bin" ]; then
+    if ! $PY -m fkjax.reproduce.datapack unpack "$STAGE" "$FKJAX_DATA_DIR" 2>&1; then
+      log "CIFAR-10 not complete yet: call again (within the warm window) carrying the next part"
+      exit 0
+    fi
+  fi
+fi
+: "${FKJAX_DATA_DIR:?set FKJAX_DATA_DIR to the folder holding cifar-10-batches-bin}"
 
 if ls .whl/*.whl > /dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -101,18 +138,30 @@ pack_unfinished() {
   cut_up "$OUT/workdirs.tgz"
 }
 
+if (( QUEUE_MODE )); then
+  # the scale is in each job's commands
+  EXTRA=""
+  jobs_text=$($PY -m fkjax.reproduce.lease prepare --jobs="$JOBS" --root="$ROOT") \
+    || { log "the queue could not be read (above)"; exit 1; }
+  [ -n "$jobs_text" ] || { log "the queue has no run left"; exit 0; }
+  mapfile -t job_list <<< "$jobs_text"
+else
+  EXTRA="--scale=$SCALE${VARIANT:+ --variant=$VARIANT}"
+  job_list=("$@")
+fi
+
 pids=()
-for i in $(seq 1 $#); do
-  job=${!i}
+for i in $(seq 1 ${#job_list[@]}); do
+  job=${job_list[$((i - 1))]}
   # setsid: each job leads its own process group, so the deadline can stop
   # it with every process it started.
   setsid bash -c '
     IFS=";" read -ra cmds <<< "$1"
     for c in "${cmds[@]}"; do
-      echo "=== $(date +%T) python -m fkjax.reproduce $c --scale=$2 $3"
-      '"$PY"' -m fkjax.reproduce $c --scale="$2" $3
+      echo "=== $(date +%T) python -m fkjax.reproduce $c $2"
+      '"$PY"' -m fkjax.reproduce $c $2
       echo "=== $(date +%T) rc=$?"
-    done' job "$job" "$SCALE" "${VARIANT:+--variant=$VARIANT}" \
+    done' job "$job" "$EXTRA" \
     > "$LOGS/job$i.log" 2>&1 &
   pids+=($!)
   log "job $i (pid $!): $job"
@@ -120,9 +169,11 @@ done
 
 running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 last_pack=$SECONDS
-while running && (( SECONDS - start < DEADLINE )); do
+# STOP_FILE: once it exists the jobs stop as at the deadline (the tests).
+while running && (( SECONDS - start < DEADLINE )) && [ ! -e "${STOP_FILE:-/nonexistent}" ]; do
   sleep 2
-  if (( SECONDS - last_pack >= 20 )); then
+  # (queue mode packs once, at the end: its DEADLINE leaves the time)
+  if (( ! QUEUE_MODE && SECONDS - last_pack >= 20 )); then
     pack
     last_pack=$SECONDS
     log "$(new_runs | wc -l) runs finished"
@@ -134,8 +185,13 @@ if running; then
   sleep 5
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
 fi
-pack
-cut_up "$OUT/runs.tgz"
-pack_unfinished
-for i in $(seq 1 $#); do log "job $i:"; grep -E "^=== |done|Error|error" "$LOGS/job$i.log" | tail -8; done
+if (( QUEUE_MODE )); then
+  $PY -m fkjax.reproduce.lease pack --out="$OUT" --since="$STARTED" \
+    --root="$ROOT" --logs="$LOGS"
+else
+  pack
+  cut_up "$OUT/runs.tgz"
+  pack_unfinished
+fi
+for i in $(seq 1 ${#job_list[@]}); do log "job $i:"; grep -E "^=== |done|Error|error" "$LOGS/job$i.log" | tail -8; done
 log end

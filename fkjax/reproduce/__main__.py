@@ -1,4 +1,4 @@
-"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|paper|tiny``.
+"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|gpu|paper|tiny``.
 
   python -m fkjax.reproduce list
   python -m fkjax.reproduce table1 --scale=cpu --dry-run
@@ -7,6 +7,8 @@
   python -m fkjax.reproduce table2 --scale=cpu --report-only
   python -m fkjax.reproduce claims --scale=cpu
   python -m fkjax.reproduce overview --scale=cpu
+  python -m fkjax.reproduce queue            # the GPU queue's state
+  python -m fkjax.reproduce unpack <folder>  # what a lease brought back
 
 Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
@@ -45,7 +47,10 @@ from fkjax import kernels
 from fkjax.data.types import DataError
 from fkjax.reproduce import claims
 from fkjax.reproduce import figures
+from fkjax.reproduce import files
+from fkjax.reproduce import lease
 from fkjax.reproduce import overview
+from fkjax.reproduce import queue as queue_lib
 from fkjax.reproduce import report
 from fkjax.reproduce import runner as runner_lib
 from fkjax.reproduce import scales as scales_lib
@@ -144,7 +149,57 @@ def _write_summary(name: str, results: str, scale: str) -> str:
   return path
 
 
+def _queue_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="python -m fkjax.reproduce queue|unpack",
+      description="The queue a lent GPU advances (docs/reproduction.md, "
+                  "\"The queue\").")
+  p.add_argument("action", choices=("queue", "unpack"))
+  p.add_argument("folder", nargs="?",
+                 help="unpack: the folder a lease's files came back to")
+  p.add_argument("--queue", default=lease.DEFAULT_QUEUE)
+  p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS)
+  p.add_argument("--root", default=runner_lib.DEFAULT_ROOT)
+  return p
+
+
+def _queue_main(argv: list[str]) -> int:
+  """``queue``: writes and prints the queue's state (``results/queue.md``);
+  ``unpack DIR``: puts a lease's output into ``results/``, rewrites the
+  tables of the runs it finished, then the queue's state."""
+  args = _queue_parser().parse_args(argv)
+  try:
+    entries = queue_lib.load(args.queue)
+    if args.action == "unpack":
+      if not args.folder:
+        raise ValueError("unpack needs the folder the lease's files came "
+                         "back to")
+      manifest = lease.unpack(args.folder,
+                              os.path.dirname(os.path.abspath(args.results)))
+  except ValueError as e:   # QueueError too
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.action == "unpack":
+    runner_lib.log(f"unpacked: {len(manifest['finished'])} run(s) "
+                   f"finished, {len(manifest['carried'])} carried"
+                   + (f", {len(manifest['dropped'])} not brought back "
+                      f"(over the transfer limit): {manifest['dropped']}"
+                      if manifest["dropped"] else ""))
+    for scale, names in lease.touched_tables(manifest["finished"]).items():
+      for name in names:
+        main([name, *scales_lib.command_flags(scale).split(),
+              "--report-only", f"--results={args.results}",
+              f"--root={args.root}"])
+  text = queue_lib.summary(entries, args.results)
+  files.atomic_text(os.path.join(args.results, "queue.md"), text)
+  print(text, end="")
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv and argv[0] in ("queue", "unpack"):
+    return _queue_main(argv)
   args = _parser().parse_args(argv)
   for flag, value in (("--seeds", args.seeds),
                       ("--sweep-max-runs", args.sweep_max_runs)):
@@ -208,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
           table, scale, root=args.root, rows=table_rows[name] or None,
           seeds=args.seeds,
           environment=environment, results=args.results,
-          restore=not args.no_restore)
+          restore=not args.no_restore, sync=not args.dry_run)
   except (KeyError, ValueError) as e:
     # str() of a KeyError is its message in quotes.
     print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
@@ -339,8 +394,11 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
                 + ", ".join(r.key for r in group))
     table_total = 0.0
     for run in runs:
-      status = runner_lib.status_of(run)
-      if not runner_lib.finished(run):
+      # A finished run kept under results/ but not in its workdir is read
+      # there: a dry run copies nothing.
+      view = runner_lib.status_view(run)
+      status = runner_lib.status_of(view)
+      if not runner_lib.finished(view):
         estimate = runner_lib.estimate_seconds(
             run if extra_evals else dataclasses.replace(run, extra_evals=[]),
             epochs_done=runner_lib.trained_epochs(run) or 0,
@@ -350,7 +408,7 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
         status = "done" if status == "done" else f"{status} (deferred)"
       elif runner_lib.has_checkpoint(run):
         estimate = runner_lib.estimate_seconds(
-            run, only=runner_lib.pending_evals(run), step_times=step_times)
+            run, only=runner_lib.pending_evals(view), step_times=step_times)
       else:
         estimate = 0.0
         if status != "done":

@@ -24,7 +24,9 @@ RUN_RECORD = "reproduce_run.json"
 PROGRESS_FILE = "reproduce_progress.json"
 # Everything a finished run reports from, and nothing it can be rebuilt from.
 KEPT = (RUN_RECORD, PROGRESS_FILE, "config.json", "metrics.jsonl",
-        "final_eval.json", "eval_*.json", "analysis.json", "analysis.npz")
+        "final_eval.json", "eval_*.json", "analysis.json", "analysis.npz",
+        # the evaluated weights, where the scale publishes them
+        "weights.npz")
 
 
 def archive_dir(results: str, scale: str, table: str, row: str,
@@ -73,7 +75,8 @@ def differs(workdir: str, archive: str) -> bool:
   return False
 
 
-def _is_empty(workdir: str) -> bool:
+def is_empty(workdir: str) -> bool:
+  """Whether ``workdir`` is missing or holds nothing."""
   return not os.path.isdir(workdir) or not os.listdir(workdir)
 
 
@@ -81,7 +84,7 @@ def restore(workdir: str, archive: str) -> bool:
   """Gives an empty (or missing) ``workdir`` back the finished run kept in
   ``archive``; returns whether it did. The caller checks that the run's
   settings are still those it ran with."""
-  if not _is_empty(workdir) or not files.load_json(
+  if not is_empty(workdir) or not files.load_json(
       os.path.join(archive, RUN_RECORD)):
     return False
   _copy(_kept_files(archive), workdir)

@@ -8,7 +8,9 @@ workdir). A run goes through stages, each skipped when its result exists:
    checkpoint after a kill; ends with train.py's own ``final_eval.json``);
 2. ``eval``: ``fkjax.eval_run.evaluate_checkpoint`` (``eval_paper.json``);
 3. one stage per extra evaluation of the table (``eval_<protocol>.json``);
-4. ``analysis``: weight statistics (:mod:`fkjax.reproduce.analysis`).
+4. ``analysis``: weight statistics (:mod:`fkjax.reproduce.analysis`);
+5. ``publish`` (scales that publish weights): the evaluated weights,
+   ``weights.npz`` (:mod:`fkjax.reproduce.weights`).
 
 Then ``reproduce_run.json`` records the run: the exact equivalent
 ``train.py`` / ``eval.py`` commands, the wall time of each stage (kept across
@@ -37,6 +39,7 @@ from fkjax.reproduce import archive as archive_lib
 from fkjax.reproduce import files
 from fkjax.reproduce import scales as scales_lib
 from fkjax.reproduce import tables as tables_lib
+from fkjax.reproduce import weights as weights_lib
 
 RUN_RECORD = archive_lib.RUN_RECORD
 PROGRESS_FILE = archive_lib.PROGRESS_FILE
@@ -114,6 +117,9 @@ class Run:
   # <results>/<scale>/runs/<table>/<row>_seed<k>: where the finished run's
   # files are kept (fkjax.reproduce.archive); None: not kept.
   archive: str | None = None
+  # keep its evaluated weights (weights.npz) with its results: the scale's
+  # publish_weights
+  publish: bool = False
 
   @property
   def key(self) -> str:
@@ -151,7 +157,8 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
          seeds: int | None = None,
          environment: Mapping[str, Any] | None = None,
          results: str | None = None,
-         restore: bool | Collection[str] = True) -> list[Run]:
+         restore: bool | Collection[str] = True,
+         sync: bool = True) -> list[Run]:
   """The runs of ``table`` at ``scale`` (only ``rows`` if given).
 
   With ``results`` (the results directory), each run is kept in step with
@@ -159,6 +166,8 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
   from its workdir (a fresh checkout) is restored from it (unless
   ``restore`` is False, or a collection of workdirs that holds its own: it
   then trains again), and a finished run not yet copied there is copied.
+  ``sync=False`` copies nothing either way (a dry run writes nothing:
+  :func:`status_view` reads a run's copy where its workdir is empty).
   """
   wanted = list(rows) if rows else table.row_names
   runs = []
@@ -198,12 +207,14 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
         extra.append(_extra_eval_run(spec.protocol, overrides, config,
                                      workdir))
       run = Run(table, row, owner_name, owner, seed, workdir, config,
-                train_cmd, eval_cmd, from_eval_run, extra)
+                train_cmd, eval_cmd, from_eval_run, extra,
+                publish=scale.publish_weights)
       if results is not None:
         run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
                                               owner.name, seed)
-        sync_archive(run, restore if isinstance(restore, bool)
-                     else workdir not in restore)
+        if sync:
+          sync_archive(run, restore if isinstance(restore, bool)
+                       else workdir not in restore)
       runs.append(run)
   return runs
 
@@ -224,6 +235,16 @@ def sync_archive(run: Run, restore: bool = True) -> None:
     return
   log(f"{run.owner_table}/{run.owner_row.name} seed {run.seed}: restored "
       f"the finished run from {run.archive}")
+
+
+def status_view(run: Run) -> Run:
+  """``run`` as its files say where it stands: its workdir, or where that
+  is empty and a finished copy is kept under ``results/``, that copy
+  (read only; it has no checkpoints)."""
+  if (run.archive is not None and archive_lib.is_empty(run.workdir)
+      and files.load_json(os.path.join(run.archive, RUN_RECORD))):
+    return dataclasses.replace(run, workdir=run.archive)
+  return run
 
 
 def plan_report(table: tables_lib.Table, scale: scales_lib.Scale, *,
@@ -411,6 +432,11 @@ def execute(run: Run, *, show_progress: bool = True,
   if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
     progress.timed("analysis", eval_fp,
                    lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
+  wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
+  if run.publish and not (progress.done("publish", eval_fp)
+                          and os.path.exists(wpath)):
+    progress.timed("publish", eval_fp,
+                   lambda: weights_lib.publish(config, run.workdir, exp=exp()))
   # The run is reportable from here on, its extra evaluations pending; the
   # record is written again after each of them, so a run stopped during
   # the last one (an hour on a CPU) keeps the columns of those before it.

@@ -1,0 +1,470 @@
+"""The queue a lent GPU advances: lease, carry-over, unpack, published weights.
+
+The end-to-end test plays a session's calls on the CPU with a one-run tiny
+queue: a lease stopped mid-run, its output unpacked "at home", a second
+lease in a fresh clone of home's results, unpacked again; the numbers and
+weights must equal those of a lease never stopped.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fkjax.reproduce import carry
+from fkjax.reproduce import datapack
+from fkjax.reproduce import lease
+from fkjax.reproduce import queue as queue_lib
+from fkjax.reproduce import runner
+from fkjax.reproduce import scales
+from fkjax.reproduce import tables
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_reproduce.sh"
+ENTRY = queue_lib.Entry("tiny", "table1", "resnet20_none", 0)
+RUN = Path("results/tiny/runs/table1/resnet20_none_seed0")
+CARRIED = Path("results/tiny/carry/table1/resnet20_none_seed0.tar.xz")
+WORKDIR = Path("workdirs/reproduce/tiny/table1/resnet20_none_seed0")
+
+
+# --------------------------------------------------------------------------
+# The committed queue (no training).
+
+
+def test_the_committed_queue_is_the_issues_order():
+  entries = queue_lib.load(str(REPO / "results" / queue_lib.QUEUE_FILE))
+  assert entries == queue_lib.default_entries()
+  # the paper scale's headline first, interleaved with the gpu scale's rows
+  assert [e.name for e in entries if e.scale == "paper"] == [
+      "paper/table2/resnet20_rgsm_l0.1/seed0",
+      "paper/table2/en5resnet20_rgsm_l0.02/seed0",
+      "paper/table1/resnet20_none/seed0",
+      "paper/table1/en2resnet20_none/seed0"]
+  units = queue_lib.units(entries)
+  assert [u.scale for u in units[:8]] == ["paper", "gpu"] * 4
+  assert (units[1].table, units[1].row, units[1].seeds) == (
+      "table1", "resnet20_none", (0, 1, 2))
+  # every queued run is planned by the runner, once
+  names = [e.name for e in entries]
+  assert len(names) == len(set(names))
+  gpu_tables = {e.table for e in entries if e.scale == "gpu"}
+  assert gpu_tables == {"table1", "table2", "table3", "fig45", "table4",
+                        "table5", "table6"}
+  for unit in units:
+    runs = runner.plan(tables.TABLES[unit.table], scales.SCALES[unit.scale],
+                       root="w", rows=[unit.row], seeds=max(unit.seeds) + 1)
+    assert [r.seed for r in runs] == list(range(max(unit.seeds) + 1))
+
+
+@pytest.mark.parametrize("runs, message", [
+    ([{"scale": "gpu", "table": "table2", "row": "resnet20_none",
+       "seed": 0}], "trained by table1/resnet20_none"),
+    ([{"scale": "gpu", "table": "table9", "row": "x", "seed": 0}],
+     "no table 'table9'"),
+    ([{"scale": "huge", "table": "table1", "row": "resnet20_none",
+       "seed": 0}], "no scale 'huge'"),
+    ([{"scale": "gpu", "table": "table1", "row": "resnet20_none",
+       "seed": 0}] * 2, "listed twice"),
+    ([{"scale": "gpu", "table": "table1"}], "a queue is"),
+])
+def test_a_bad_queue_is_one_clear_error(tmp_path, runs, message):
+  path = tmp_path / "queue.json"
+  path.write_text(json.dumps({"runs": runs}))
+  with pytest.raises(queue_lib.QueueError, match=message):
+    queue_lib.load(str(path))
+  proc = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", "queue",
+       f"--queue={path}", f"--results={tmp_path}"], cwd=REPO,
+      capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.count("\n") == 1 and message in proc.stderr
+
+
+def test_units_merge_a_rows_consecutive_seeds():
+  e = [queue_lib.Entry("gpu", "table1", "resnet20_none", s) for s in (0, 1)]
+  e.append(queue_lib.Entry("paper", "table1", "resnet20_none", 0))
+  e.append(queue_lib.Entry("gpu", "table1", "resnet20_none", 2))
+  units = queue_lib.units(e)
+  assert [u.seeds for u in units] == [(0, 1), (0,), (2,)]
+  assert units[0].runner_args() == [
+      "table1", "--scale=gpu", "--rows=resnet20_none", "--seeds=2",
+      "--sweep"]
+
+
+def test_lease_jobs_deal_the_next_units_round_robin(tmp_path):
+  entries = queue_lib.default_entries()
+  jobs = lease.prepare(entries, str(tmp_path / "results"),
+                       str(tmp_path / "w"), jobs=2, units_per_job=2)
+  assert [[u.scale for u in job] for job in jobs] == [["paper", "paper"],
+                                                      ["gpu", "gpu"]]
+
+
+# --------------------------------------------------------------------------
+# Data for the lent machine.
+
+
+def _release(folder, images=7):
+  rng = np.random.default_rng(0)
+  out = folder / datapack.FOLDER
+  out.mkdir(parents=True)
+  for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + [
+      "test_batch.bin"]:
+    (out / name).write_bytes(rng.integers(
+        0, 256, (images, datapack.RECORD), dtype=np.uint8).tobytes())
+  (out / "batches.meta.txt").write_text("airplane\nautomobile\n")
+  return out
+
+
+def test_the_data_pack_is_lossless_and_waits_for_every_part(tmp_path):
+  source = _release(tmp_path / "data")
+  manifest = datapack.pack(str(tmp_path / "data"), str(tmp_path / "parts"),
+                           part_bytes=20_000)
+  assert len(manifest["parts"]) >= 2
+  stage = tmp_path / "stage"
+  stage.mkdir()
+  shutil.copy(tmp_path / "parts" / datapack.MANIFEST, stage)
+  shutil.copy(tmp_path / "parts" / manifest["parts"][0]["name"], stage)
+  with pytest.raises(ValueError, match=f"1 of {len(manifest['parts'])}"):
+    datapack.unpack(str(stage), str(tmp_path / "dest"))
+  for part in manifest["parts"]:
+    shutil.copy(tmp_path / "parts" / part["name"], stage)
+  folder = Path(datapack.unpack(str(stage), str(tmp_path / "dest")))
+  for path in source.iterdir():
+    assert (folder / path.name).read_bytes() == path.read_bytes()
+
+
+# --------------------------------------------------------------------------
+# The session, end to end.
+
+
+def _clone(path, results_from=None):
+  """A checkout: the code (linked) and a copy of ``results_from``'s results
+  (a fresh clone of home), or a queue of the one tiny run."""
+  path.mkdir(parents=True)
+  for name in ("configs", "fkjax"):
+    (path / name).symlink_to(REPO / name)
+  if results_from is not None:
+    shutil.copytree(results_from / "results", path / "results")
+  else:
+    queue_lib.write(str(path / "results" / queue_lib.QUEUE_FILE), [ENTRY])
+  return path
+
+
+def _env(cache, out, **extra):
+  env = dict(os.environ)
+  env.update({"JAX_COMPILATION_CACHE_DIR": str(cache),
+              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+              "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+              "OUT": str(out), "PY": sys.executable, "JOBS": "1", **extra})
+  return env
+
+
+def _lease(clone, cache, out, data, stop_when=None):
+  """``gpu_reproduce.sh`` with no arguments in ``clone``; with
+  ``stop_when`` (a path), stopped as at its deadline once that exists."""
+  stop = clone / "stop"
+  env = _env(cache, out, STOP_FILE=str(stop), LOGS=str(clone / "logs"),
+             **({"FKJAX_DATA_DIR": str(data)} if data else {}),
+             STAGE=str(clone / "stage"), DATA_DEST=str(clone / "data"))
+  if not data:
+    env.pop("FKJAX_DATA_DIR", None)
+  proc = subprocess.Popen(["bash", str(SCRIPT)], cwd=clone, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  if stop_when is not None:
+    deadline = time.time() + 600
+    while not stop_when.exists() and proc.poll() is None:
+      assert time.time() < deadline, "no checkpoint after 600 s"
+      time.sleep(0.05)
+    stop.touch()
+  log, _ = proc.communicate(timeout=900)
+  assert proc.returncode == 0, log
+  return log
+
+
+def _unpack(home, folder):
+  proc = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", "unpack", str(folder)],
+      cwd=home, env=_env(home / "cache", folder,
+                         PYTHONPATH=str(REPO)),
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  return proc.stdout
+
+
+def _tree_digest(folder):
+  h = hashlib.sha256()
+  for path in sorted(Path(folder).rglob("*")):
+    h.update(str(path.relative_to(folder)).encode())
+    if path.is_file():
+      h.update(path.read_bytes())
+  return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("session")
+  cache = tmp / "cache"
+  data = tmp / "data"
+  _release(data)   # the tiny scale trains on synthetic images
+  # A lease never stopped.
+  reference = _clone(tmp / "reference")
+  _lease(reference, cache, tmp / "out_reference", data)
+  # A lease stopped mid-run (after its first epoch's checkpoint), home
+  # unpacks it, a fresh clone of home finishes it, home unpacks that.
+  home = _clone(tmp / "home")
+  first = _clone(tmp / "lease1", results_from=home)
+  _lease(first, cache, tmp / "out1", data,
+         stop_when=first / WORKDIR / "checkpoints" / "4")
+  unpacked_first = _unpack(home, tmp / "out1")
+  carried_after_first = (home / CARRIED).exists()
+  if carried_after_first:
+    shutil.copy(home / CARRIED, tmp / "carried.tar.xz")
+  second = _clone(tmp / "lease2", results_from=home)
+  second_log = _lease(second, cache, tmp / "out2", data)
+  unpacked_second = _unpack(home, tmp / "out2")
+  return {"tmp": tmp, "reference": reference, "home": home, "first": first,
+          "second": second, "second_log": second_log,
+          "unpacked_first": unpacked_first,
+          "unpacked_second": unpacked_second,
+          "carried_after_first": carried_after_first}
+
+
+def test_a_stopped_run_is_carried_home_and_resumed_elsewhere(session):
+  out1 = json.loads((session["tmp"] / "out1" / lease.MANIFEST).read_text())
+  assert out1["finished"] == [] and out1["carried"] == [ENTRY.name]
+  assert session["carried_after_first"]
+  assert "0 done, 1 carried" in session["unpacked_first"]
+  # what came back stays within the device tool's limits
+  for path in (session["tmp"] / "out1").iterdir():
+    assert path.stat().st_size <= 16 << 20
+  # the carried state: the last checkpoint (and the best), no lock
+  with tarfile.open(session["tmp"] / "carried.tar.xz") as tar:
+    names = tar.getnames()
+  assert "config.json" in names and "fkjax.lock" not in names
+  steps = {n.split("/")[1] for n in names if n.startswith("checkpoints/")}
+  assert 1 <= len(steps) <= 2
+  # the second lease resumed it rather than training from the start (its
+  # jobs' logs come back with it)
+  log = (session["tmp"] / "out2" / "logs" / "job1.log").read_text()
+  assert "resumed from step" in log
+
+
+def test_the_finished_run_equals_a_run_never_stopped(session):
+  home, reference = session["home"], session["reference"]
+  assert "1 done, 0 carried" in session["unpacked_second"]
+  assert not (home / CARRIED).exists(), "a finished run's carry is removed"
+  got = json.loads((home / RUN / runner.RUN_RECORD).read_text())
+  want = json.loads((reference / RUN / runner.RUN_RECORD).read_text())
+  assert got["metrics"] == want["metrics"]
+  assert got["stage_attempts"]["train"] == 2
+  for name in ("eval_paper.json",):
+    a = json.loads((home / RUN / name).read_text())
+    b = json.loads((reference / RUN / name).read_text())
+    assert a["correct_per_image"] == b["correct_per_image"]
+  from fkjax.reproduce import weights  # pylint: disable=C0415
+  a = weights.flatten(weights.load(str(home / RUN / weights.WEIGHTS_FILE)))
+  b = weights.flatten(weights.load(str(reference / RUN /
+                                       weights.WEIGHTS_FILE)))
+  assert a.keys() == b.keys()
+  for key in a:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  # home's tables were rewritten from the run
+  table = json.loads((home / "results/tiny/table1.json").read_text())
+  row = next(r for r in table["rows"] if r["name"] == "resnet20_none")
+  assert row["runs"][0]["metrics"] == want["metrics"]
+  state = (home / "results/queue.md").read_text()
+  assert "| 1 | tiny/table1/resnet20_none/seed0 | done |" in state
+  size = (home / RUN / weights.WEIGHTS_FILE).stat().st_size
+  assert f"Published weights: 1 run(s), {size / 1e6:.1f} MB" in state
+
+
+def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
+    session, tmp_path):
+  clone = _clone(tmp_path / "again", results_from=session["home"])
+  manifest = datapack.pack(str(session["tmp"] / "data"),
+                           str(tmp_path / "parts"), part_bytes=20_000)
+  # each call carries the manifest and the next part (.datapack/), as a
+  # session's consecutive calls do; the machine keeps what was staged
+  for i, part in enumerate(manifest["parts"]):
+    shutil.rmtree(clone / ".datapack", ignore_errors=True)
+    (clone / ".datapack").mkdir()
+    for name in (datapack.MANIFEST, part["name"]):
+      shutil.copy(tmp_path / "parts" / name, clone / ".datapack")
+    log = _lease(clone, session["tmp"] / "cache", tmp_path / f"out{i}", None)
+    if i + 1 < len(manifest["parts"]):
+      assert "CIFAR-10 not complete yet" in log
+      assert f"{i + 1} of {len(manifest['parts'])} parts staged" in log
+  assert "CIFAR-10 written to" in log
+  assert (clone / "data" / datapack.FOLDER / "test_batch.bin").read_bytes() \
+      == (session["tmp"] / "data" / datapack.FOLDER / "test_batch.bin"
+          ).read_bytes()
+  assert "the queue has no run left" in log
+
+
+def test_a_published_run_loads_by_name_and_evaluates_without_training(
+    session, tmp_path):
+  from fkjax import experiment  # pylint: disable=C0415
+  from fkjax import pretrained  # pylint: disable=C0415
+  results = str(session["reference"] / "results")
+  assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
+  # Table 5's row is Table 1's run, loaded by either name
+  model, variables, config, record = pretrained.load(
+      "tiny/table5/resnet20_skip/seed0", results)
+  assert record["metrics"] == json.loads(
+      (session["reference"] / RUN / runner.RUN_RECORD).read_text())["metrics"]
+  workdir = str(session["reference"] / WORKDIR)
+  _, _, state = experiment.restore_checkpoint(workdir, config)
+  evaluated = experiment.eval_variables(state, config)
+  for a, b in zip(jax_leaves(evaluated), jax_leaves(variables)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  images = np.zeros((2, 32, 32, 3), np.float32)
+  import jax  # pylint: disable=C0415
+  logits = model.apply(variables, images, train=False,
+                       rngs={"noise": jax.random.PRNGKey(0)})
+  assert logits.shape == (2, 10)
+  # written into a workdir, eval.py evaluates it to the run's numbers
+  target = tmp_path / "published"
+  proc = subprocess.run(
+      [sys.executable, "-m", "fkjax.pretrained",
+       "tiny/table1/resnet20_none/seed0", f"--workdir={target}",
+       f"--results={results}"], cwd=REPO, capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={target}",
+       "--config.progress=False"], cwd=REPO, capture_output=True, text=True,
+      timeout=600, env=_env(session["tmp"] / "cache", tmp_path))
+  assert proc.returncode == 0, proc.stderr
+  got = json.loads((target / "eval_paper.json").read_text())
+  want = json.loads((session["reference"] / RUN / "eval_paper.json")
+                    .read_text())
+  assert got["correct_per_image"] == want["correct_per_image"]
+
+
+def jax_leaves(tree):
+  import jax  # pylint: disable=C0415
+  return jax.tree.leaves(tree)
+
+
+def test_unknown_or_unpublished_names_are_one_clear_error(session):
+  from fkjax import pretrained  # pylint: disable=C0415
+  results = str(session["reference"] / "results")
+  with pytest.raises(pretrained.PretrainedError, match="is not <scale>"):
+    pretrained.load("table1/resnet20_none", results)
+  with pytest.raises(pretrained.PretrainedError, match="no published"):
+    pretrained.load("tiny/table1/en2resnet20_none/seed0", results)
+  with pytest.raises(pretrained.PretrainedError, match="has no row"):
+    pretrained.load("tiny/table1/resnet99/seed0", results)
+
+
+def test_a_dry_run_writes_nothing(session, tmp_path):
+  home = session["home"]
+  before = _tree_digest(home / "results")
+  root = tmp_path / "w"
+  proc = subprocess.run(
+      [sys.executable, "-m", "fkjax.reproduce", "table5", "--scale=tiny",
+       "--rows=resnet20_skip", "--dry-run", f"--root={root}",
+       f"--results={home / 'results'}"], cwd=REPO, capture_output=True,
+      text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "resnet20_skip seed 0 (shared: table1/resnet20_none): done" in (
+      proc.stdout)
+  assert not root.exists()
+  assert _tree_digest(home / "results") == before
+
+
+def test_carry_keeps_only_the_last_and_best_checkpoints(tmp_path):
+  workdir = tmp_path / "w"
+  (workdir / "checkpoints" / "4").mkdir(parents=True)
+  (workdir / "checkpoints" / "4" / "state").write_text("old")
+  (workdir / "checkpoints" / "8.orbax-checkpoint-tmp-1").mkdir()
+  (workdir / "config.json").write_text("{}")
+  (workdir / "fkjax.lock").write_text("pid")
+  rel = [r for r in ("config.json", "fkjax.lock", "checkpoints/4/state",
+                     "checkpoints/8.orbax-checkpoint-tmp-1/x")
+         if carry._wanted(r, [8])]
+  assert rel == ["config.json"]
+
+
+def test_a_kept_run_with_an_evaluation_pending_stays_carried(tmp_path):
+  # A lease can end after a run's record (A1-A4) and before its A5: while
+  # its checkpoint is carried the queue is not done with it.
+  entry = queue_lib.Entry("tiny", "table2", "resnet20_rgsm_l0.05", 0)
+  results = str(tmp_path / "results")
+  run = runner.plan(tables.TABLES["table2"], scales.SCALES["tiny"],
+                    root=str(tmp_path / "w"), rows=[entry.row], seeds=1)[0]
+  now = runner.fingerprints(run)
+  kept = Path(entry.archive(results))
+  kept.mkdir(parents=True)
+
+  def record(stages):
+    (kept / runner.RUN_RECORD).write_text(json.dumps(
+        {"done": True, "fingerprints": {k: now[k] for k in stages}}))
+  record(["train", "eval"])
+  assert queue_lib.pending_evals(entry, results) == ["eval_a5",
+                                                     "eval_strong"]
+  # nothing to evaluate it with: reported as it is
+  assert queue_lib.state(entry, results) == queue_lib.DONE
+  Path(entry.carry(results)).parent.mkdir(parents=True)
+  Path(entry.carry(results)).write_bytes(b"checkpoint")
+  assert queue_lib.state(entry, results) == queue_lib.CARRIED
+  assert queue_lib.next_units([entry], results, 1)[0].row == entry.row
+  record(["train", "eval", "eval_a5", "eval_strong"])
+  assert queue_lib.state(entry, results) == queue_lib.DONE
+
+
+def test_a_lease_brings_back_what_fits_and_home_checks_the_parts(
+    tmp_path, monkeypatch):
+  # Two unfinished runs whose states together exceed the limit: the first
+  # in queue order comes back, the second is named as dropped.
+  lent = tmp_path / "lent"
+  entries = [queue_lib.Entry("tiny", "table1", r, 0)
+             for r in ("resnet20_none", "en2resnet20_none")]
+  rng = np.random.default_rng(0)
+  for e in entries:
+    state = lent / e.workdir("workdirs") / "checkpoints" / "8"
+    state.mkdir(parents=True)
+    (state / "arrays").write_bytes(rng.bytes(30_000))   # incompressible
+    (lent / e.workdir("workdirs") / "config.json").write_text("{}")
+  monkeypatch.setattr(carry, "kept_steps", carry.checkpoint_steps)
+  monkeypatch.chdir(lent)
+  since = time.time() - 1
+  manifest = lease.gather(entries, "results", "workdirs", since,
+                          max_bytes=45_000)
+  assert manifest["carried"] == [entries[0].name]
+  assert manifest["dropped"] == [entries[1].name]
+  parts = lease.write_parts(manifest, str(tmp_path / "out"), str(lent),
+                            part_bytes=10_000)
+  assert len(parts) >= 3
+  assert all((tmp_path / "out" / p).stat().st_size <= 10_000 for p in parts)
+  home = tmp_path / "home"
+  home.mkdir()
+  lease.unpack(str(tmp_path / "out"), str(home))
+  assert (home / entries[0].carry("results")).read_bytes() == (
+      lent / entries[0].carry("results")).read_bytes()
+  assert not (home / entries[1].carry("results")).exists()
+  # a damaged part is refused, naming why
+  with open(tmp_path / "out" / parts[1], "r+b") as f:
+    f.write(b"x")
+  with pytest.raises(ValueError, match="a part is damaged"):
+    lease.unpack(str(tmp_path / "out"), str(home))
+
+
+def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
+  clone = _clone(tmp_path / "bad")
+  (clone / "results" / queue_lib.QUEUE_FILE).write_text('{"runs": [{}]}')
+  env = _env(tmp_path / "cache", tmp_path / "out", LOGS=str(clone / "logs"),
+             FKJAX_DATA_DIR=str(_release(tmp_path / "data").parent))
+  proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1
+  assert "error: a queue is" in proc.stderr
+  assert "the queue could not be read" in proc.stdout
