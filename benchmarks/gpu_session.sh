@@ -17,6 +17,12 @@
 #   log.txt                everything printed
 # At home: copy gpu_latest.json and log.txt to benchmarks/results/ (the
 # latter as gpu_latest.log) and commit them.
+#
+# The reproduction queue's data rides along: parts of CIFAR-10
+# (fkjax.reproduce.datapack) found in .datapack/ are staged where
+# benchmarks/gpu_reproduce.sh looks for them (STAGE, /tmp/fkjax_datapack),
+# so this call saves the queue one of the calls that carry the data in
+# (docs/reproduction.md, "The queue").
 set -u
 OUT=${OUT:-/tmp/fkjax_gpu}
 export OUT
@@ -31,6 +37,13 @@ if ls .whl/*.whl > /dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
     --upgrade --target /tmp/fkjax_site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/fkjax_site"
+fi
+
+DATAPACK=${DATAPACK:-.datapack}
+if ls "$DATAPACK"/* > /dev/null 2>&1; then
+  STAGE=${STAGE:-/tmp/fkjax_datapack}
+  mkdir -p "$STAGE" && cp "$DATAPACK"/* "$STAGE"/ \
+    && log "staged $(ls "$DATAPACK" | tr '\n' ' ')in $STAGE"
 fi
 
 log machine

@@ -17,8 +17,12 @@ FIELDS = ("device", "date", "commit", "resnet20_epoch_s",
 def smoke(tmp_path_factory):
   """One SMOKE=1 run of the session script on this CPU."""
   out = tmp_path_factory.mktemp("gpu_speed")
+  # a part of the reproduction queue's data, carried along
+  datapack = tmp_path_factory.mktemp("datapack")
+  (datapack / "cifar10.xz.part-00").write_bytes(b"part 0")
   env = {**os.environ, "SMOKE": "1", "OUT": str(out), "PY": sys.executable,
-         "BUDGET": "900"}
+         "BUDGET": "900", "DATAPACK": str(datapack),
+         "STAGE": str(out / "stage")}
   proc = subprocess.run(["bash", str(REPO / "benchmarks/gpu_session.sh")],
                         cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=1200)
@@ -60,6 +64,11 @@ def test_session_prints_the_table_last(smoke):
   assert tail[-1].startswith("=== ") and "done (rc=0)" in tail[-1]
   assert tail[-2].startswith("bf16 matmul:")
   assert (out / "log.txt").read_text().strip().endswith("done (rc=0)")
+
+
+def test_session_stages_the_carried_data_part(smoke):
+  out, _ = smoke
+  assert (out / "stage" / "cifar10.xz.part-00").read_bytes() == b"part 0"
 
 
 def test_todays_path_is_the_host_pipeline_one_step_per_dispatch(
