@@ -485,3 +485,11 @@ def test_a_read_completing_after_the_restore_is_dropped_and_nothing_else():
   except ValueError as e:
     assert not ckpt_lib._is_orbax_leftover(_unraisable(e))
   assert not ckpt_lib._is_orbax_leftover(_unraisable(late.value, object()))
+
+
+def test_has_checkpoints_counts_only_complete_steps(tmp_path):
+  assert not ckpt_lib.has_checkpoints(str(tmp_path))
+  (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp-1").mkdir(parents=True)
+  assert not ckpt_lib.has_checkpoints(str(tmp_path))
+  ckpt_lib.Checkpointer(str(tmp_path)).save(4, _state(4))
+  assert ckpt_lib.has_checkpoints(str(tmp_path))
