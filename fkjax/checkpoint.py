@@ -25,12 +25,6 @@ be verified and is refused, saying which, unless the caller allows it
 (``allow_unverified=True``; on the command line
 ``--allow_unverified_checkpoint`` or ``FKJAX_ALLOW_UNVERIFIED_CHECKPOINT=1``):
 anyone who can rewrite the arrays can delete their digests too.
-
-Workdirs written by earlier fkjax versions keep ``checkpoints/latest/<step>``
-and ``checkpoints/best/<step>``. Opening one moves those step directories
-into ``checkpoints/<step>`` (renames only; idempotent if interrupted), after
-which training resumes and evaluation reads them as usual. Such checkpoints
-have no digests: they restore only where unverified checkpoints are allowed.
 """
 from __future__ import annotations
 
@@ -42,7 +36,6 @@ import math
 import os
 import pathlib
 import re
-import shutil
 import sys
 from typing import Any
 
@@ -56,7 +49,6 @@ KEEP_LATEST = 2
 # Key of fkjax's entry in orbax's per-step custom metadata.
 _METADATA_KEY = "fkjax"
 _DIGEST_FORMAT = "sha256-v1"
-_LEGACY_DIRS = ("best", "latest")  # best first: its copy carries the metric
 # orbax's per-step metadata file, which holds the digests.
 _STEP_METADATA = "_CHECKPOINT_METADATA"
 ALLOW_UNVERIFIED_ENV = "FKJAX_ALLOW_UNVERIFIED_CHECKPOINT"
@@ -187,11 +179,6 @@ class Checkpointer:
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
     if must_exist:
       require_checkpoints(workdir)
-    if jax.process_index() == 0:
-      _migrate_legacy_layout(self.directory)
-    if jax.process_count() > 1:  # others wait until the layout is final
-      from jax.experimental import multihost_utils
-      multihost_utils.sync_global_devices("fkjax_checkpointer_open")
     self._read_only = must_exist
     quiet = _DropStepMetadataComplaints()
     logging.getLogger("absl").addFilter(quiet)
@@ -294,13 +281,13 @@ class Checkpointer:
     want, stored = _shapes_by_path(template), _stored_shapes(where)
     _check_stored_shapes(want, stored, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
-    _drop_orbax_leftovers()
     quiet = _DropStepMetadataComplaints()   # said by _saved_digests
     logging.getLogger("absl").addFilter(quiet)
     try:
       state = self._manager.restore(step,
                                     args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # orbax raises many types; name the cause
+      _drop_orbax_leftovers()
       other_arrays = _other_arrays(want, stored)
       if other_arrays:
         raise CheckpointError(
@@ -493,7 +480,10 @@ def _drop_orbax_leftovers() -> None:
   the restore has raised) or when they complete after it (a traceback of
   "Event loop is closed") is dropped: the restore's error says it in one
   line. Anything else goes to the hook in place before. Installed once, by
-  the first restore (importing fkjax changes nothing)."""
+  the first restore that fails (importing fkjax, saving and restoring
+  intact checkpoints change nothing); it stays, since the reports come at
+  any moment after the error (without it, a truncated chunk's restore
+  printed ~60 lines after its one-line error in 3 runs of 9)."""
   if getattr(sys.unraisablehook, "_fkjax_drops_orbax_leftovers", False):
     return
   before = sys.unraisablehook
@@ -568,15 +558,10 @@ def _check_stored_shapes(want: _Shapes, stored: _Shapes | None,
 
 
 def has_checkpoints(workdir: str) -> bool:
-  """Whether ``workdir`` holds a run's checkpoints (any complete step, in
-  this layout or the one before the single manager)."""
+  """Whether ``workdir`` holds a run's checkpoints (any complete step)."""
   root = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(root):
-    return False
-  for d in (root, *(os.path.join(root, sub) for sub in _LEGACY_DIRS)):
-    if os.path.isdir(d) and any(name.isdigit() for name in os.listdir(d)):
-      return True
-  return False
+  return os.path.isdir(root) and any(
+      name.isdigit() for name in os.listdir(root))
 
 
 # --------------------------------------------------------------------------
@@ -610,33 +595,3 @@ def _describe_os_error(e: OSError) -> str:
   text = e.strerror or os.strerror(e.errno or 0)
   return f"{text} ({e.filename})" if e.filename else text
 
-
-# --------------------------------------------------------------------------
-# Workdirs written before the single manager.
-
-
-def _migrate_legacy_layout(directory: str) -> None:
-  """Moves ``latest/<step>`` and ``best/<step>`` up into ``<step>``.
-
-  Each step directory is renamed (atomic); a step present in both keeps the
-  ``best`` copy, which carries the validation metric. Running it again after
-  an interruption finishes the job.
-  """
-  legacy = [os.path.join(directory, d) for d in _LEGACY_DIRS
-            if os.path.isdir(os.path.join(directory, d))]
-  if not legacy:
-    return
-  for old in legacy:
-    for name in sorted(os.listdir(old)):
-      src = os.path.join(old, name)
-      if not (name.isdigit() and os.path.isdir(src)):
-        continue  # orbax's root metadata or a partial save: dropped below
-      dst = os.path.join(directory, name)
-      if os.path.exists(dst):
-        shutil.rmtree(src)  # the same step, already moved from best/
-      else:
-        os.rename(src, dst)
-    shutil.rmtree(old)
-  logging.getLogger(__name__).info(
-      "moved checkpoints of the old layout (checkpoints/latest, "
-      "checkpoints/best) into %s", directory)

@@ -119,7 +119,9 @@ def _torch_devices():
 def test_torch_reference_computes_the_same_function(ensemble_size, device):
   torch = pytest.importorskip("torch")
   from benchmarks import torch_reference as ref
-  model = models.create_model(depth=8, ensemble_size=ensemble_size)
+  # The torch reference normalises its inputs, as fkjax can.
+  model = models.create_model(depth=8, ensemble_size=ensemble_size,
+                              normalize=True)
   x = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
   variables = model.init({"params": jax.random.key(0)}, jnp.asarray(x))
   # Non-trivial BatchNorm statistics, so that eval mode is really checked.

@@ -17,6 +17,9 @@ from fkjax.kernels import explicit_grad_conv
 from fkjax.kernels import noise_cpu
 from fkjax.kernels import noise_jnp
 from fkjax.kernels import onednn_conv
+from fkjax.kernels import selection
+from fkjax.models import ensemble
+from fkjax.slim import model as slim_model
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODELS = ROOT / "fkjax" / "models"
@@ -143,11 +146,29 @@ def test_models_import_nothing_else_from_fkjax():
           assert name.startswith("fkjax.models"), f"{path.name}: {name}"
 
 
-def test_kernels_import_no_models():
+def test_kernels_take_only_the_member_executions_from_the_models():
+  # The models are the bottom layer; the kernels know no model, only the
+  # one list of how an ensemble's members may run.
   for path in sorted((ROOT / "fkjax" / "kernels").glob("*.py")):
-    assert "fkjax.models" not in "".join(
-        line for line in path.read_text().splitlines(True)
-        if line.startswith(("import", "from"))), path.name
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        assert not any(alias.name.startswith("fkjax.models")
+                       for alias in node.names), path.name
+      elif (isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("fkjax.models")):
+        assert node.module == "fkjax.models", path.name
+        assert [a.name for a in node.names] == ["MEMBER_EXECUTIONS"], (
+            path.name)
+
+
+def test_member_executions_are_defined_once():
+  assert selection.MEMBER_EXECUTIONS is ensemble.MEMBER_EXECUTIONS
+  assert slim_model.MEMBER_EXECUTIONS is ensemble.MEMBER_EXECUTIONS
+  assert selection.CHOICES["member_execution"] is ensemble.MEMBER_EXECUTIONS
+  # grep: one assignment in the package.
+  assigned = [path.name for path in sorted((ROOT / "fkjax").rglob("*.py"))
+              if "\nMEMBER_EXECUTIONS = " in path.read_text()]
+  assert assigned == ["ensemble.py"]
 
 
 # --------------------------------------------------------------------------

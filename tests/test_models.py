@@ -1,12 +1,15 @@
 """Tests of the PreActResNet / EnResNet models."""
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fkjax.models import EnResNet, PreActResNet, create_model
+from configs import default
+from fkjax.models import (CIFAR10_MEAN, CIFAR10_STD, EnResNet, PreActResNet,
+                          create_model)
 
 KEYS = {"params": jax.random.key(0), "noise": jax.random.key(1)}
 
@@ -254,6 +257,23 @@ def test_jit_matches_eager(small_batch):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4,
                                                        atol=1e-5),
                eager, jitted)
+
+
+def test_normalisation_is_off_by_default_as_in_the_config(small_batch):
+  assert (inspect.signature(create_model).parameters["normalize"].default
+          is default.get_config().model.normalize is False)
+  plain = create_model(depth=8)
+  assert plain == create_model(depth=8, normalize=False) == PreActResNet(
+      depth=8)
+  normalised = create_model(depth=8, normalize=True)
+  variables = init_variables(plain, small_batch)
+  standardised = ((small_batch - jnp.asarray(CIFAR10_MEAN))
+                  / jnp.asarray(CIFAR10_STD))
+  np.testing.assert_allclose(jit_apply(normalised)(variables, small_batch),
+                             jit_apply(plain)(variables, standardised),
+                             rtol=1e-5, atol=1e-5)
+  ensemble = create_model(depth=8, ensemble_size=2, normalize=True)
+  assert ensemble.member_kwargs["mean"] == CIFAR10_MEAN
 
 
 def test_batchnorm_train_updates_stats_eval_uses_them(small_batch):

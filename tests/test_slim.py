@@ -15,7 +15,8 @@ from benchmarks import bench_train
 from fkjax import attacks
 from fkjax import slim as slim_lib
 from fkjax import sparsity
-from fkjax.models import create_model
+from fkjax.models import EnResNet, PreActResNet, create_model
+from fkjax.slim import core as slim_core
 
 KEYS = {"params": jax.random.key(0), "noise": jax.random.key(1)}
 W1, W2, W3 = 16, 32, 64  # stage widths at width 1
@@ -404,3 +405,11 @@ def test_rounded_widths_same_logits(images):
                                       c_round.shape_before):
       assert rounded >= minimal
       assert rounded == full or rounded % 4 == 0
+
+
+def test_member_kwargs_left_out_are_the_members_defaults():
+  # An EnResNet's member_kwargs may leave fields out; slim must read the
+  # same values its members then take from PreActResNet.
+  ensemble = EnResNet(num_members=2, member_kwargs={"depth": 8})
+  assert slim_core._member_config(ensemble) == slim_core._member_config(
+      PreActResNet(depth=8))

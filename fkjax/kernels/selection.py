@@ -14,6 +14,7 @@ from fkjax.kernels import explicit_grad_conv
 from fkjax.kernels import noise_cpu
 from fkjax.kernels import noise_jnp
 from fkjax.kernels import onednn_conv
+from fkjax.models import MEMBER_EXECUTIONS
 
 CONVS: dict[str, Callable] = {
     "onednn": onednn_conv.conv_general_dilated,
@@ -24,7 +25,6 @@ NOISES: dict[str, Callable] = {
     "fused": noise_cpu.inject_noise,
     "jnp": noise_jnp.inject_noise,
 }
-MEMBER_EXECUTIONS = ("batched", "sequential", "unrolled")
 # The values of each key of config.kernels besides "auto".
 CHOICES: dict[str, tuple[str, ...]] = {
     "conv": tuple(CONVS), "noise": tuple(NOISES),

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 from fkjax.models.resnet import PreActResNet
 
+# How an ensemble's members run; the one list fkjax.kernels and fkjax.slim
+# take theirs from.
 MEMBER_EXECUTIONS = ("batched", "sequential", "unrolled")
 
 

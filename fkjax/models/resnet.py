@@ -82,7 +82,9 @@ class PreActResNet(nn.Module):
     noise_std_over: ``"batch"`` or ``"example"``, see
       :func:`fkjax.models.noise.inject_noise`.
     mean, std: per-channel input normalisation applied inside the model, so
-      that inputs (and attacks) live in ``[0, 1]``. ``None`` disables it.
+      that inputs (and attacks) live in ``[0, 1]``. ``None`` (the default,
+      as in the authors' code and ``config.model.normalize``) disables it;
+      :data:`CIFAR10_MEAN` and :data:`CIFAR10_STD` are CIFAR-10's.
     conv: the convolution, with ``lax.conv_general_dilated``'s signature.
     inject_noise: ``(out, coef, key, std_over) -> out + coef * std * z``.
       ``conv`` and ``inject_noise`` change how fast the model runs, not the
@@ -94,8 +96,8 @@ class PreActResNet(nn.Module):
   skip: bool = True
   noise_coef: float = 0.0
   noise_std_over: str = "batch"
-  mean: Sequence[float] | None = CIFAR10_MEAN
-  std: Sequence[float] | None = CIFAR10_STD
+  mean: Sequence[float] | None = None
+  std: Sequence[float] | None = None
   conv: Callable = lax.conv_general_dilated
   inject_noise: Callable = noise.inject_noise
 

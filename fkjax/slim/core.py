@@ -1,12 +1,14 @@
 """``slim``: a pruned PreActResNet or EnResNet as a smaller dense network."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
 import jax
 from jax import lax
 
+from fkjax.models import PreActResNet
 from fkjax.slim import analysis
 from fkjax.slim.model import SlimEnResNet, SlimResNet
 from fkjax.slim.spec import NetSpec
@@ -16,9 +18,8 @@ PyTree = Any
 _MEMBER_FIELDS = ("depth", "num_classes", "width", "skip", "noise_coef",
                   "noise_std_over", "mean", "std")
 # PreActResNet's defaults, for a member_kwargs that leaves them out.
-_DEFAULTS = {"depth": 20, "num_classes": 10, "width": 1, "skip": True,
-             "noise_coef": 0.0, "noise_std_over": "batch",
-             "mean": (0.4914, 0.4822, 0.4465), "std": (0.2470, 0.2435, 0.2616)}
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PreActResNet)
+             if f.name in _MEMBER_FIELDS}
 
 
 def _member_config(model: nn.Module) -> dict[str, Any]:

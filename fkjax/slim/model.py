@@ -26,6 +26,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from fkjax.models import MEMBER_EXECUTIONS
 from fkjax.models import noise as noise_lib
 from fkjax.slim.spec import ConvSpec, NetSpec
 
@@ -33,7 +34,6 @@ ConvFn = Callable[..., jax.Array]
 # inject(out, coef, key, std_over) -> out + coef * std(out) * N(0, 1)
 InjectFn = Callable[[jax.Array, float, jax.Array, str], jax.Array]
 _DN = ("NHWC", "HWIO", "NHWC")
-MEMBER_EXECUTIONS = ("batched", "sequential", "unrolled")
 
 
 def _take(x: jax.Array, index: Sequence[int] | None) -> jax.Array:
