@@ -457,6 +457,13 @@ class Evaluator:
     self._seen: dict[str, int] = {}
     self._compiled_correct: dict[Any, Any] = {}
 
+  def compiled_attacks(self, name: str, *, progress: bool = False
+                       ) -> list[Any]:
+    """The compiled programs of attack ``name`` so far, one per batch shape
+    (``jax.stages.Compiled``: ``memory_analysis()``, ``cost_analysis()``);
+    ``progress`` selects those compiled with the call counter."""
+    return list(self._compiled[bool(progress)][name].values())
+
   def __call__(self, variables: Any, batches: Iterable[Mapping[str, Any]],
                key: jax.Array, *, progress: bool = False,
                per_image: bool = False, num_batches: int | None = None,

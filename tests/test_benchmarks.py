@@ -1,11 +1,14 @@
 """Tests of the benchmark helpers; the PyTorch cross-check needs torch."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from benchmarks import bench_train
-from fkjax import models
+from configs import default as default_config
+from fkjax import experiment
 
 
 def test_forward_macs_matches_a_direct_count():
@@ -116,16 +119,29 @@ def _torch_devices():
 
 @pytest.mark.parametrize("device", _torch_devices())
 @pytest.mark.parametrize("ensemble_size", [1, 2])
-def test_torch_reference_computes_the_same_function(ensemble_size, device):
+@pytest.mark.parametrize("normalize", [None, True])
+def test_torch_reference_computes_the_configured_model(ensemble_size, device,
+                                                       normalize):
+  # normalize None: configs/default.py's own setting (False: [0, 1] inputs
+  # unnormalised), the one every benchmark times.
   torch = pytest.importorskip("torch")
   from benchmarks import torch_reference as ref
-  model = models.create_model(depth=8, ensemble_size=ensemble_size)
+  config = default_config.get_config()
+  assert config.model.normalize is False  # what the default case checks
+  if normalize is not None:
+    config.model.normalize = normalize
+  config.model.depth = 8
+  config.model.ensemble_size = ensemble_size
+  # Noise draws cannot agree across frameworks: compare the noiseless net.
+  config.model.noise_coef = 0.0
+  config.kernels.conv, config.kernels.noise = "xla", "jnp"
+  model = experiment.create_model(config, 10)
   x = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
   variables = model.init({"params": jax.random.key(0)}, jnp.asarray(x))
   # Non-trivial BatchNorm statistics, so that eval mode is really checked.
   stats = jax.tree.map(lambda s: s + 0.1, variables["batch_stats"])
   want = model.apply({**variables, "batch_stats": stats}, jnp.asarray(x))
-  net = ref.create_model(8, ensemble_size, device=device)
+  net = ref.create_model_from_config(config.model, device=device)
   ref.load_flax_variables(net, variables["params"], stats)
   assert ref.num_params(net) == sum(
       p.size for p in jax.tree.leaves(variables["params"]))
@@ -137,6 +153,15 @@ def test_torch_reference_computes_the_same_function(ensemble_size, device):
   on_gpu = device != "cpu" or jax.default_backend() == "gpu"
   tol = 1e-2 if on_gpu else 1e-4
   np.testing.assert_allclose(got, np.asarray(want), rtol=tol, atol=tol)
+
+
+def test_torch_reference_refuses_a_model_it_does_not_implement():
+  pytest.importorskip("torch")
+  from benchmarks import torch_reference as ref
+  config = default_config.get_config()
+  config.model.width = 2
+  with pytest.raises(ValueError, match="width"):
+    ref.create_model_from_config(config.model)
 
 
 def test_experiment_winograd_conv_is_a_convolution():
@@ -158,3 +183,39 @@ def test_experiment_hash_once_noise_is_standard_normal():
   assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
   # the two words of a hash are different draws, not copies
   assert abs(np.corrcoef(z[0:-1:2], z[1::2])[0, 1]) < 0.01
+
+
+def _frameworks() -> str:
+  try:
+    import torch  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return "fkjax"   # the PyTorch side is skipped where torch is absent
+  return "fkjax,torch"
+
+
+def test_bench_train_runs_its_benches_for_zero_repeats(tmp_path):
+  # docs/performance.md's commands, cut to a ResNet8, batch 2, one step and
+  # no timed run: every code path of both sides, compile time and memory.
+  # The fkjax side's train benches share one code path (pgd and pgd_bneval
+  # only change the config of "clean"), so it runs clean and ifgsm; the
+  # cheap PyTorch side runs all four.
+  common = ["--models", "resnet8", "--repeats", "0", "--batch", "2",
+            "--eval-batch", "2", "--steps", "1", "--eval-steps", "1",
+            "--peak-size", "64", "--device", "cpu"]
+  out = tmp_path / "bench.json"
+  bench_train.main(common + ["--benches", "clean,ifgsm", "--warmup", "0",
+                             "--frameworks", "fkjax", "--json", str(out)])
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["bench"] for r in rows] == ["clean", "ifgsm"]
+  for row in rows:
+    assert row["fkjax_compile_s"] > 0 and row["fkjax_num_params"] > 0
+    assert row["fkjax_memory_mb"] is None or row["fkjax_memory_mb"] > 0
+  if "torch" not in _frameworks():
+    pytest.skip("torch is not installed: the PyTorch side was not run")
+  bench_train.main(common + ["--benches", ",".join(bench_train.BENCHES),
+                             "--frameworks", "torch", "--json", str(out)])
+  torch_rows = json.loads(out.read_text())["rows"]
+  assert [r["bench"] for r in torch_rows] == list(bench_train.BENCHES)
+  # Both sides build the same ResNet8.
+  assert {r["torch_num_params"] for r in torch_rows} == {
+      rows[0]["fkjax_num_params"]}
