@@ -6,8 +6,9 @@ A1..A5 by default) and the sparsity of the evaluated weights, and writes a
 self-describing result file whose name says which protocol produced it, so
 results of different protocols never overwrite each other:
 
-* ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws):
-  ``eval.py`` with the paper's protocol;
+* ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws,
+  ``eval_paper_n{N}.json`` on the first N test images,
+  ``eval.num_examples=N``): ``eval.py`` with the paper's protocol;
 * ``final_eval.json``: the short evaluation ``train.py`` runs at the end.
 
 A killed evaluation (not train.py's short one) resumes at its next batch
@@ -197,6 +198,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   """
   from fkjax import plots as plots_lib  # matplotlib only when needed
 
+  workdir_lib.adopt_subset_result(workdir, config)
   exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
   variables = experiment_lib.eval_variables(state, config)
   eval_apply, _ = experiment_lib.model_fns(exp.model)

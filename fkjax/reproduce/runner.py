@@ -204,6 +204,8 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
                                               owner.name, seed)
         sync_archive(run, restore if isinstance(restore, bool)
                      else workdir not in restore)
+      for cfg in [config] + [_with(config, e.overrides) for e in extra]:
+        workdir_lib.adopt_subset_result(workdir, cfg)  # named before _n<N>
       runs.append(run)
   return runs
 
