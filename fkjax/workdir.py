@@ -229,8 +229,9 @@ def _eval_result_path(workdir, config, n: int | None) -> str:
   # n: the first n test images only (eval.num_examples), in the name so
   # that a subset's result never replaces, nor passes for, the whole set's.
   if config.eval.protocol == "strong":
-    return result_path(workdir, "strong", targeted=config.eval.strong.targeted,
-                       n=n)
+    # APGD-T is the default: a run without it says so.
+    return result_path(workdir, "strong",
+                       untargeted=not config.eval.strong.targeted, n=n)
   eot = config.eval.eot_samples
   return result_path(workdir, config.eval.protocol,
                      eot=eot if eot > 1 else None, n=n)

@@ -112,6 +112,12 @@ def test_a_subset_evaluation_says_so_in_its_name(tmp_path):
   assert name(num_examples=50) == "eval_paper_n50.json"
   assert name(num_examples=50, eot_samples=4) == "eval_paper_eot4_n50.json"
   assert name(protocol="strong", num_examples=200) == "eval_strong_n200.json"
+  # APGD-T is in the strong protocol by default: a run without it says so.
+  assert _eval_config().eval.strong.targeted
+  untargeted = _eval_config(protocol="strong")
+  untargeted.eval.strong.targeted = False
+  assert os.path.basename(workdir_lib.eval_result_path(
+      tmp_path, untargeted)) == "eval_strong_untargeted.json"
   assert name(protocol="a5", num_examples=100) == "eval_a5_n100.json"
 
 

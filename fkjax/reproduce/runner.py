@@ -84,7 +84,8 @@ def _extra_eval_run(protocol: str, overrides: dict[str, Any],
                     ) -> ExtraEvalRun:
   cfg = _with(config, overrides)
   if cfg.eval.get("protocol") == "strong":
-    columns, attacks = ("A_strong",), "APGD-CE, APGD-DLR"
+    columns, attacks = ("A_strong",), "APGD-CE, APGD-DLR" + (
+        ", APGD-T" if cfg.eval.strong.targeted else "")
   else:
     names = cfg.eval.attacks.split(",")
     columns = tuple(c for c, a in tables_lib.ATTACK_OF.items() if a in names)
