@@ -40,6 +40,7 @@ import numpy as np
 from fkjax import attacks as attacks_lib
 from fkjax import eval_journal
 from fkjax import metric_logging
+from fkjax import workdir as workdir_lib
 
 Attack = Callable[[attacks_lib.ApplyFn, Any, jax.Array, jax.Array, jax.Array],
                   jax.Array]
@@ -962,7 +963,9 @@ def worst_case_over_seeds(runs: Sequence[Mapping[str, Any]],
 
   Returns:
     ``{"accuracy": % robust under every attack and seed, "correct",
-    "num_examples", "attacks", "num_seeds", "per_image": bool ndarray,
+    "num_examples", "attacks", "num_seeds", "correct_per_image": which
+    images are robust (``fkjax.workdir.encode_correct``; read back with
+    ``decode_correct(text, num_examples)``),
     "per_seed": [% per seed], "mean_over_seeds", "std": sample std over
     seeds (0 for one)}``.
   """
@@ -975,7 +978,8 @@ def worst_case_over_seeds(runs: Sequence[Mapping[str, Any]],
   return {"accuracy": 100.0 * float(robust.mean()) if n else float("nan"),
           "correct": int(robust.sum()), "num_examples": n,
           "attacks": list(names), "num_seeds": len(runs),
-          "per_image": robust, "per_seed": spread["per_seed"],
+          "correct_per_image": workdir_lib.encode_correct(robust),
+          "per_seed": spread["per_seed"],
           "mean_over_seeds": spread["mean"], "std": spread["std"]}
 
 
@@ -1074,7 +1078,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   if sanity_batches is not None:
     options = dict(epsilon=epsilon, stochastic=stochastic,
                    eot_samples=eot_samples, check_draws=check_draws,
-                   num_noise_draws=num_noise_draws)
+                   num_noise_draws=num_noise_draws,
+                   apgd_budget=(num_iters, n_restarts))
     options.update(sanity_options or {})
     report = sanity.sanity_checks(
         apply_fn, variables, sanity_batches,

@@ -10,6 +10,7 @@ import pytest
 from fkjax import attacks
 from fkjax import evaluate
 from fkjax import models
+from fkjax import workdir as workdir_lib
 
 
 def _linear(params, images, key):
@@ -264,7 +265,8 @@ def test_repeat_evaluation_reports_mean_and_spread(setup):
   # any seed, and here fewer (the noise breaks different images per seed).
   assert worst["accuracy"] <= min(worst["per_seed"]) + 1e-9
   assert worst["accuracy"] < worst["mean_over_seeds"]
-  assert worst["correct"] == int(worst["per_image"].sum())
+  robust = workdir_lib.decode_correct(worst["correct_per_image"], 21)
+  assert worst["correct"] == int(robust.sum())
   assert worst["accuracy"] == pytest.approx(100 * worst["correct"] / 21)
   # Batches read once (an iterator) cannot be repeated.
   with pytest.raises(TypeError, match="fresh iterable"):
@@ -311,8 +313,10 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert results["num_examples"] == 16
   sanity = results["sanity"]
   assert {c["name"] for c in sanity["checks"]} == {
-      "epsilon_sweep", "sweep_reaches_zero", "more_steps", "more_eot",
-      "blackbox_weaker"}
+      "epsilon_sweep", "sweep_reaches_zero", "apgd_converged", "more_steps",
+      "more_eot", "blackbox_weaker"}
+  # The sanity checks test the reported APGD at its own budget.
+  assert sanity["settings"]["apgd_budget"] == [3, 1]
   text = evaluate.format_strong(results)
   assert "worst case" in text and "APGD-T" in text and "+-" in text
   assert "every attack, every seed" in text
