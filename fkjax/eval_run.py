@@ -77,6 +77,55 @@ def attack_suite(names: str, config: ml_collections.ConfigDict
   return {name: every[name] for name in wanted}
 
 
+# Forward passes one gradient costs (forward + backward), for the cost line.
+_GRADIENT_COST = 3
+
+
+def attack_costs(names: list[str], config: ml_collections.ConfigDict
+                 ) -> dict[str, int]:
+  """Forward-pass equivalents each attack of the paper's protocol costs per
+  image at most (a gradient counts 3; NAttack stops early once every image
+  of its batch is broken, so it can cost less)."""
+  e = config.eval
+  eot = e.eot_samples
+  check = 1 if config.model.noise_coef and e.best_so_far else 0
+  steps = 20
+  per_step = _GRADIENT_COST * eot + check
+  costs = {"natural": 1, "fgsm": _GRADIENT_COST * eot + 1,
+           "ifgsm20": steps * per_step + 1, "cw": steps * per_step + 1,
+           "cw_authors": steps * _GRADIENT_COST + 1,
+           "nattack": e.nattack_iters * (e.nattack_population
+                                         + e.nattack_success_draws) + 1}
+  return {name: costs[name] for name in names}
+
+
+def cost_summary(names: list[str], config: ml_collections.ConfigDict,
+                 num_images: int) -> str:
+  """What an evaluation will cost, said before it starts, and how to bound
+  it: each attack's share of the forward passes, and the flags that cut
+  the bulk."""
+  costs = attack_costs(names, config)
+  total = sum(costs.values())
+  shares = ", ".join(f"{name} {cost} ({100 * cost / total:.0f}%)"
+                     for name, cost in costs.items())
+  batch = config.eval.batch_size
+  text = (f"evaluating {num_images} test images in batches of "
+          f"{min(batch, num_images)}; forward passes per image (a gradient "
+          f"counts 3), at most: {shares}.")
+  heavy = max(costs, key=costs.get)
+  if costs[heavy] > total / 2 and len(costs) > 1:
+    rest = ",".join(n for n in names if n != heavy)
+    text += (f" {heavy} is most of the time: --config.eval.attacks={rest} "
+             f"leaves it out")
+    if heavy == "nattack":
+      text += (", --config.eval.nattack_iters=N shortens it (the paper's "
+               "is 500)")
+    text += (f"; --config.eval.num_examples=N evaluates the first N images "
+             f"only (written to its own file).")
+  return text + (" A killed evaluation resumes at its next batch: run the "
+                 "same command again.")
+
+
 def validation_attacks(config: ml_collections.ConfigDict
                        ) -> dict[str, evaluate.Attack]:
   """Natural accuracy and, if configured, PGD-k accuracy on validation."""
@@ -210,6 +259,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   num_batches = data_lib.num_eval_batches(len(test.labels),
                                           config.eval.batch_size)
   path = workdir_lib.eval_result_path(workdir, config, final)
+  if not final:
+    _say(cost_summary(list(suite), config, len(test.labels)), logger)
   dense_part = (["dense_w"] if config.sparsity.method == "admm" and not final
                 else [])
   # train.py's short final evaluation is not worth a journal.

@@ -508,7 +508,20 @@ class Evaluator:
       predict_compile_seconds = earlier["predict_compile_seconds"]
       for name, right in earlier["per_image"].items():
         vectors[name].append(right)
-    resumed_seconds = sum(seconds.values())
+    # Attacks an earlier attempt finished on the batch it was killed in.
+    kept = earlier.get("partial") if earlier is not None else None
+    resumed_seconds = sum(seconds.values()) + sum(
+        s for _, s in (kept or {}).get("attacks", {}).values())
+
+    def save(batches_done, partial=None):
+      journal.save(
+          own, batches_done=batches_done, num_examples=num_examples,
+          correct=correct, seconds=seconds, compile_seconds=compile_seconds,
+          predict_compile_seconds=predict_compile_seconds,
+          per_image=({name: np.concatenate(vectors[name] or [
+              np.zeros((0,), bool)]) for name in names}
+                     if per_image else None),
+          partial=partial)
     # Only process 0 runs the callbacks (jit places them on device 0).
     display = _Display(desc, num_batches,
                        enabled=counting and jax.process_index() == 0)
@@ -523,7 +536,6 @@ class Evaluator:
         images = jnp.asarray(batch["image"])
         labels = jnp.asarray(batch["label"], jnp.int32)
         mask = jnp.ones(labels.shape, jnp.bool_)
-        num_examples += int(labels.shape[0])
         batch_key = jax.random.fold_in(key, batch_index)
         predict_key, *attack_keys = jax.random.split(batch_key,
                                                      len(names) + 1)
@@ -556,35 +568,40 @@ class Evaluator:
                        else self._seen.get(name) for name in names]
           display.start_batch(batch_index, None if None in estimates
                               else sum(estimates))
+        # This batch's (right, seconds) per attack; the journal keeps each
+        # finished attack, so a kill loses at most the attack running.
+        done = (dict(kept["attacks"]) if kept is not None
+                and kept["batch_index"] == batch_index else {})
         for name, attack_key in zip(names, attack_keys):
+          if name in done:
+            continue
           start = time.perf_counter()
           if counting:
             self.calls.watch(display.listener(name, expected[name]))
           x_adv = compiled[name][signature](variables, images, labels,
                                             attack_key)
           right = to_host(predict(variables, x_adv, labels, mask,
-                                  predict_key))
-          correct[name] += int(right.sum())
-          if per_image:
-            vectors[name].append(right.astype(bool))
-          seconds[name] += time.perf_counter() - start
+                                  predict_key)).astype(bool)
+          done[name] = (right, time.perf_counter() - start)
           if counting:
             calls = self.calls.count
             self.calls.watch(None)
             self._seen[name] = calls
             display.attack_done(calls)
+          if journal is not None and len(done) < len(names):
+            save(batch_index, {"batch_index": batch_index, "attacks": done})
+        num_examples += int(labels.shape[0])
+        for name, (right, spent) in done.items():
+          correct[name] += int(right.sum())
+          seconds[name] += spent
+          if per_image:
+            vectors[name].append(right)
         if counting and num_examples:
           display.set_postfix(
               {name: f"{100.0 * correct[name] / num_examples:.1f}"
                for name in names})
         if journal is not None:
-          journal.save(
-              own, batches_done=batch_index + 1, num_examples=num_examples,
-              correct=correct, seconds=seconds,
-              compile_seconds=compile_seconds,
-              predict_compile_seconds=predict_compile_seconds,
-              per_image=({name: np.concatenate(vectors[name])
-                          for name in names} if per_image else None))
+          save(batch_index + 1)
     finally:
       if counting:
         self.calls.watch(None)

@@ -328,3 +328,24 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert loaded["per_image"]["apgd_ce"] == results["per_image"][
       "apgd_ce"].tolist()
   assert loaded["sanity"]["passed"] == sanity["passed"]
+
+
+def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
+  from configs import cpu  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  config = cpu.get_config()
+  names = config.eval.attacks.split(",")
+  costs = eval_run.attack_costs(names, config)
+  # The README demo's NAttack: 20 iterations of 50 + 3 success draws.
+  assert costs["nattack"] == 20 * 53 + 1
+  # IFGSM^20 on the noisy net: 20 gradients (3 each) and 20 check draws.
+  assert costs["ifgsm20"] == 20 * 4 + 1
+  text = eval_run.cost_summary(names, config, 250)
+  assert "250 test images in batches of 50" in text
+  assert "nattack is most of the time" in text
+  assert "--config.eval.attacks=natural,fgsm,ifgsm20,cw" in text
+  assert "--config.eval.num_examples=N" in text
+  # Without NAttack no attack dominates: no advice to leave one out.
+  short = eval_run.cost_summary(["natural", "fgsm", "ifgsm20", "cw"], config,
+                                250)
+  assert "leaves it out" not in short
