@@ -219,3 +219,48 @@ def test_bench_train_runs_its_benches_for_zero_repeats(tmp_path):
   # Both sides build the same ResNet8.
   assert {r["torch_num_params"] for r in torch_rows} == {
       rows[0]["fkjax_num_params"]}
+
+
+def test_cross_check_compares_image_by_image():
+  from benchmarks import cross_check  # pylint: disable=import-outside-toplevel
+  fk = np.array([1, 1, 0, 0, 1], bool)
+  th = np.array([1, 0, 1, 0, 0], bool)
+  assert cross_check.compare(fk, th) == {
+      "fkjax": 60.0, "torchattacks": 40.0, "robust_fkjax_only": 2,
+      "robust_torchattacks_only": 1, "images": 5}
+
+
+def test_cross_check_attacks_the_same_model_on_both_sides():
+  pytest.importorskip("torchattacks")
+  from benchmarks import cross_check  # pylint: disable=import-outside-toplevel
+  from benchmarks import torch_reference as ref  # pylint: disable=import-outside-toplevel
+  config = default_config.get_config("resnet8")
+  config.kernels.conv, config.kernels.noise = "xla", "jnp"
+  model = experiment.create_model(config, 10)
+  apply_fn, _ = experiment.model_fns(model)
+  images = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
+  variables = model.init({"params": jax.random.key(0)}, jnp.asarray(images))
+  variables = {"params": variables["params"],
+               "batch_stats": variables["batch_stats"]}
+  labels = np.asarray(jnp.argmax(apply_fn(variables, jnp.asarray(images),
+                                          jax.random.key(1)), -1))
+  labels = labels.astype(np.int32)
+  net = ref.create_model_from_config(config.model)
+  ref.load_flax_variables(net, variables["params"], variables["batch_stats"])
+  net.eval()
+  options = dict(epsilon=0.0, iters=2, restarts=1, eot=1, batch=4, seed=0)
+  # epsilon 0: no attack can move an image, so both keep all 4 right.
+  fk = cross_check.fkjax_robust(apply_fn, variables, images, labels,
+                                "apgd_ce", **options)
+  th = cross_check.torch_robust(net, images, labels, "apgd_ce", **options)
+  assert fk.tolist() == th.tolist() == [True] * 4
+
+
+def test_bench_strong_times_each_attack_of_the_strong_protocol(tmp_path):
+  from benchmarks import bench_strong  # pylint: disable=import-outside-toplevel
+  rows = bench_strong.main(["--models", "resnet8", "--images", "2",
+                            "--iters", "1", "--repeats", "1"])
+  assert [r["attack"] for r in rows] == ["apgd_ce", "apgd_dlr", "apgd_t"]
+  assert all(r["seconds"] > 0 and r["compile_s"] > 0 for r in rows)
+  table = bench_strong.format_markdown(rows)
+  assert "| resnet8 | APGD-T | 2 | 1 | 1 | 0 |" in table
