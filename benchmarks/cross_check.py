@@ -21,7 +21,8 @@ first ``--images`` test images with each attack on both sides:
 with the same epsilon, iterations, restarts and (APGD-T) 9 targets. Each
 side's adversarial images are scored by its own model. Prints, per attack,
 both robust accuracies, the images robust for fkjax only and for
-torchattacks only (per-image discordance), and the seconds of each side;
+torchattacks only (per-image discordance), and the seconds of each side
+(fkjax's include compiling its attack);
 then the same for the worst case over the attacks. A noisy model (noise on
 at test time) is attacked with ``--eot`` draws per gradient on both sides
 and scored on one draw: compare such runs over several ``--seed`` values.
