@@ -271,7 +271,9 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
       experiment_lib.prng_key(config.seed, "test"),
       num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-      per_image=True, num_batches=num_batches, journal=journal)
+      per_image=True, num_batches=num_batches, journal=journal,
+      # The progress in forward passes: NAttack's calls cost more.
+      work_per_image=attack_costs(list(suite), config))
   # Which images each attack left right: nets evaluated on the same images
   # compare image by image (a paired test, fkjax.reproduce.claims).
   results["correct_per_image"] = {

@@ -18,7 +18,10 @@ on each call, and ``fkjax.metric_logging.progress`` shows ``batch 2/8,
 ifgsm20 call 13/21: 55/168 model calls``. A call evaluated with ``vmap``
 (the EOT draws of one gradient, a NAttack population chunk) counts once.
 The expected counts come from the attack's traced program
-(``count_model_calls``). With ``progress=False`` the attacks are compiled
+(``count_model_calls``). Given each attack's work per image
+(``Evaluator(work_per_image=...)``, eval.py's forward passes), the display
+moves by work units instead, each call weighing its attack's work over its
+calls, so that its time-left estimate weighs expensive calls as such. With ``progress=False`` the attacks are compiled
 without the callback: the same program, numbers and speed as before.
 """
 from __future__ import annotations
@@ -364,11 +367,12 @@ class _Display:
   line every 30 s otherwise); this keeps its total and description current.
   """
 
-  def __init__(self, desc: str, num_batches: int | None, enabled: bool):
+  def __init__(self, desc: str, num_batches: int | None, enabled: bool,
+               unit: str = "model call"):
     self._desc = desc
     self._num_batches = num_batches
     self._bar = metric_logging.progress(
-        None, total=None, desc=desc, unit="model call", disable=not enabled)
+        None, total=None, desc=desc, unit=unit, disable=not enabled)
     self._done = 0   # calls of the finished attacks
     self._batch = ""
     self._lock = threading.Lock()
@@ -394,10 +398,11 @@ class _Display:
       self._bar.total = total
       self._batch = self._batch_text(batch_index)
 
-  def listener(self, name: str, expected: int | None
+  def listener(self, name: str, expected: int | None, weight: int = 1
                ) -> Callable[[int], None]:
     """What a ``CallCounter`` reports the calls of attack ``name`` to;
-    ``expected``: its calls on this batch, if known."""
+    ``expected``: its calls on this batch, if known; ``weight``: how far
+    one call moves the display."""
     prefix = f"{self._desc}, {self._batch}, {name}"
     of = f"/{expected}" if expected is not None else ""
     with self._lock:
@@ -407,7 +412,7 @@ class _Display:
       with self._lock:
         self._bar.set_description(f"{prefix} call {count}{of}",
                                   refresh=False)
-        self._bar.update(1)
+        self._bar.update(weight)
     return on_call
 
   def attack_done(self, calls: int) -> None:
@@ -436,9 +441,17 @@ class Evaluator:
   """
 
   def __init__(self, apply_fn: attacks_lib.ApplyFn,
-               attacks: Mapping[str, Attack], *, num_noise_draws: int = 1):
+               attacks: Mapping[str, Attack], *, num_noise_draws: int = 1,
+               work_per_image: Mapping[str, float] | None = None):
+    """``work_per_image``: each attack's cost per image in any unit (e.g.
+    forward passes, ``fkjax.eval_run.attack_costs``). Given, the progress
+    moves by work units (one call of an attack weighs its work over its
+    calls per batch), so that the time-left estimate does not take a
+    cheap attack's calls for an expensive one's; None: by model calls."""
     self.names = list(attacks)
     self.num_noise_draws = num_noise_draws
+    self.work_per_image = (dict(work_per_image) if work_per_image is not None
+                           else None)
     self.calls = CallCounter()
     counted = counting_apply(apply_fn, self.calls.tick)
     # False: the attacks as given; True: counting their model calls.
@@ -464,6 +477,13 @@ class Evaluator:
     (``jax.stages.Compiled``: ``memory_analysis()``, ``cost_analysis()``);
     ``progress`` selects those compiled with the call counter."""
     return list(self._compiled[bool(progress)][name].values())
+
+  def _call_weight(self, name: str, calls: int | None) -> int:
+    """How far one model call of ``name`` moves the display (an integer,
+    so that the display counts whole units)."""
+    if self.work_per_image is None:
+      return 1
+    return max(1, round(self.work_per_image[name] / max(calls or 1, 1)))
 
   def __call__(self, variables: Any, batches: Iterable[Mapping[str, Any]],
                key: jax.Array, *, progress: bool = False,
@@ -524,7 +544,9 @@ class Evaluator:
           partial=partial)
     # Only process 0 runs the callbacks (jit places them on device 0).
     display = _Display(desc, num_batches,
-                       enabled=counting and jax.process_index() == 0)
+                       enabled=counting and jax.process_index() == 0,
+                       unit=("model call" if self.work_per_image is None
+                             else "work unit"))
 
     try:
       for batch_index, batch in enumerate(batches):
@@ -560,14 +582,17 @@ class Evaluator:
             elapsed = time.perf_counter() - start
             compile_seconds[name] += elapsed
             seconds[name] += elapsed
-        expected = {}
+        expected, weight = {}, {}
         if counting:
           expected = {name: self._expected[name][signature]
                       for name in names}
-          estimates = [expected[name] if expected[name] is not None
-                       else self._seen.get(name) for name in names]
-          display.start_batch(batch_index, None if None in estimates
-                              else sum(estimates))
+          estimates = {name: expected[name] if expected[name] is not None
+                       else self._seen.get(name) for name in names}
+          weight = {name: self._call_weight(name, estimates[name])
+                    for name in names}
+          display.start_batch(
+              batch_index, None if None in estimates.values()
+              else sum(estimates[n] * weight[n] for n in names))
         # This batch's (right, seconds) per attack; the journal keeps each
         # finished attack, so a kill loses at most the attack running.
         done = (dict(kept["attacks"]) if kept is not None
@@ -577,7 +602,8 @@ class Evaluator:
             continue
           start = time.perf_counter()
           if counting:
-            self.calls.watch(display.listener(name, expected[name]))
+            self.calls.watch(display.listener(name, expected[name],
+                                              weight[name]))
           x_adv = compiled[name][signature](variables, images, labels,
                                             attack_key)
           right = to_host(predict(variables, x_adv, labels, mask,
@@ -587,7 +613,7 @@ class Evaluator:
             calls = self.calls.count
             self.calls.watch(None)
             self._seen[name] = calls
-            display.attack_done(calls)
+            display.attack_done(calls * weight[name])
           if journal is not None and len(done) < len(names):
             save(batch_index, {"batch_index": batch_index, "attacks": done})
         num_examples += int(labels.shape[0])
@@ -640,7 +666,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
                     progress: bool = True,
                     per_image: bool = False,
                     num_batches: int | None = None,
-                    journal: eval_journal.Journal | None = None
+                    journal: eval_journal.Journal | None = None,
+                    work_per_image: Mapping[str, float] | None = None
                     ) -> dict[str, Any]:
   """Accuracy (%) of the model under each attack, over a dataset.
 
@@ -672,6 +699,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     journal: where the counts are written after every batch; the batches an
       earlier attempt of the same evaluation finished are read from it, not
       attacked again (:mod:`fkjax.eval_journal`).
+    work_per_image: each attack's cost per image, for the progress (see
+      ``Evaluator``); None: progress in model calls.
 
   Returns:
     ``{"num_examples": int, "num_noise_draws": int (noise draws the
@@ -684,7 +713,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     with ``per_image``, also ``"per_image": {name: bool ndarray
     [num_examples]}``.
   """
-  evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws)
+  evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws,
+                        work_per_image=work_per_image)
   return evaluator(variables, batches, key, progress=progress,
                    per_image=per_image, num_batches=num_batches,
                    journal=journal)
