@@ -264,3 +264,17 @@ def test_bench_strong_times_each_attack_of_the_strong_protocol(tmp_path):
   assert all(r["seconds"] > 0 and r["compile_s"] > 0 for r in rows)
   table = bench_strong.format_markdown(rows)
   assert "| resnet8 | APGD-T | 2 | 1 | 1 | 0 |" in table
+
+
+def test_bench_data_and_bench_variants_run_once(capsys):
+  # The other fkjax-only benchmarks, cut to one batch / one repeat of a
+  # ResNet8 (bench_sweep, bench_variants cache, bench_slim and
+  # benchmarks/experiments are not run here: minutes each on 2 cores).
+  from benchmarks import bench_data  # pylint: disable=import-outside-toplevel
+  from benchmarks import bench_variants  # pylint: disable=import-outside-toplevel
+  bench_data.main(["--batches", "1", "--batch_size", "8"])
+  assert "eval_batches" in capsys.readouterr().out
+  bench_variants.main(["noise", "--model", "resnet8", "--batch", "2",
+                       "--repeats", "1"])
+  result = json.loads(capsys.readouterr().out.splitlines()[-1])["result"]
+  assert set(result) == {"no noise", *bench_variants.PRNG_IMPLS}
