@@ -349,3 +349,40 @@ def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
   short = eval_run.cost_summary(["natural", "fgsm", "ifgsm20", "cw"], config,
                                 250)
   assert "leaves it out" not in short
+
+
+def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
+  params, batches = setup
+  sizes = []
+
+  def strong(apply_fn, variables, images, labels, key):
+    n = images.shape[0]   # static: the bucket the evaluator gathered
+    jax.debug.callback(lambda: sizes.append(n))
+    return attacks.fgsm(apply_fn, variables, images, labels, key,
+                        epsilon=0.5)
+
+  suite = {"natural": evaluate.natural,
+           "fgsm": functools.partial(attacks.fgsm, epsilon=0.3),
+           "strong": strong}
+  every = evaluate.Evaluator(_linear, suite)(params, batches,
+                                             jax.random.key(9), per_image=True)
+  assert sizes == [8, 8, 5]   # the real rows of each batch
+  sizes.clear()
+  cascade = evaluate.Evaluator(_linear, suite, survivors_only=["strong"])(
+      params, batches, jax.random.key(9), per_image=True)
+  alive = every["per_image"]["natural"] & every["per_image"]["fgsm"]
+  # Only the images the first two left right were attacked, in buckets of
+  # the next power of two; FGSM on this model treats each image alone, so
+  # the result is the worst case over the three, image by image.
+  starts = np.cumsum([0, 8, 8])
+  want = [1 << int(np.ceil(np.log2(alive[s:s + n].sum())))
+          for s, n in zip(starts, [8, 8, 5]) if alive[s:s + n].any()]
+  assert sizes == [min(w, n) for w, n in zip(want, [8, 8, 5])]
+  assert sum(sizes) < 21, (sizes, alive)
+  np.testing.assert_array_equal(cascade["per_image"]["strong"],
+                                alive & every["per_image"]["strong"])
+  for name in ("natural", "fgsm"):
+    np.testing.assert_array_equal(cascade["per_image"][name],
+                                  every["per_image"][name])
+  with pytest.raises(ValueError, match="survivors_only"):
+    evaluate.Evaluator(_linear, suite, survivors_only=["nope"])
