@@ -145,7 +145,7 @@ def jax_matmul_tflops(n: int = 8192, repeats: int = 10,
   return 2.0 * n**3 / statistics.median(seconds) / 1e12
 
 
-def measure_peak() -> tuple[float, str, dict[str, Any]]:
+def measure_peak(n: int = 4096) -> tuple[float, str, dict[str, Any]]:
   """(GFLOP/s, description, meta fields) of the peak of the % columns.
 
   numpy's float32 matmul on a CPU backend. On a JAX GPU backend, ``jnp.dot``
@@ -153,12 +153,13 @@ def measure_peak() -> tuple[float, str, dict[str, Any]]:
   at by default; ``Precision.HIGHEST`` (true float32) is recorded beside it.
   """
   if jax.default_backend() != "gpu":
-    peak = matmul_peak_gflops()
-    label = "numpy 4096^2"
+    peak = matmul_peak_gflops(n)
+    label = f"numpy {n}^2"
     return peak, label, {"matmul_peak_gflops": peak, "peak": label}
-  default = jax_matmul_tflops()
-  highest = jax_matmul_tflops(precision=jax.lax.Precision.HIGHEST)
-  label = (f"jnp.dot 8192^2 at JAX's default precision = TF32; "
+  n = 2 * n
+  default = jax_matmul_tflops(n)
+  highest = jax_matmul_tflops(n, precision=jax.lax.Precision.HIGHEST)
+  label = (f"jnp.dot {n}^2 at JAX's default precision = TF32; "
            f"Precision.HIGHEST (true float32): {highest:.1f} TFLOP/s")
   return 1e3 * default, label, {"matmul_peak_gflops": 1e3 * default,
                                 "gpu_matmul_tflops_default": default,
@@ -218,7 +219,9 @@ def fkjax_config(model: str, bench: str, batch: int, attack_steps: int,
   return config
 
 
-def _batch(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+def random_batch(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+  """A CIFAR-shaped batch of uniform images and labels (speed does not
+  depend on pixel values)."""
   rng = np.random.default_rng(seed)
   return {"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
           "label": rng.integers(0, 10, batch).astype(np.int32)}
@@ -240,7 +243,7 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
   optimizer = experiment.create_optimizer(config, steps_per_epoch=391)
   state = experiment.init_state(model, optimizer, jax.random.key(0))
   num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
-  host = _batch(batch)
+  host = random_batch(batch)
   key = jax.random.key(1)
   if bench == "ifgsm":
     eval_apply, _ = experiment.model_fns(model)
@@ -254,8 +257,7 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
     name = next(iter(attack))
     compile_s = (first["attacks"][name]["compile_seconds"]
                  + first["predict_compile_seconds"])
-    compiled = evaluator._compiled[name]  # pylint: disable=protected-access
-    memory = _memory_mb(next(iter(compiled.values())))
+    memory = _memory_mb(evaluator.compiled_attacks(name)[0])
     return run, {"compile_s": compile_s, "num_params": num_params,
                  "memory_mb": memory}
 
@@ -303,11 +305,9 @@ def torch_runner(config, bench: str, batch: int,
   import torch  # pylint: disable=import-outside-toplevel
   from benchmarks import torch_reference as ref  # pylint: disable=import-outside-toplevel
   torch.manual_seed(0)
-  m = config.model
-  model = ref.create_model(m.depth, m.ensemble_size, m.noise_coef,
-                           device=device)
+  model = ref.create_model_from_config(config.model, device=device)
   optimizer = ref.make_optimizer(model)
-  host = _batch(batch)
+  host = random_batch(batch)
   images = torch.from_numpy(host["image"].transpose(0, 3, 1, 2).copy())
   labels = torch.from_numpy(host["label"].astype(np.int64))
   info = {"compile_s": 0.0, "num_params": ref.num_params(model),
@@ -465,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--member-execution", default="auto",
                       choices=["auto", "batched", "sequential", "unrolled"],
                       help="config.kernels.member_execution (ensembles)")
+  parser.add_argument("--peak-size", type=argtypes.positive_int,
+                      default=4096, help="matrix size of the matmul peak "
+                      "(numpy's; twice it for jnp.dot on a GPU)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
   args = parser.parse_args(argv)
@@ -485,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
       torch.backends.cudnn.benchmark = True
       devices["torch"] = f"cuda ({torch.cuda.get_device_name()})"
 
-  peak, peak_label, peak_meta = measure_peak()
+  peak, peak_label, peak_meta = measure_peak(args.peak_size)
   meta = {"machine": platform.machine(), "processor": platform.processor(),
           "cpu_count": os.cpu_count(), "jax": jax.__version__,
           "jax_backend": jax.default_backend(),

@@ -63,7 +63,7 @@ def cache_compile(model_name: str, batch: int, unroll: str | None
   model = experiment.create_model(config, 10)
   optimizer = experiment.create_optimizer(config, steps_per_epoch=391)
   state = experiment.init_state(model, optimizer, jax.random.key(0))
-  batch_arrays = jax.device_put(bench_train._batch(batch))  # pylint: disable=protected-access
+  batch_arrays = jax.device_put(bench_train.random_batch(batch))
   key = jax.random.key(1)
   with tempfile.TemporaryDirectory() as cache_dir:
     jax.config.update("jax_compilation_cache_dir", cache_dir)

@@ -9,6 +9,11 @@ time both on the same machine. Needs ``torch`` (see
 Works on any torch device: ``create_model(..., device=...)`` puts the model
 there, and every function follows the device of its model and tensors.
 
+The model is the one ``config.model`` describes (``create_model_from_config``):
+in particular it normalises its inputs with CIFAR-10's mean and std only
+when ``config.model.normalize`` is True (the default config feeds [0, 1]
+images unnormalised, as the authors' code does).
+
 Differences from fkjax that do not change the cost: the attack in BatchNorm
 "train" mode also updates the running averages here (as in the authors'
 code), while fkjax discards that update.
@@ -57,16 +62,18 @@ class PreActBlock(nn.Module):
 
 
 class PreActResNet(nn.Module):
-  """Pre-activation ResNet(6n+2) on [0, 1] images, normalising inside."""
+  """Pre-activation ResNet(6n+2) on [0, 1] images, normalising inside when
+  ``normalize`` (fkjax's ``config.model.normalize``)."""
 
   def __init__(self, depth: int = 20, num_classes: int = 10,
-               noise_coef: float = 0.0,
+               noise_coef: float = 0.0, normalize: bool = False,
                mean: Sequence[float] = CIFAR10_MEAN,
                std: Sequence[float] = CIFAR10_STD):
     super().__init__()
     if (depth - 2) % 6 or depth < 8:
       raise ValueError(f"depth must be 6n+2, got {depth}")
     n = (depth - 2) // 6
+    self.normalize = normalize
     self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1))
     self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1))
     self.stem = _conv(3, 16, 3, 1)
@@ -82,7 +89,9 @@ class PreActResNet(nn.Module):
     nn.init.zeros_(self.head.bias)
 
   def forward(self, x: torch.Tensor) -> torch.Tensor:
-    x = self.stem((x - self.mean) / self.std)
+    if self.normalize:
+      x = (x - self.mean) / self.std
+    x = self.stem(x)
     x = F.relu(self.bn_final(self.blocks(x)))
     return self.head(x.mean(dim=(2, 3)))
 
@@ -101,18 +110,43 @@ class EnResNet(nn.Module):
 
 def create_model(depth: int = 20, ensemble_size: int = 1,
                  noise_coef: float = 0.0, num_classes: int = 10,
-                 device: torch.device | str = "cpu") -> nn.Module:
+                 device: torch.device | str = "cpu",
+                 normalize: bool = False) -> nn.Module:
   """ResNet{depth} (``ensemble_size=1``) or En{n}ResNet{depth} on ``device``.
 
-  The weights are drawn on the CPU and then moved, so that a seed gives the
+  ``normalize``: normalise inputs with CIFAR-10's mean and std inside the
+  model (False: [0, 1] images go in as they are, fkjax's default). The
+  weights are drawn on the CPU and then moved, so that a seed gives the
   same initial model on every device.
   """
-  kwargs = dict(depth=depth, num_classes=num_classes, noise_coef=noise_coef)
+  kwargs = dict(depth=depth, num_classes=num_classes, noise_coef=noise_coef,
+                normalize=normalize)
   if ensemble_size == 1:
     model = PreActResNet(**kwargs)
   else:
     model = EnResNet(ensemble_size, **kwargs)
   return model.to(device)  # parameters and buffers (mean, std, BN statistics)
+
+
+def create_model_from_config(model_config, num_classes: int = 10,
+                             device: torch.device | str = "cpu") -> nn.Module:
+  """The model ``config.model`` describes (fkjax's ``configs/default.py``).
+
+  Raises ValueError for settings this reference does not implement (a
+  width other than 1, no skip connections, noise scaled per example)
+  rather than timing or attacking another model.
+  """
+  m = model_config
+  unsupported = {key: m[key] for key, ok in (
+      ("width", 1), ("skip", True), ("noise_std_over", "batch"))
+                 if key in m and m[key] != ok}
+  if unsupported and m.get("noise_coef", 0.0) == 0.0:
+    unsupported.pop("noise_std_over", None)  # no noise: nothing to scale
+  if unsupported:
+    raise ValueError(f"benchmarks/torch_reference.py does not implement "
+                     f"config.model settings {unsupported}")
+  return create_model(m.depth, m.ensemble_size, m.noise_coef, num_classes,
+                      device=device, normalize=m.normalize)
 
 
 def num_params(model: nn.Module) -> int:

@@ -5,7 +5,9 @@ An evaluation under strong attacks can outlast the process running it
 lease: minutes). :class:`fkjax.evaluate.Evaluator`, given a
 :class:`Journal`, writes after every batch what it has counted so far: the
 batches done, the images, per attack the images right, the seconds and
-which images it left right. Run again with the same identity (the
+which images it left right; and, within a batch, after every attack, which
+images the attacks finished so far left right (so a kill loses at most the
+attack under way). Run again with the same identity (the
 checkpoint, the attacks and their settings, the data, the key), it starts
 after the last batch written: every batch draws its keys from
 ``fold_in(key, batch_index)``, so the result equals an uninterrupted run's.
@@ -98,6 +100,12 @@ class Journal:
     state["per_image"] = {
         name: workdir_lib.decode_correct(text, state["num_examples"])
         for name, text in state.get("per_image", {}).items()}
+    partial = state.get("partial")
+    if partial is not None:
+      size = partial["batch_size"]
+      partial["attacks"] = {
+          name: (workdir_lib.decode_correct(text, size), spent)
+          for name, (text, spent) in partial["attacks"].items()}
     return state
 
   def save(self, own: Mapping[str, Any], *, batches_done: int,
@@ -105,8 +113,14 @@ class Journal:
            seconds: Mapping[str, float],
            compile_seconds: Mapping[str, float],
            predict_compile_seconds: float,
-           per_image: Mapping[str, np.ndarray] | None) -> None:
-    """Writes the state after ``batches_done`` batches, atomically."""
+           per_image: Mapping[str, np.ndarray] | None,
+           partial: Mapping[str, Any] | None = None) -> None:
+    """Writes the state after ``batches_done`` batches, atomically.
+
+    ``partial``: ``{"batch_index": the next batch, "attacks": {name:
+    (bool right per image, seconds)}}``, the attacks already finished on
+    the batch under way (a resumed attempt runs only the others).
+    """
     state = {
         "batches_done": batches_done, "num_examples": num_examples,
         "correct": dict(correct), "seconds": dict(seconds),
@@ -114,6 +128,13 @@ class Journal:
         "predict_compile_seconds": predict_compile_seconds,
         "per_image": {name: workdir_lib.encode_correct(v)
                       for name, v in (per_image or {}).items()}}
+    if partial:
+      attacks = partial["attacks"]
+      state["partial"] = {
+          "batch_index": partial["batch_index"],
+          "batch_size": len(next(iter(attacks.values()))[0]),
+          "attacks": {name: [workdir_lib.encode_correct(right), spent]
+                      for name, (right, spent) in attacks.items()}}
     workdir_lib.write_results(self.path, state, {
         "identity": {"caller": self.identity, "evaluator": _canonical(own)}})
 

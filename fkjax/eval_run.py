@@ -6,8 +6,9 @@ A1..A5 by default) and the sparsity of the evaluated weights, and writes a
 self-describing result file whose name says which protocol produced it, so
 results of different protocols never overwrite each other:
 
-* ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws):
-  ``eval.py`` with the paper's protocol;
+* ``eval_paper.json`` (``eval_paper_eot{K}.json`` with EOT over K draws,
+  ``eval_paper_n{N}.json`` on the first N test images,
+  ``eval.num_examples=N``): ``eval.py`` with the paper's protocol;
 * ``final_eval.json``: the short evaluation ``train.py`` runs at the end.
 
 A killed evaluation (not train.py's short one) resumes at its next batch
@@ -74,6 +75,55 @@ def attack_suite(names: str, config: ml_collections.ConfigDict
     raise run_config.ConfigError(
         f"unknown attacks {unknown}; choose from {list(every)}")
   return {name: every[name] for name in wanted}
+
+
+# Forward passes one gradient costs (forward + backward), for the cost line.
+_GRADIENT_COST = 3
+
+
+def attack_costs(names: list[str], config: ml_collections.ConfigDict
+                 ) -> dict[str, int]:
+  """Forward-pass equivalents each attack of the paper's protocol costs per
+  image at most (a gradient counts 3; NAttack stops early once every image
+  of its batch is broken, so it can cost less)."""
+  e = config.eval
+  eot = e.eot_samples
+  check = 1 if config.model.noise_coef and e.best_so_far else 0
+  steps = 20
+  per_step = _GRADIENT_COST * eot + check
+  costs = {"natural": 1, "fgsm": _GRADIENT_COST * eot + 1,
+           "ifgsm20": steps * per_step + 1, "cw": steps * per_step + 1,
+           "cw_authors": steps * _GRADIENT_COST + 1,
+           "nattack": e.nattack_iters * (e.nattack_population
+                                         + e.nattack_success_draws) + 1}
+  return {name: costs[name] for name in names}
+
+
+def cost_summary(names: list[str], config: ml_collections.ConfigDict,
+                 num_images: int) -> str:
+  """What an evaluation will cost, said before it starts, and how to bound
+  it: each attack's share of the forward passes, and the flags that cut
+  the bulk."""
+  costs = attack_costs(names, config)
+  total = sum(costs.values())
+  shares = ", ".join(f"{name} {cost} ({100 * cost / total:.0f}%)"
+                     for name, cost in costs.items())
+  batch = config.eval.batch_size
+  text = (f"evaluating {num_images} test images in batches of "
+          f"{min(batch, num_images)}; forward passes per image (a gradient "
+          f"counts 3), at most: {shares}.")
+  heavy = max(costs, key=costs.get)
+  if costs[heavy] > total / 2 and len(costs) > 1:
+    rest = ",".join(n for n in names if n != heavy)
+    text += (f" {heavy} is most of the time: --config.eval.attacks={rest} "
+             f"leaves it out")
+    if heavy == "nattack":
+      text += (", --config.eval.nattack_iters=N shortens it (the paper's "
+               "is 500)")
+    text += (f"; --config.eval.num_examples=N evaluates the first N images "
+             f"only (written to its own file).")
+  return text + (" A killed evaluation resumes at its next batch: run the "
+                 "same command again.")
 
 
 def validation_attacks(config: ml_collections.ConfigDict
@@ -197,6 +247,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   """
   from fkjax import plots as plots_lib  # matplotlib only when needed
 
+  workdir_lib.adopt_subset_result(workdir, config)
   exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
   variables = experiment_lib.eval_variables(state, config)
   eval_apply, _ = experiment_lib.model_fns(exp.model)
@@ -208,6 +259,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   num_batches = data_lib.num_eval_batches(len(test.labels),
                                           config.eval.batch_size)
   path = workdir_lib.eval_result_path(workdir, config, final)
+  if not final:
+    _say(cost_summary(list(suite), config, len(test.labels)), logger)
   dense_part = (["dense_w"] if config.sparsity.method == "admm" and not final
                 else [])
   # train.py's short final evaluation is not worth a journal.
@@ -218,7 +271,9 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
       experiment_lib.prng_key(config.seed, "test"),
       num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-      per_image=True, num_batches=num_batches, journal=journal)
+      per_image=True, num_batches=num_batches, journal=journal,
+      # The progress in forward passes: NAttack's calls cost more.
+      work_per_image=attack_costs(list(suite), config))
   # Which images each attack left right: nets evaluated on the same images
   # compare image by image (a paired test, fkjax.reproduce.claims).
   results["correct_per_image"] = {

@@ -4,23 +4,30 @@
 a defence fools, most often by masking its gradient. ``sanity_checks`` runs
 four of them on a few batches and says loudly when one fails:
 
-* ``epsilon_sweep``: accuracy under PGD against epsilon in {0, 2, 4, 8, 16,
-  32, 64}/255 never rises (beyond noise) as epsilon grows, with a step size
-  that grows with epsilon (``attacks.sweep_step_size``);
+* ``epsilon_sweep``: accuracy under APGD-CE (the strong protocol's attack,
+  its step size adapting to epsilon) against epsilon in {0, 2, 4, 8, 16, 32,
+  64}/255 never rises (beyond noise) as epsilon grows;
 * ``sweep_reaches_zero``: at the largest epsilon (64/255: the image can
-  be made nearly grey) the accuracy is ~0;
+  be made nearly grey) the accuracy under APGD-CE is ~0;
+* ``apgd_converged``: the reported APGD-CE (its iterations and restarts)
+  is not weaker, beyond noise, than APGD-CE with twice the iterations and
+  twice the restarts: its figure is not an overestimate for want of budget;
 * ``more_steps``: PGD with many steps is not weaker than with few;
 * ``more_eot``: for a noisy model, PGD with EOT over K draws is not weaker
   than with one draw;
 * ``blackbox_weaker``: the gradient-free NAttack is not stronger than the
-  white-box attacks together.
+  white-box attacks together (the APGD-CE runs included).
 
 Every comparison is paired, image by image: with ``b`` images the stronger
 setting leaves robust but the weaker breaks and ``c`` the reverse, a check
 fails when ``b - c`` exceeds ``z * sqrt(b + c)`` images (a McNemar-type
 bound for two attacks of equal strength) and ``min_points`` percentage
-points. A failure means the robust accuracies of that evaluation should not
-be trusted: the report says "POSSIBLE GRADIENT MASKING".
+points. With ``n`` images the smallest excess that can fail is
+``max(100 * (floor(z^2) + 1) / n, min_points)`` points (no image the other
+way): 1 point on the strong protocol's 500 images, 5 on 100 (each check
+reports its own as ``detectable_points``). A failure means the robust
+accuracies of that evaluation should not be trusted: the report says
+"POSSIBLE GRADIENT MASKING".
 """
 from __future__ import annotations
 
@@ -101,8 +108,10 @@ def paired_excess(stronger: np.ndarray, weaker: np.ndarray, *, z: float = 2.0,
 
   Returns:
     ``{"excess_points": (b - c) / n in %, "tolerance_points", "flagged":
-    bool, "b": int, "c": int}`` where ``b`` counts images robust under
-    ``stronger`` only and ``c`` under ``weaker`` only.
+    bool, "b": int, "c": int, "detectable_points"}`` where ``b`` counts
+    images robust under ``stronger`` only and ``c`` under ``weaker`` only,
+    and ``detectable_points`` is the smallest excess that can fail at this
+    ``n`` (:func:`detectable_points`).
   """
   stronger = np.asarray(stronger, bool)
   weaker = np.asarray(weaker, bool)
@@ -112,7 +121,16 @@ def paired_excess(stronger: np.ndarray, weaker: np.ndarray, *, z: float = 2.0,
   excess = 100.0 * (b - c) / n
   tolerance = max(min_points, 100.0 * z * math.sqrt(b + c) / n)
   return {"excess_points": excess, "tolerance_points": tolerance,
-          "flagged": bool(excess > tolerance), "b": b, "c": c}
+          "flagged": bool(excess > tolerance), "b": b, "c": c,
+          "detectable_points": detectable_points(n, z=z,
+                                                 min_points=min_points)}
+
+
+def detectable_points(n: int, *, z: float = 2.0,
+                      min_points: float = 1.0) -> float:
+  """The smallest excess (points) ``paired_excess`` can flag on ``n``
+  images: ``b`` images one way and none the other fail once ``b > z^2``."""
+  return max(100.0 * (math.floor(z * z) + 1) / max(n, 1), min_points)
 
 
 def _pgd(epsilon, num_steps, eot_samples, check_draws):
@@ -123,6 +141,15 @@ def _pgd(epsilon, num_steps, eot_samples, check_draws):
       step_size=attacks_lib.sweep_step_size(epsilon, num_steps),
       num_steps=num_steps, random_start=True, loss="ce",
       eot_samples=eot_samples, unroll=1, return_best=True,
+      check_draws=check_draws)
+
+
+def _apgd(epsilon, num_iters, n_restarts, eot_samples, check_draws):
+  if epsilon == 0:
+    return evaluate.natural
+  return functools.partial(
+      attacks_lib.apgd, epsilon=epsilon, num_iters=num_iters,
+      n_restarts=n_restarts, loss="ce", eot_samples=eot_samples,
       check_draws=check_draws)
 
 
@@ -139,6 +166,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
                   sweep_epsilons: Sequence[float] = SWEEP_EPSILONS,
                   sweep_steps: int = 20,
                   steps: tuple[int, int] = (20, 100),
+                  apgd_budget: tuple[int, int] = (100, 1),
                   nattack_population: int = 100,
                   nattack_iters: int = 100,
                   nattack_chunk: int | None = None,
@@ -151,9 +179,10 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
                   ) -> SanityReport:
   """Runs the sanity checks of the module docstring on ``batches``.
 
-  All attacks are PGD with best-so-far tracking from a random start, step
-  ``2.5 * eps / steps`` (so that every run can cross its ball), except the
-  black-box NAttack (the paper's variant). The white-box attacks use
+  The sweep and ``apgd_converged`` run APGD-CE; ``more_steps`` and
+  ``more_eot`` PGD with best-so-far tracking from a random start, step
+  ``2.5 * eps / steps`` (so that every run can cross its ball); the black-box
+  attack is NAttack (the paper's variant). The white-box attacks use
   ``eot_samples`` draws per gradient (defaults as ``evaluate.strong_attacks``).
 
   Args:
@@ -169,9 +198,11 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     check_draws: fresh draws an iterate must fool (3 if ``stochastic``).
     num_noise_draws: draws the scoring prediction averages over.
     sweep_epsilons: the sweep's radii, increasing (0 = clean accuracy).
-    sweep_steps: PGD steps of the sweep.
+    sweep_steps: APGD-CE iterations of the sweep.
     steps: ``(few, many)`` PGD steps of ``more_steps``; ``few`` is also the
       ``more_eot`` attack's.
+    apgd_budget: ``(iterations, restarts)`` of the reported APGD-CE (the
+      strong protocol's); ``apgd_converged`` compares it with twice both.
     nattack_population, nattack_iters: NAttack's budget (kept small: a
       sanity check, not an evaluation).
     nattack_chunk, nattack_image_chunk: NAttack's memory bounds
@@ -208,8 +239,15 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     return name
 
   sweep_names = [
-      add(f"sweep_{e * 255:g}", ("pgd", e, sweep_steps, eot_samples),
-          _pgd(e, sweep_steps, eot_samples, check_draws)) for e in sweep]
+      add(f"sweep_{e * 255:g}", ("apgd", e, sweep_steps, 1),
+          _apgd(e, sweep_steps, 1, eot_samples, check_draws)) for e in sweep]
+  iters, restarts = apgd_budget
+  apgd_name = add(f"apgd{iters}x{restarts}", ("apgd", epsilon, iters, restarts),
+                  _apgd(epsilon, iters, restarts, eot_samples, check_draws))
+  apgd_more_name = add(
+      f"apgd{2 * iters}x{2 * restarts}",
+      ("apgd", epsilon, 2 * iters, 2 * restarts),
+      _apgd(epsilon, 2 * iters, 2 * restarts, eot_samples, check_draws))
   few_name = add(f"pgd{few}", ("pgd", epsilon, few, eot_samples),
                  _pgd(epsilon, few, eot_samples, check_draws))
   many_name = add(f"pgd{many}", ("pgd", epsilon, many, eot_samples),
@@ -250,7 +288,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       (f"; RISES at {'; '.join(rises)}" if rises else
        "; never rises beyond noise"),
       {"epsilons": sweep, "accuracy": [accuracy[nm] for nm in sweep_names],
-       "rises": rises, "step_size": f"2.5 * eps / {sweep_steps}"}))
+       "rises": rises, "attack": f"APGD-CE, {sweep_steps} iterations"}))
 
   # 2. Reaches ~0 at the largest radius.
   top = accuracy[sweep_names[-1]]
@@ -260,7 +298,17 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       f"({'<=' if top <= zero_threshold else 'ABOVE'} {zero_threshold:g}%)",
       {"accuracy": top, "threshold": zero_threshold}))
 
-  # 3. More steps do not help the model.
+  # 3. The reported APGD has converged: twice its budget breaks no more.
+  result = compare(robust[apgd_name], robust[apgd_more_name])
+  checks.append(Check(
+      "apgd_converged", not result["flagged"],
+      f"APGD-CE {iters} it. x {restarts} {accuracy[apgd_name]:.1f}% vs "
+      f"{2 * iters} it. x {2 * restarts} {accuracy[apgd_more_name]:.1f}% "
+      f"(excess {result['excess_points']:+.1f}, tolerance "
+      f"{result['tolerance_points']:.1f}, can fail from "
+      f"{result['detectable_points']:.1f} points)", result))
+
+  # 4. More steps do not help the model.
   result = compare(robust[many_name], robust[few_name])
   checks.append(Check(
       "more_steps", not result["flagged"],
@@ -268,7 +316,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       f"{accuracy[few_name]:.1f}% (excess {result['excess_points']:+.1f}, "
       f"tolerance {result['tolerance_points']:.1f} points)", result))
 
-  # 4. More EOT samples do not help the model.
+  # 5. More EOT samples do not help the model.
   if single_name is None:
     checks.append(Check(
         "more_eot", None,
@@ -283,7 +331,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
         f"{result['excess_points']:+.1f}, tolerance "
         f"{result['tolerance_points']:.1f} points)", result))
 
-  # 5. The black-box attack is not stronger than the white-box ones.
+  # 6. The black-box attack is not stronger than the white-box ones.
   white = [name for name in suite
            if name not in (nattack_name,) and not name.startswith("sweep_")]
   at_eps = [nm for e, nm in zip(sweep, sweep_names) if e == epsilon]
@@ -296,13 +344,15 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       f"NAttack {accuracy[nattack_name]:.1f}% vs white-box worst case "
       f"{white_accuracy:.1f}% over {', '.join(white)} (excess "
       f"{result['excess_points']:+.1f}, tolerance "
-      f"{result['tolerance_points']:.1f} points)",
+      f"{result['tolerance_points']:.1f}, can fail from "
+      f"{result['detectable_points']:.1f} points)",
       {**result, "white_box": white, "white_box_accuracy": white_accuracy}))
 
   settings = {"num_examples": n, "epsilon": epsilon, "stochastic": stochastic,
               "eot_samples": eot_samples, "check_draws": check_draws,
               "num_noise_draws": num_noise_draws, "sweep_steps": sweep_steps,
-              "steps": list(steps), "nattack_population": nattack_population,
+              "steps": list(steps), "apgd_budget": list(apgd_budget),
+              "nattack_population": nattack_population,
               "nattack_iters": nattack_iters, "z": z,
               "min_points": min_points, "zero_threshold": zero_threshold,
               "seconds": {name: e["seconds"]

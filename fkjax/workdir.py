@@ -26,9 +26,11 @@ Results files
     result_path(workdir, "strong", eot=10)        -> eval_strong_eot10.json
     result_path(workdir, "paper", checkpoint="latest", eot=None)
                                                   -> eval_paper_checkpointlatest.json
+    result_path(workdir, "paper", n=50)           -> eval_paper_n50.json
 
   ``eval_result_path(workdir, config)`` names the file of the evaluation a
-  run config's ``eval`` section describes.
+  run config's ``eval`` section describes; an evaluation of the first N test
+  images only (``eval.num_examples=N``) says ``_n<N>``.
 
   ``final`` is train.py's short end-of-training evaluation; other protocols
   are eval.py's. Settings are appended in sorted key order as ``_<key><value>``;
@@ -290,15 +292,45 @@ def result_path(workdir: str | os.PathLike[str], protocol: str,
 def eval_result_path(workdir: str | os.PathLike[str], config: Any,
                      final: bool = False) -> str:
   """The results file of the evaluation ``config.eval`` describes (its
-  protocol, the strong protocol's targeting, EOT draws), or of train.py's
-  end-of-training evaluation if ``final``."""
+  protocol, the strong protocol's targeting, EOT draws, a subset's size),
+  or of train.py's end-of-training evaluation if ``final``."""
   if final:
     return result_path(workdir, FINAL)
+  return _eval_result_path(workdir, config,
+                           n=config.eval.get("num_examples") or None)
+
+
+def _eval_result_path(workdir, config, n: int | None) -> str:
+  # n: the first n test images only (eval.num_examples), in the name so
+  # that a subset's result never replaces, nor passes for, the whole set's.
   if config.eval.protocol == "strong":
-    return result_path(workdir, "strong", targeted=config.eval.strong.targeted)
+    # APGD-T is the default: a run without it says so.
+    return result_path(workdir, "strong",
+                       untargeted=not config.eval.strong.targeted, n=n)
   eot = config.eval.eot_samples
   return result_path(workdir, config.eval.protocol,
-                     eot=eot if eot > 1 else None)
+                     eot=eot if eot > 1 else None, n=n)
+
+
+def adopt_subset_result(workdir: str | os.PathLike[str], config: Any) -> bool:
+  """Renames the result of ``config``'s subset evaluation that fkjax wrote
+  under the whole test set's name (before subsets said ``_n<N>``) to its
+  name now; True if it did. Only a file whose recorded
+  ``eval.num_examples`` is the config's moves, and never over a file."""
+  n = config.eval.get("num_examples")
+  new = eval_result_path(workdir, config)
+  old = _eval_result_path(workdir, config, n=None)
+  if not n or os.path.exists(new):
+    return False
+  try:
+    with open(old) as f:
+      recorded = json.load(f)["metadata"]["config"]["eval"]["num_examples"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return False
+  if recorded != n:
+    return False
+  os.replace(old, new)
+  return True
 
 
 def source_version(package_only: bool = False) -> dict[str, Any]:

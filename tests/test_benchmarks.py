@@ -1,11 +1,14 @@
 """Tests of the benchmark helpers; the PyTorch cross-check needs torch."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from benchmarks import bench_train
-from fkjax import models
+from configs import default as default_config
+from fkjax import experiment
 
 
 def test_forward_macs_matches_a_direct_count():
@@ -116,18 +119,29 @@ def _torch_devices():
 
 @pytest.mark.parametrize("device", _torch_devices())
 @pytest.mark.parametrize("ensemble_size", [1, 2])
-def test_torch_reference_computes_the_same_function(ensemble_size, device):
+@pytest.mark.parametrize("normalize", [None, True])
+def test_torch_reference_computes_the_configured_model(ensemble_size, device,
+                                                       normalize):
+  # normalize None: configs/default.py's own setting (False: [0, 1] inputs
+  # unnormalised), the one every benchmark times.
   torch = pytest.importorskip("torch")
   from benchmarks import torch_reference as ref
-  # The torch reference normalises its inputs, as fkjax can.
-  model = models.create_model(depth=8, ensemble_size=ensemble_size,
-                              normalize=True)
+  config = default_config.get_config()
+  assert config.model.normalize is False  # what the default case checks
+  if normalize is not None:
+    config.model.normalize = normalize
+  config.model.depth = 8
+  config.model.ensemble_size = ensemble_size
+  # Noise draws cannot agree across frameworks: compare the noiseless net.
+  config.model.noise_coef = 0.0
+  config.kernels.conv, config.kernels.noise = "xla", "jnp"
+  model = experiment.create_model(config, 10)
   x = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
   variables = model.init({"params": jax.random.key(0)}, jnp.asarray(x))
   # Non-trivial BatchNorm statistics, so that eval mode is really checked.
   stats = jax.tree.map(lambda s: s + 0.1, variables["batch_stats"])
   want = model.apply({**variables, "batch_stats": stats}, jnp.asarray(x))
-  net = ref.create_model(8, ensemble_size, device=device)
+  net = ref.create_model_from_config(config.model, device=device)
   ref.load_flax_variables(net, variables["params"], stats)
   assert ref.num_params(net) == sum(
       p.size for p in jax.tree.leaves(variables["params"]))
@@ -139,6 +153,15 @@ def test_torch_reference_computes_the_same_function(ensemble_size, device):
   on_gpu = device != "cpu" or jax.default_backend() == "gpu"
   tol = 1e-2 if on_gpu else 1e-4
   np.testing.assert_allclose(got, np.asarray(want), rtol=tol, atol=tol)
+
+
+def test_torch_reference_refuses_a_model_it_does_not_implement():
+  pytest.importorskip("torch")
+  from benchmarks import torch_reference as ref
+  config = default_config.get_config()
+  config.model.width = 2
+  with pytest.raises(ValueError, match="width"):
+    ref.create_model_from_config(config.model)
 
 
 def test_experiment_winograd_conv_is_a_convolution():
@@ -160,3 +183,98 @@ def test_experiment_hash_once_noise_is_standard_normal():
   assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
   # the two words of a hash are different draws, not copies
   assert abs(np.corrcoef(z[0:-1:2], z[1::2])[0, 1]) < 0.01
+
+
+def _frameworks() -> str:
+  try:
+    import torch  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return "fkjax"   # the PyTorch side is skipped where torch is absent
+  return "fkjax,torch"
+
+
+def test_bench_train_runs_its_benches_for_zero_repeats(tmp_path):
+  # docs/performance.md's commands, cut to a ResNet8, batch 2, one step and
+  # no timed run: every code path of both sides, compile time and memory.
+  # The fkjax side's train benches share one code path (pgd and pgd_bneval
+  # only change the config of "clean"), so it runs clean and ifgsm; the
+  # cheap PyTorch side runs all four.
+  common = ["--models", "resnet8", "--repeats", "0", "--batch", "2",
+            "--eval-batch", "2", "--steps", "1", "--eval-steps", "1",
+            "--peak-size", "64", "--device", "cpu"]
+  out = tmp_path / "bench.json"
+  bench_train.main(common + ["--benches", "clean,ifgsm", "--warmup", "0",
+                             "--frameworks", "fkjax", "--json", str(out)])
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["bench"] for r in rows] == ["clean", "ifgsm"]
+  for row in rows:
+    assert row["fkjax_compile_s"] > 0 and row["fkjax_num_params"] > 0
+    assert row["fkjax_memory_mb"] is None or row["fkjax_memory_mb"] > 0
+  if "torch" not in _frameworks():
+    pytest.skip("torch is not installed: the PyTorch side was not run")
+  bench_train.main(common + ["--benches", ",".join(bench_train.BENCHES),
+                             "--frameworks", "torch", "--json", str(out)])
+  torch_rows = json.loads(out.read_text())["rows"]
+  assert [r["bench"] for r in torch_rows] == list(bench_train.BENCHES)
+  # Both sides build the same ResNet8.
+  assert {r["torch_num_params"] for r in torch_rows} == {
+      rows[0]["fkjax_num_params"]}
+
+
+def test_cross_check_compares_image_by_image():
+  from benchmarks import cross_check  # pylint: disable=import-outside-toplevel
+  fk = np.array([1, 1, 0, 0, 1], bool)
+  th = np.array([1, 0, 1, 0, 0], bool)
+  assert cross_check.compare(fk, th) == {
+      "fkjax": 60.0, "torchattacks": 40.0, "robust_fkjax_only": 2,
+      "robust_torchattacks_only": 1, "images": 5}
+
+
+def test_cross_check_attacks_the_same_model_on_both_sides():
+  pytest.importorskip("torchattacks")
+  from benchmarks import cross_check  # pylint: disable=import-outside-toplevel
+  from benchmarks import torch_reference as ref  # pylint: disable=import-outside-toplevel
+  config = default_config.get_config("resnet8")
+  config.kernels.conv, config.kernels.noise = "xla", "jnp"
+  model = experiment.create_model(config, 10)
+  apply_fn, _ = experiment.model_fns(model)
+  images = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
+  variables = model.init({"params": jax.random.key(0)}, jnp.asarray(images))
+  variables = {"params": variables["params"],
+               "batch_stats": variables["batch_stats"]}
+  labels = np.asarray(jnp.argmax(apply_fn(variables, jnp.asarray(images),
+                                          jax.random.key(1)), -1))
+  labels = labels.astype(np.int32)
+  net = ref.create_model_from_config(config.model)
+  ref.load_flax_variables(net, variables["params"], variables["batch_stats"])
+  net.eval()
+  options = dict(epsilon=0.0, iters=2, restarts=1, eot=1, batch=4, seed=0)
+  # epsilon 0: no attack can move an image, so both keep all 4 right.
+  fk = cross_check.fkjax_robust(apply_fn, variables, images, labels,
+                                "apgd_ce", **options)
+  th = cross_check.torch_robust(net, images, labels, "apgd_ce", **options)
+  assert fk.tolist() == th.tolist() == [True] * 4
+
+
+def test_bench_strong_times_each_attack_of_the_strong_protocol(tmp_path):
+  from benchmarks import bench_strong  # pylint: disable=import-outside-toplevel
+  rows = bench_strong.main(["--models", "resnet8", "--images", "2",
+                            "--iters", "1", "--repeats", "1"])
+  assert [r["attack"] for r in rows] == ["apgd_ce", "apgd_dlr", "apgd_t"]
+  assert all(r["seconds"] > 0 and r["compile_s"] > 0 for r in rows)
+  table = bench_strong.format_markdown(rows)
+  assert "| resnet8 | APGD-T | 2 | 1 | 1 | 0 |" in table
+
+
+def test_bench_data_and_bench_variants_run_once(capsys):
+  # The other fkjax-only benchmarks, cut to one batch / one repeat of a
+  # ResNet8 (bench_sweep, bench_variants cache, bench_slim and
+  # benchmarks/experiments are not run here: minutes each on 2 cores).
+  from benchmarks import bench_data  # pylint: disable=import-outside-toplevel
+  from benchmarks import bench_variants  # pylint: disable=import-outside-toplevel
+  bench_data.main(["--batches", "1", "--batch_size", "8"])
+  assert "eval_batches" in capsys.readouterr().out
+  bench_variants.main(["noise", "--model", "resnet8", "--batch", "2",
+                       "--repeats", "1"])
+  result = json.loads(capsys.readouterr().out.splitlines()[-1])["result"]
+  assert set(result) == {"no noise", *bench_variants.PRNG_IMPLS}

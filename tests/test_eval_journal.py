@@ -186,3 +186,38 @@ def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):
   assert first["sanity"] != again["sanity"]
   assert all(v == 100.0 for v in again["sanity"]["accuracies"].values())
   assert again["worst_case"] == first["worst_case"]
+
+
+def test_a_kill_within_a_batch_keeps_the_attacks_it_finished(mlp, tmp_path):
+  params, batches = mlp
+  seen, armed = [], [True]
+
+  def last(apply_fn, variables, images, labels, key):
+    """The identity, killed (on the host) while ``armed``."""
+    def check():
+      if armed:
+        raise Killed()
+    jax.debug.callback(check)
+    return evaluate.natural(apply_fn, variables, images, labels, key)
+
+  evaluator = evaluate.Evaluator(_noisy_mlp, {
+      "natural": evaluate.natural, "fgsm": _attacked_batches(seen),
+      "last": last})
+  key = jax.random.key(5)
+  journal = _journal(tmp_path)
+  with pytest.raises(Exception):   # the kill, through XLA's runtime
+    evaluator(params, batches, key, per_image=True, journal=journal)
+  assert len(seen) == 1 and journal.batches_done() == 0
+  armed.clear()
+  seen.clear()
+  resumed = evaluator(params, batches, key, per_image=True, journal=journal)
+  assert len(seen) == 2   # FGSM's first batch was kept, not attacked again
+  seen.clear()
+  whole = evaluator(params, batches, key, per_image=True)
+  assert len(seen) == 3
+  assert resumed["num_examples"] == whole["num_examples"] == 12
+  for name in ("natural", "fgsm", "last"):
+    assert resumed["attacks"][name]["correct"] == (
+        whole["attacks"][name]["correct"])
+    np.testing.assert_array_equal(resumed["per_image"][name],
+                                  whole["per_image"][name])

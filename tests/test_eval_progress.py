@@ -133,7 +133,7 @@ def _halving(apply_fn, variables, images, labels, key):
   return images
 
 
-def _progress_lines(mlp, monkeypatch, suite):
+def _progress_lines(mlp, monkeypatch, suite, work_per_image=None):
   params, images, labels = mlp
   stream = io.StringIO()
   monkeypatch.setattr(metric_logging, "progress", functools.partial(
@@ -141,7 +141,8 @@ def _progress_lines(mlp, monkeypatch, suite):
   batches = [{"image": images[:3], "label": labels[:3]},
              {"image": images[3:], "label": labels[3:]}]
   evaluate.robust_accuracy(_noisy_mlp, params, batches, suite,
-                           jax.random.key(3), progress=True)
+                           jax.random.key(3), progress=True,
+                           work_per_image=work_per_image)
   return stream.getvalue().splitlines()
 
 
@@ -162,6 +163,23 @@ def test_progress_lines_count_model_calls(mlp, monkeypatch):
                              "8/14 model calls (57%)")
   assert lines[-1].startswith("robust accuracy, batch 2/2, nattack call 6/6: "
                               "14/14 model calls (100%)")
+
+
+def test_progress_weighs_each_attacks_calls_by_its_work(mlp, monkeypatch):
+  # FGSM: 4 units in its 1 call; NAttack: 60 units in its 6 calls, 10 a
+  # call. The display moves by work, so an expensive attack's calls are not
+  # taken for a cheap one's when the time left is estimated.
+  lines = _progress_lines(mlp, monkeypatch, {
+      "fgsm": FGSM,
+      "nattack": functools.partial(attacks.nattack, epsilon=1e-4,
+                                   population=4, max_iters=3)},
+      work_per_image={"fgsm": 4, "nattack": 60})
+  assert lines[0].startswith("robust accuracy, batch 1/2, fgsm call 1/1: "
+                             "4/128 work units (3%)")
+  assert lines[1].startswith("robust accuracy, batch 1/2, nattack call 1/6: "
+                             "14/128 work units (11%)")
+  assert lines[-1].startswith("robust accuracy, batch 2/2, nattack call 6/6: "
+                              "128/128 work units (100%)")
 
 
 def test_progress_of_calls_not_known_in_advance(mlp, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 from fkjax import attacks
 from fkjax import evaluate
 from fkjax import models
+from fkjax import workdir as workdir_lib
 
 
 def _linear(params, images, key):
@@ -259,8 +260,14 @@ def test_repeat_evaluation_reports_mean_and_spread(setup):
   assert results["attacks"]["natural"]["std"] > 0
   worst = results["worst_case"]
   assert len(worst["per_seed"]) == 3
-  assert worst["accuracy"] <= min(results["attacks"][n]["accuracy"]
-                                  for n in ("natural", "fgsm")) + 1e-9
+  assert worst["mean_over_seeds"] == pytest.approx(np.mean(worst["per_seed"]))
+  # An image broken under ANY seed is broken: at most the fewest robust of
+  # any seed, and here fewer (the noise breaks different images per seed).
+  assert worst["accuracy"] <= min(worst["per_seed"]) + 1e-9
+  assert worst["accuracy"] < worst["mean_over_seeds"]
+  robust = workdir_lib.decode_correct(worst["correct_per_image"], 21)
+  assert worst["correct"] == int(robust.sum())
+  assert worst["accuracy"] == pytest.approx(100 * worst["correct"] / 21)
   # Batches read once (an iterator) cannot be repeated.
   with pytest.raises(TypeError, match="fresh iterable"):
     evaluate.repeat_evaluation(evaluator, params, iter(batches),
@@ -274,7 +281,11 @@ def test_strong_attacks_presets():
   assert stochastic["apgd_ce"].keywords["check_draws"] == 3
   assert stochastic["apgd_t"].keywords["loss"] == "dlr_targeted"
   deterministic = evaluate.strong_attacks(4 / 255, num_iters=50)
-  assert list(deterministic) == ["natural", "apgd_ce", "apgd_dlr"]
+  # APGD-T by default, as AutoAttack's standard version.
+  assert list(deterministic) == ["natural", "apgd_ce", "apgd_dlr", "apgd_t"]
+  assert deterministic["apgd_t"].keywords["num_targets"] == 9
+  assert list(evaluate.strong_attacks(targeted=False)) == [
+      "natural", "apgd_ce", "apgd_dlr"]
   assert deterministic["apgd_dlr"].keywords == {
       "loss": "dlr", "epsilon": 4 / 255, "num_iters": 50, "n_restarts": 1,
       "eot_samples": 1, "check_draws": 0}
@@ -285,7 +296,7 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   results = evaluate.strong_evaluation(
       _noisy_linear, params, batches[:2], jax.random.key(8), epsilon=0.1,
       stochastic=True, eot_samples=2, check_draws=1, num_noise_draws=2,
-      num_iters=3, num_seeds=2, sanity_batches=batches[:1],
+      num_iters=3, num_seeds=2, num_targets=2, sanity_batches=batches[:1],
       # sweep_steps=1 makes the sweep at 0.1 the PGD-1 attack (run once).
       sanity_options=dict(sweep_epsilons=(0.0, 0.1), sweep_steps=1,
                           steps=(1, 2), nattack_population=4,
@@ -294,16 +305,21 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert results["settings"]["eot_samples"] == 2
   assert results["settings"]["num_noise_draws"] == 2
   assert results["num_noise_draws"] == 2
-  assert list(results["attacks"]) == ["natural", "apgd_ce", "apgd_dlr"]
+  assert list(results["attacks"]) == ["natural", "apgd_ce", "apgd_dlr",
+                                      "apgd_t"]
   assert results["worst_case"]["attacks"] == ["natural", "apgd_ce",
-                                              "apgd_dlr"]
+                                              "apgd_dlr", "apgd_t"]
+  assert results["settings"]["num_targets"] == 2
   assert results["num_examples"] == 16
   sanity = results["sanity"]
   assert {c["name"] for c in sanity["checks"]} == {
-      "epsilon_sweep", "sweep_reaches_zero", "more_steps", "more_eot",
-      "blackbox_weaker"}
+      "epsilon_sweep", "sweep_reaches_zero", "apgd_converged", "more_steps",
+      "more_eot", "blackbox_weaker"}
+  # The sanity checks test the reported APGD at its own budget.
+  assert sanity["settings"]["apgd_budget"] == [3, 1]
   text = evaluate.format_strong(results)
-  assert "worst case" in text and "APGD-DLR" in text and "+-" in text
+  assert "worst case" in text and "APGD-T" in text and "+-" in text
+  assert "every attack, every seed" in text
   assert "sanity checks" in text
 
   path = tmp_path / "strong.json"
@@ -312,3 +328,61 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert loaded["per_image"]["apgd_ce"] == results["per_image"][
       "apgd_ce"].tolist()
   assert loaded["sanity"]["passed"] == sanity["passed"]
+
+
+def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
+  from configs import cpu  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  config = cpu.get_config()
+  names = config.eval.attacks.split(",")
+  costs = eval_run.attack_costs(names, config)
+  # The README demo's NAttack: 20 iterations of 50 + 3 success draws.
+  assert costs["nattack"] == 20 * 53 + 1
+  # IFGSM^20 on the noisy net: 20 gradients (3 each) and 20 check draws.
+  assert costs["ifgsm20"] == 20 * 4 + 1
+  text = eval_run.cost_summary(names, config, 250)
+  assert "250 test images in batches of 50" in text
+  assert "nattack is most of the time" in text
+  assert "--config.eval.attacks=natural,fgsm,ifgsm20,cw" in text
+  assert "--config.eval.num_examples=N" in text
+  # Without NAttack no attack dominates: no advice to leave one out.
+  short = eval_run.cost_summary(["natural", "fgsm", "ifgsm20", "cw"], config,
+                                250)
+  assert "leaves it out" not in short
+
+
+def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
+  params, batches = setup
+  sizes = []
+
+  def strong(apply_fn, variables, images, labels, key):
+    n = images.shape[0]   # static: the bucket the evaluator gathered
+    jax.debug.callback(lambda: sizes.append(n))
+    return attacks.fgsm(apply_fn, variables, images, labels, key,
+                        epsilon=0.5)
+
+  suite = {"natural": evaluate.natural,
+           "fgsm": functools.partial(attacks.fgsm, epsilon=0.3),
+           "strong": strong}
+  every = evaluate.Evaluator(_linear, suite)(params, batches,
+                                             jax.random.key(9), per_image=True)
+  assert sizes == [8, 8, 5]   # the real rows of each batch
+  sizes.clear()
+  cascade = evaluate.Evaluator(_linear, suite, survivors_only=["strong"])(
+      params, batches, jax.random.key(9), per_image=True)
+  alive = every["per_image"]["natural"] & every["per_image"]["fgsm"]
+  # Only the images the first two left right were attacked, in buckets of
+  # the next power of two; FGSM on this model treats each image alone, so
+  # the result is the worst case over the three, image by image.
+  starts = np.cumsum([0, 8, 8])
+  want = [1 << int(np.ceil(np.log2(alive[s:s + n].sum())))
+          for s, n in zip(starts, [8, 8, 5]) if alive[s:s + n].any()]
+  assert sizes == [min(w, n) for w, n in zip(want, [8, 8, 5])]
+  assert sum(sizes) < 21, (sizes, alive)
+  np.testing.assert_array_equal(cascade["per_image"]["strong"],
+                                alive & every["per_image"]["strong"])
+  for name in ("natural", "fgsm"):
+    np.testing.assert_array_equal(cascade["per_image"][name],
+                                  every["per_image"][name])
+  with pytest.raises(ValueError, match="survivors_only"):
+    evaluate.Evaluator(_linear, suite, survivors_only=["nope"])

@@ -10,6 +10,7 @@ from tests import tiny_models
 # A short sweep and small attacks keep the test fast; the checks are the
 # same as with the defaults.
 _OPTIONS = dict(sweep_epsilons=(0.0, 8 / 255, 64 / 255), steps=(10, 40),
+                apgd_budget=(10, 1),
                 nattack_population=50, nattack_iters=50)
 
 
@@ -64,3 +65,42 @@ def test_sanity_report_flags_a_masked_gradient(front_end):
   assert text.startswith(sanity.BANNER) and text.endswith(sanity.BANNER)
   assert "[FAIL] blackbox_weaker" in text
   assert report.to_dict()["warning"] == sanity.BANNER
+
+
+def test_detectable_points_by_hand():
+  # z = 2: b images one way and none the other fail once b > 4.
+  assert sanity.detectable_points(100) == pytest.approx(5.0)
+  assert sanity.detectable_points(500) == pytest.approx(1.0)
+  assert sanity.detectable_points(1000) == pytest.approx(1.0)  # min_points
+  stronger = np.zeros(100, bool)
+  stronger[:5] = True
+  assert sanity.paired_excess(stronger, np.zeros(100, bool))["flagged"]
+  stronger[4] = False
+  assert not sanity.paired_excess(stronger, np.zeros(100, bool))["flagged"]
+
+
+def _two_step_model(params, images, key):
+  """Class 1 wins only once pixel 1 moves, and pixel 1's gradient is zero
+  until pixel 0 has moved: one APGD iteration cannot break it, two can."""
+  del params, key
+  x0, x1 = images[:, 0, 0, 0], images[:, 0, 0, 1]
+  gate = jax.nn.relu(x0 - 0.55)
+  other = 0.01 * x0 + 100.0 * gate * (x1 - 0.5)
+  return jnp.stack([jnp.full_like(x0, 0.1), other], axis=-1)
+
+
+def test_apgd_converged_fails_when_the_reported_budget_is_too_small():
+  images = np.full((100, 1, 1, 2), 0.5, np.float32)
+  batches = [{"image": images, "label": np.zeros(100, np.int32)}]
+  options = dict(_OPTIONS, epsilon=0.1, sweep_epsilons=(0.0, 0.1))
+  report = sanity.sanity_checks(_two_step_model, {}, batches,
+                                jax.random.key(0),
+                                **{**options, "apgd_budget": (1, 1)})
+  assert "apgd_converged" in report.failed, report.format()
+  check = next(c for c in report.checks if c.name == "apgd_converged")
+  assert check.details["detectable_points"] == pytest.approx(5.0)
+  assert "can fail from 5.0 points" in check.summary
+  # Enough iterations: the same check passes.
+  report = sanity.sanity_checks(_two_step_model, {}, batches,
+                                jax.random.key(0), **options)
+  assert "apgd_converged" not in report.failed, report.format()

@@ -237,7 +237,7 @@ def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
                "eval.num_examples": 24, "progress": False}
   config = run_config.config_for_eval(str(workdir), None, overrides, False)
   whole = eval_run.evaluate_checkpoint(config, str(workdir))
-  result = workdir / "eval_paper.json"
+  result = workdir / "eval_paper_n24.json"
   expected = json.loads(result.read_text())
   result.unlink()
 

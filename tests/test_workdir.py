@@ -149,6 +149,51 @@ def test_result_paths_never_collide(tmp_path):
       workdir_lib.result_path(tmp_path, bad)
 
 
+def _eval_config(**eval_settings):
+  from configs import default  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  config.eval.update(eval_settings)
+  return config
+
+
+def test_a_subset_evaluation_says_so_in_its_name(tmp_path):
+  name = lambda **e: os.path.basename(workdir_lib.eval_result_path(
+      tmp_path, _eval_config(**e)))
+  assert name() == "eval_paper.json"   # the whole test set
+  assert name(num_examples=50) == "eval_paper_n50.json"
+  assert name(num_examples=50, eot_samples=4) == "eval_paper_eot4_n50.json"
+  assert name(protocol="strong", num_examples=200) == "eval_strong_n200.json"
+  # APGD-T is in the strong protocol by default: a run without it says so.
+  assert _eval_config().eval.strong.targeted
+  untargeted = _eval_config(protocol="strong")
+  untargeted.eval.strong.targeted = False
+  assert os.path.basename(workdir_lib.eval_result_path(
+      tmp_path, untargeted)) == "eval_strong_untargeted.json"
+  assert name(protocol="a5", num_examples=100) == "eval_a5_n100.json"
+
+
+def test_a_subset_result_named_as_the_whole_sets_is_adopted(tmp_path):
+  subset = _eval_config(num_examples=50)
+  old = tmp_path / "eval_paper.json"
+  for recorded, moves in ((0, False), (50, True)):
+    # A whole-set result stays; the same subset's, written before subsets
+    # said so in their names, takes its name now.
+    metadata = workdir_lib.results_metadata(
+        _eval_config(num_examples=recorded), step=1, data="d",
+        checkpoint="best", protocol="paper")
+    workdir_lib.write_results(old, {"num_examples": recorded or 10000},
+                              metadata)
+    assert workdir_lib.adopt_subset_result(tmp_path, subset) is moves
+    assert old.exists() is not moves
+  assert json.loads((tmp_path / "eval_paper_n50.json").read_text())[
+      "num_examples"] == 50
+  # Never over a file, and never for the whole set's config.
+  workdir_lib.write_results(old, {"num_examples": 50}, metadata)
+  assert not workdir_lib.adopt_subset_result(tmp_path, subset)
+  assert not workdir_lib.adopt_subset_result(tmp_path, _eval_config())
+  assert old.exists()
+
+
 def _config():
   config = ml_collections.ConfigDict()
   config.model = {"depth": 20, "width": 16}

@@ -87,7 +87,8 @@ def _extra_eval_run(protocol: str, overrides: dict[str, Any],
                     ) -> ExtraEvalRun:
   cfg = _with(config, overrides)
   if cfg.eval.get("protocol") == "strong":
-    columns, attacks = ("A_strong",), "APGD-CE, APGD-DLR"
+    columns, attacks = ("A_strong",), "APGD-CE, APGD-DLR" + (
+        ", APGD-T" if cfg.eval.strong.targeted else "")
   else:
     names = cfg.eval.attacks.split(",")
     columns = tuple(c for c, a in tables_lib.ATTACK_OF.items() if a in names)
@@ -215,6 +216,9 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
         if sync:
           sync_archive(run, restore if isinstance(restore, bool)
                        else workdir not in restore)
+      if sync:   # a dry run writes nothing
+        for cfg in [config] + [_with(config, e.overrides) for e in extra]:
+          workdir_lib.adopt_subset_result(workdir, cfg)  # named before _n<N>
       runs.append(run)
   return runs
 

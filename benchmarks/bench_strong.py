@@ -1,0 +1,115 @@
+"""What each attack of the strong protocol costs (``fkjax.evaluate``).
+
+Usage (from the repository root):
+
+  python -m benchmarks.bench_strong --models resnet8 --images 32 --iters 100
+  python -m benchmarks.bench_strong --models en2resnet8 --images 16 \
+      --iters 10 --json strong.json
+
+Times APGD-CE, APGD-DLR and APGD-T (``evaluate.strong_attacks`` with the
+defaults of ``configs/default.py``: EOT 20 and 3 check draws on a noisy
+model) on ``--images`` random CIFAR-shaped images of a freshly initialised
+``configs/default.py`` preset. The labels are the model's own clean
+predictions and epsilon is 1e-6, so no image is ever broken: every run of
+every attack goes to its last iteration (APGD skips a restart or a target
+only once every image of the batch is broken), the cost of an image that
+stays robust. Each attack runs ``--repeats`` times after a compiling run;
+the table gives the median seconds and the ratio to APGD-CE.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import bench_train
+from configs import default as default_config
+from fkjax import argtypes
+from fkjax import evaluate
+from fkjax import experiment
+from fkjax import kernels
+
+
+def bench_model(model_name: str, images: int, iters: int,
+                repeats: int) -> list[dict]:
+  """Rows (one per attack) of seconds per call on ``images`` images."""
+  config = default_config.get_config(model_name)
+  model = experiment.create_model(config, 10)
+  apply_fn, _ = experiment.model_fns(model)
+  host = bench_train.random_batch(images)
+  x = jnp.asarray(host["image"])
+  variables = model.init({"params": jax.random.key(0)}, x)
+  variables = {"params": variables["params"],
+               "batch_stats": variables["batch_stats"]}
+  labels = jnp.argmax(apply_fn(variables, x, jax.random.key(1)), -1)
+  stochastic = bool(config.model.noise_coef)
+  suite = evaluate.strong_attacks(1e-6, stochastic=stochastic,
+                                  num_iters=iters, include_natural=False)
+  rows = []
+  for name, attack in suite.items():
+    fn = jax.jit(lambda v, a, y, k, attack=attack: attack(apply_fn, v, a, y,
+                                                          k))
+    start = time.perf_counter()
+    compiled = fn.lower(variables, x, labels, jax.random.key(2)).compile()
+    compile_s = time.perf_counter() - start
+    seconds = []
+    for r in range(repeats):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(variables, x, labels,
+                                     jax.random.key(3 + r)))
+      seconds.append(time.perf_counter() - start)
+    rows.append({"model": model_name, "attack": name, "images": images,
+                 "iters": iters, "stochastic": stochastic,
+                 "eot_samples": attack.keywords["eot_samples"],
+                 "check_draws": attack.keywords["check_draws"],
+                 "compile_s": compile_s,
+                 "seconds": statistics.median(seconds) if seconds else None})
+  return rows
+
+
+def format_markdown(rows: list[dict]) -> str:
+  """A Markdown table: seconds per attack and the ratio to APGD-CE."""
+  lines = ["| model | attack | images | iterations | EOT | check draws | "
+           "compile s | run s | x APGD-CE |", "|---|---|---|---|---|---|---|"
+           "---|---|"]
+  base = {r["model"]: r["seconds"] for r in rows if r["attack"] == "apgd_ce"}
+  for r in rows:
+    ratio = (f"{r['seconds'] / base[r['model']]:.1f}"
+             if r["seconds"] and base.get(r["model"]) else "-")
+    run = f"{r['seconds']:.2f}" if r["seconds"] is not None else "-"
+    lines.append(
+        f"| {r['model']} | {evaluate.STRONG_COLUMNS[r['attack']]} | "
+        f"{r['images']} | {r['iters']} | {r['eot_samples']} | "
+        f"{r['check_draws']} | {r['compile_s']:.1f} | {run} | {ratio} |")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default="resnet8",
+                      help="comma-separated configs/default.py presets")
+  parser.add_argument("--images", type=argtypes.positive_int, default=32)
+  parser.add_argument("--iters", type=argtypes.positive_int, default=100,
+                      help="APGD iterations per run")
+  parser.add_argument("--repeats", type=argtypes.nonnegative_int, default=1,
+                      help="timed runs after the compiling one (0: compile "
+                      "only)")
+  parser.add_argument("--json", default=None, help="write the rows here")
+  args = parser.parse_args(argv)
+  kernels.apply_xla_flags()  # before JAX starts its backend
+  rows = []
+  for model in args.models.split(","):
+    rows += bench_model(model, args.images, args.iters, args.repeats)
+  print(format_markdown(rows))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(rows, f, indent=2)
+  return rows
+
+
+if __name__ == "__main__":
+  main()
