@@ -42,6 +42,9 @@ def test_shipped_configs_are_valid(module):
     ("eval.eot_samples", 0, "integer >= 1"),
     ("eval.attacks", "natural,pgd7", "unknown attack"),
     ("dataset.name", "cifar11", "one of"),
+    ("training.data_pipeline", "gpu", "one of"),
+    ("training.steps_per_dispatch", -1, "integer >= 0"),
+    ("training.steps_per_dispatch", 2.5, "integer >= 0"),
 ])
 def test_invalid_values_are_named(key, value, match):
   config = tiny.get_config()
