@@ -1,8 +1,8 @@
 """Two epochs of the tiny config (ResNet8, PGD-1, batch 16, 4 steps an
 epoch) through today's step loop (a jitted step per batch, NumPy batches)
-and through fkjax.dispatch's step programs; prints one JSON line: every
-variant's largest parameter difference and whether its per-step losses are
-the loop's.
+and through fkjax.dispatch's step programs, for a single run and a 2-run
+sweep; prints one JSON line: every variant's largest difference from the
+loop's state and whether its per-step losses are the loop's.
 
 Run as a subprocess under train.py's XLA flags: the tests' fast-compile
 flags (tests/subprocess_env.py) compile programs that round differently.
@@ -83,6 +83,40 @@ def run(exp, program, k, state=None, first_epoch=0, skip=0,
   return jax.device_get(state), losses
 
 
+def sweep_runs(program_of, k):
+  """A 2-run sweep (seeds 0 and 1, a batch stream each) for two epochs:
+  ``program_of(sweep, keys, values)`` is its step program, None for the
+  sweep's jitted step on host batches (the sweep loop before step
+  programs)."""
+  from fkjax import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  configs = [config_for(data_pipeline="device") for _ in range(2)]
+  configs[1].seed = 1
+  sw = sweep_lib.Sweep.build(configs)
+  exp = sw.exps[0]
+  keys, values = sw.keys("train"), sw.placed_values()
+  train_input = dispatch.TrainInput.build(configs[0], exp.dataset.train)
+  spe = sw.steps_per_epoch
+  state = sw.initial_state()
+  for epoch in range(EPOCHS):
+    feeds = [train_input.feeds(c.seed, epoch) for c in configs]
+    if program_of is None:
+      batches = zip(*[data.train_batches(exp.dataset.train, 16, seed=c.seed,
+                                         epoch=epoch, drop_last=False)
+                      for c in configs])
+      for i, batch in enumerate(batches):
+        state, _ = sw.train_step(state, sw.place_batch(batch), keys,
+                                 epoch * spe + i, values)
+    else:
+      state = epoch_steps.run_epoch_steps(
+          state, map(dispatch.stack, zip(*feeds)), first_step=epoch * spe,
+          skip=0, steps_per_epoch=spe, step_fn=program_of(sw, keys, values),
+          on_metrics=lambda step, m: {}, checkpoint_every=0, save=None,
+          desc="", progress=False, steps_per_dispatch=k,
+          scan_limit=train_input.scan_limit).state
+    state, _ = sw.epoch_end(state, values)
+  return jax.device_get(state)
+
+
 def max_difference(a, b) -> float:
   return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -105,6 +139,11 @@ def main():
                  state=parallel.replicate(saved[6], exp.mesh),
                  first_epoch=1, skip=2)
   out["resumed"] = [max_difference(state, ref_state), sorted(saved)]
+  sweep_ref = sweep_runs(None, 1)
+  out["sweep_device_2"] = max_difference(sweep_runs(
+      lambda sw, keys, values: sw.program(
+          dispatch.TrainInput.build(sw.template, sw.exps[0].dataset.train),
+          keys, values), 2), sweep_ref)
   print(json.dumps(out))
 
 

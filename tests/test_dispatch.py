@@ -2,8 +2,9 @@
 
 tests/dispatch_equivalence.py trains two epochs of the tiny config through
 today's step loop and through the step programs (the host or the device
-pipeline, 1 or 3 steps a dispatch, and resumed mid-epoch): on CPU every
-state is bit for bit the loop's.
+pipeline, 1 or 3 steps a dispatch, resumed mid-epoch, and a 2-run sweep
+with a batch stream per run): on CPU every state is bit for bit the
+loop's.
 """
 import json
 import subprocess
@@ -39,6 +40,7 @@ def test_every_pipeline_and_dispatch_gives_todays_states():
   for variant in ("host_1", "device_1", "device_3"):
     assert result[variant] == [0.0, True], variant
   assert result["resumed"] == [0.0, [6]]
+  assert result["sweep_device_2"] == 0.0
 
 
 def test_auto_resolves_by_platform():
