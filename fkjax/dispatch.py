@@ -4,9 +4,10 @@ per jitted call (``config.training.data_pipeline`` and
 
 Neither changes what a run computes: the device pipeline builds the host
 pipeline's batches from the same plan, and ``k`` steps in one ``lax.scan``
-give the states of ``k`` calls of one step (bit for bit on CPU,
-``tests/test_dispatch.py``). So both are environment keys: a run may be
-resumed with other values.
+give the states of ``k`` calls of one step (bit for bit on one CPU device,
+``tests/test_dispatch.py``; on several devices the device pipeline's
+states agree to float rounding). So both are environment keys: a run may
+be resumed with other values.
 
 A single run (:mod:`fkjax.train`) and a sweep (:mod:`fkjax.sweep`) build
 their step programs here, from their own ``step_fn``.
