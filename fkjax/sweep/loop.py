@@ -265,7 +265,7 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
   steps_per_dispatch = dispatch.resolve_steps_per_dispatch(config)
   say("training: " + dispatch.describe(train_input.pipeline,
                                        steps_per_dispatch, config))
-  steps = sweep.program(train_input, train_keys, values)
+  train_steps = sweep.program(train_input, train_keys, values)
   val_keys = sweep.keys("validation")
   val_split = eval_run.limit(
       exp.dataset.test if config.validation.split == "test"
@@ -301,7 +301,7 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
 
     ran = epoch_steps.run_epoch_steps(
         state, feeds, first_step=epoch * spe, skip=skip,
-        steps_per_epoch=spe, step_fn=steps, on_metrics=on_metrics,
+        steps_per_epoch=spe, step_fn=train_steps, on_metrics=on_metrics,
         save=lambda step, state: runs.save(sweep, step, state),
         checkpoint_every=t.checkpoint_every_steps,
         desc=f"epoch {epoch + 1}/{t.num_epochs} ({sweep.size} runs)"
