@@ -97,6 +97,18 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   # A loss above this (or non-finite) stops the run as diverged, before the
   # weights are saved (cross-entropy at chance is ln(classes) ~ 2.3 / 4.6).
   config.training.max_loss = 1e3
+  # How steps reach the device (docs/performance.md); neither changes what
+  # a run computes. "host": NumPy batches copied each step; "device": the
+  # split kept on the device, each batch built there from the host's plan;
+  # "auto": device on GPUs/TPUs, host on CPUs.
+  config.training.data_pipeline = "auto"
+  # Training steps per jitted call (a lax.scan); 0: auto, 8 on GPUs/TPUs,
+  # 1 on CPUs. Dispatches end at every checkpoint_every_steps save.
+  config.training.steps_per_dispatch = 0
+  # "float32" (the paper's) or "bfloat16": the training steps compute in
+  # bfloat16 with float32 weights, optimizer state, BatchNorm statistics
+  # and loss; validation and evaluation stay float32 (docs/training.md).
+  config.precision = "float32"
 
   # PGD used to make the training batches adversarial.
   config.attack = ml_collections.ConfigDict()

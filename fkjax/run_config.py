@@ -30,6 +30,7 @@ ENVIRONMENT_KEYS: tuple[str, ...] = (
     "eval", "kernels", "progress", "compilation_cache_dir", "num_devices",
     "dataset.data_dir", "dataset.tfds_data_dir", "dataset.download",
     "training.checkpoint_every_steps", "validation.batch_size",
+    "training.data_pipeline", "training.steps_per_dispatch",
 )
 
 
@@ -131,6 +132,13 @@ def validate(config: ml_collections.ConfigDict,
     positive_int(t + "data_seed", 0)
   if _get(config, t + "max_loss") is not None:
     number(t + "max_loss", 0.0, low_open=True)
+  # Absent from the records of runs trained before they existed.
+  if _get(config, t + "data_pipeline") is not None:
+    choice(t + "data_pipeline", ("auto", "host", "device"))
+  if _get(config, t + "steps_per_dispatch") is not None:
+    positive_int(t + "steps_per_dispatch", 0)
+  if _get(config, "precision") is not None:
+    choice("precision", ("float32", "bfloat16"))
 
   number("attack.epsilon", 0.0, 1.0, low_open=True,
          rule="a radius in (0, 1]: images live in [0, 1], so 8/255 means "

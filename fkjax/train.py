@@ -26,13 +26,14 @@ import optax
 
 from fkjax import attacks
 from fkjax import checkpoint as ckpt_lib
-from fkjax import data as data_lib
+from fkjax import dispatch
 from fkjax import epoch_steps
 from fkjax import eval_run
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
 from fkjax import metric_logging
 from fkjax import parallel
+from fkjax import precision
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
@@ -83,7 +84,9 @@ def pgd_updating_batch_stats(model, variables, images, labels, key, *,
 
 def make_train_step(model, optimizer: optax.GradientTransformation,
                     config: ml_collections.ConfigDict) -> Callable:
-  """``train_step(state, batch, key) -> (state, metrics)``, pure."""
+  """``train_step(state, batch, key) -> (state, metrics)``, pure; in
+  ``config.precision`` (:mod:`fkjax.precision`)."""
+  model = precision.training_model(model, config)
   eval_apply, train_apply = experiment_lib.model_fns(model)
   a = config.attack
   bn_mode = a.bn_mode
@@ -186,6 +189,27 @@ def make_loss_check(model) -> Callable:
   return jax.jit(loss)
 
 
+def train_program(exp: experiment_lib.Experiment,
+                  config: ml_collections.ConfigDict,
+                  train_input: dispatch.TrainInput, base_key: jax.Array
+                  ) -> dispatch.StepProgram:
+  """A single run's step program: ``make_train_step`` with the key
+  ``fold_in(base_key, step)``, its batches split over the mesh."""
+  train_step = make_train_step(exp.model, exp.optimizer, config)
+  sharding = parallel.batch_sharding(exp.mesh)
+
+  def make_batch(data, feed):
+    return jax.lax.with_sharding_constraint(train_input.batch(data, feed),
+                                            sharding)
+  return dispatch.step_program(
+      lambda state, batch, step, key: train_step(
+          state, batch, jax.random.fold_in(key, step)),
+      make_batch, data=train_input.data(parallel.replicated(exp.mesh)),
+      place=lambda feed, is_stacked: dispatch.put(
+          feed, dispatch.stacked(sharding) if is_stacked else sharding),
+      extra=base_key)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> dict[str, Any]:
   """Trains (or resumes) in ``workdir`` and evaluates the best checkpoint.
@@ -229,8 +253,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
     # start-up leaves no record that would refuse its corrected version.
     run_config.save(config, workdir)
 
-  train_step = jax.jit(make_train_step(exp.model, exp.optimizer, config),
-                       donate_argnums=(0,))
+  train_input = dispatch.TrainInput.build(config, exp.dataset.train)
+  steps_per_dispatch = dispatch.resolve_steps_per_dispatch(config)
+  logger.log_text("training: " + dispatch.describe(
+      train_input.pipeline, steps_per_dispatch, config))
+  base_key = experiment_lib.prng_key(config.seed, "train")
+  program = train_program(exp, config, train_input, base_key)
   loss_check = make_loss_check(exp.model)
   eval_apply, _ = experiment_lib.model_fns(exp.model)
   val_split = eval_run.limit(
@@ -238,7 +266,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
       else exp.dataset.val, config.validation.num_examples)
   validator = evaluate.Evaluator(eval_apply,
                                  eval_run.validation_attacks(config))
-  base_key = experiment_lib.prng_key(config.seed, "train")
   val_key = experiment_lib.prng_key(config.seed, "validation")
   t = config.training
   max_loss = float(t.get("max_loss") or math.inf)
@@ -250,11 +277,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
   first_epoch = int(state["step"]) // exp.steps_per_epoch
   for epoch in range(first_epoch, t.num_epochs):
     epoch_start = time.perf_counter()
-    batches = data_lib.train_batches(
-        exp.dataset.train, t.batch_size,
-        seed=experiment_lib.data_seed(config), epoch=epoch,
-        augment=t.augment, process_index=jax.process_index(),
-        process_count=jax.process_count(), drop_last=t.drop_last)
+    feeds = train_input.feeds(experiment_lib.data_seed(config), epoch)
     # steps of this epoch already done (resuming from a mid-epoch checkpoint)
     skip = int(state["step"]) - epoch * exp.steps_per_epoch
     sums: dict[str, float] = {}
@@ -267,15 +290,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
       return {k: f"{v:.3f}" for k, v in metrics.items()}
 
     ran = epoch_steps.run_epoch_steps(
-        state, batches, first_step=epoch * exp.steps_per_epoch, skip=skip,
-        steps_per_epoch=exp.steps_per_epoch,
-        step_fn=lambda state, batch, step: train_step(
-            state, parallel.shard_batch(batch, exp.mesh),
-            jax.random.fold_in(base_key, step)),
+        state, feeds, first_step=epoch * exp.steps_per_epoch, skip=skip,
+        steps_per_epoch=exp.steps_per_epoch, step_fn=program,
         on_metrics=on_metrics, save=checkpointer.save,
         checkpoint_every=t.checkpoint_every_steps,
         desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}",
-        progress=config.progress)
+        progress=config.progress, steps_per_dispatch=steps_per_dispatch,
+        scan_limit=train_input.scan_limit)
     state = end_of_epoch(ran.state, config)
     train_seconds = time.perf_counter() - epoch_start
 

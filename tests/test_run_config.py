@@ -42,6 +42,9 @@ def test_shipped_configs_are_valid(module):
     ("eval.eot_samples", 0, "integer >= 1"),
     ("eval.attacks", "natural,pgd7", "unknown attack"),
     ("dataset.name", "cifar11", "one of"),
+    ("training.data_pipeline", "gpu", "one of"),
+    ("training.steps_per_dispatch", -1, "integer >= 0"),
+    ("training.steps_per_dispatch", 2.5, "integer >= 0"),
 ])
 def test_invalid_values_are_named(key, value, match):
   config = tiny.get_config()
@@ -158,3 +161,15 @@ def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path, monkeypatch):
   config.compilation_cache_dir = str(blocker / "cache")
   with pytest.warns(RuntimeWarning, match="compilation cache disabled"):
     assert experiment.enable_compilation_cache(config) is None
+
+
+def test_a_run_resumes_with_other_speed_settings_not_another_precision(
+    tmp_path):
+  run_config.save(tiny.get_config(), str(tmp_path))
+  other = tiny.get_config()
+  other.training.data_pipeline = "device"
+  other.training.steps_per_dispatch = 8
+  run_config.check_same_run(other, str(tmp_path))   # only speed changed
+  other.precision = "bfloat16"
+  with pytest.raises(ConfigError, match="config.precision: saved 'float32'"):
+    run_config.check_same_run(other, str(tmp_path))

@@ -105,6 +105,12 @@ def test_progress_in_a_log_file_is_plain_epoch_lines(runs):
                                                "epoch 3"]
 
 
+def test_the_log_names_the_speed_settings(runs):
+  # the CPU's defaults: auto resolves to NumPy batches, one step a dispatch
+  assert ("training: data pipeline host, 1 step per dispatch, precision "
+          "float32") in runs["full_log"]
+
+
 def test_resume_after_kill_matches_uninterrupted_run(runs):
   assert runs["kill_returncode"] == -signal.SIGKILL
   assert "resumed from step" in runs["resumed_log"]

@@ -89,14 +89,30 @@ def train_batches(
                      process_index, process_count)
 
 
+def epoch_plan(num_examples: int, batch_size: int, steps: int, *, seed: int,
+               epoch: int) -> tuple[np.ndarray, augmentation.AugmentParams]:
+  """The order and augmentation of one epoch: what ``train_batches`` draws.
+
+  Returns:
+    ``(order, params)``: the indices of the examples the epoch's ``steps``
+    batches take, in order (``min(num_examples, steps * batch_size)`` of
+    them), and each one's crop and flip. A function of ``(seed, epoch)``
+    only, so that the device pipeline (:mod:`fkjax.data.device_pipeline`)
+    feeds the same batches as the host one.
+  """
+  rng = np.random.default_rng([seed, epoch])
+  order_rng, augment_rng = rng.spawn(2)
+  n = min(num_examples, steps * batch_size)
+  order = order_rng.permutation(num_examples)[:n]
+  return order, augmentation.draw_params(augment_rng, n)
+
+
 def _train_iter(split: Split, batch_size: int, steps: int, local: int,
                 seed: int, epoch: int, augment: bool, process_index: int,
                 process_count: int) -> Iterator[dict[str, np.ndarray]]:
-  rng = np.random.default_rng([seed, epoch])
-  order_rng, augment_rng = rng.spawn(2)
-  n = min(split.num_examples, steps * batch_size)
-  order = order_rng.permutation(split.num_examples)[:n]
-  params = augmentation.draw_params(augment_rng, n)
+  order, params = epoch_plan(split.num_examples, batch_size, steps,
+                             seed=seed, epoch=epoch)
+  n = len(order)
   for step in range(steps):
     size = min(batch_size, n - step * batch_size)
     local = size // process_count

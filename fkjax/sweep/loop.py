@@ -21,6 +21,7 @@ import numpy as np
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import dispatch
 from fkjax import epoch_steps
 from fkjax import eval_run
 from fkjax import evaluate
@@ -262,6 +263,11 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
 
   values = sweep.placed_values()
   train_keys = sweep.keys("train")
+  train_input = dispatch.TrainInput.build(config, exp.dataset.train)
+  steps_per_dispatch = dispatch.resolve_steps_per_dispatch(config)
+  say("training: " + dispatch.describe(train_input.pipeline,
+                                       steps_per_dispatch, config))
+  train_steps = sweep.program(train_input, train_keys, values)
   val_keys = sweep.keys("validation")
   val_split = eval_run.limit(
       exp.dataset.test if config.validation.split == "test"
@@ -279,14 +285,11 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
   for epoch in range(step_now // spe, t.num_epochs):
     epoch_start = time.perf_counter()
 
-    def stream(seed):
-      return data_lib.train_batches(
-          exp.dataset.train, t.batch_size, seed=seed, epoch=epoch,
-          augment=t.augment, drop_last=t.drop_last)
     if sweep.shared_batch:
-      batches = stream(data_seeds[0])
-    else:
-      batches = zip(*[stream(s) for s in data_seeds])
+      feeds = train_input.feeds(data_seeds[0], epoch)
+    else:   # a run axis on every feed
+      feeds = map(dispatch.stack, zip(*[train_input.feeds(s, epoch)
+                                        for s in data_seeds]))
     skip = step_now - epoch * spe
     sums = [dict() for _ in configs]
 
@@ -299,15 +302,14 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
       return {k: f"{float(np.mean(v)):.3f}" for k, v in metrics.items()}
 
     ran = epoch_steps.run_epoch_steps(
-        state, batches, first_step=epoch * spe, skip=skip,
-        steps_per_epoch=spe,
-        step_fn=lambda state, batch, step: sweep.train_step(
-            state, sweep.place_batch(batch), train_keys, step, values),
-        on_metrics=on_metrics,
+        state, feeds, first_step=epoch * spe, skip=skip,
+        steps_per_epoch=spe, step_fn=train_steps, on_metrics=on_metrics,
         save=lambda step, state: runs.save(sweep, step, state),
         checkpoint_every=t.checkpoint_every_steps,
         desc=f"epoch {epoch + 1}/{t.num_epochs} ({sweep.size} runs)"
-             f"{synthetic}", progress=config.progress)
+             f"{synthetic}", progress=config.progress,
+        steps_per_dispatch=steps_per_dispatch,
+        scan_limit=train_input.scan_limit)
     state, evaluated = sweep.epoch_end(ran.state, values)
     train_seconds = time.perf_counter() - epoch_start
     step_now = int(jax.device_get(state["step"])[0])

@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from fkjax import dispatch
 from fkjax import eval_run
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
@@ -217,11 +218,11 @@ class Sweep:
             model_init=model_init)
         for exp, config in zip(self.exps, self.configs)])
 
-  @functools.cached_property
-  def train_step(self):
-    """``train_step(state, batch, base_keys, step, values) -> (state,
-    metrics)``, jitted, donating the state: every run's
-    ``train.make_train_step`` with key ``fold_in(base_key, step)``."""
+  def step(self, state, batch, step, extra):
+    """Every run's ``train.make_train_step`` with key ``fold_in(base_key,
+    step)``, vmapped; ``extra`` is ``(base_keys, values)``. Pure."""
+    base_keys, values = extra
+
     def one(state, batch, base_key, step, values):
       config = self.run_config(values)
       optimizer = experiment_lib.create_optimizer(config,
@@ -230,13 +231,39 @@ class Sweep:
                                           optimizer, config)
       return step_fn(state, batch, jax.random.fold_in(base_key, step))
 
-    def train_step(state, batch, base_keys, step, values):
-      axes = (0, None if self.shared_batch else 0, 0, None, 0)
-      state, metrics = jax.vmap(one, in_axes=axes)(state, batch, base_keys,
-                                                   step, values)
-      return (jax.lax.with_sharding_constraint(state, self.run_sharding()),
-              metrics)
-    return jax.jit(train_step, donate_argnums=(0,))
+    axes = (0, None if self.shared_batch else 0, 0, None, 0)
+    state, metrics = jax.vmap(one, in_axes=axes)(state, batch, base_keys,
+                                                 step, values)
+    return (jax.lax.with_sharding_constraint(state, self.run_sharding()),
+            metrics)
+
+  @functools.cached_property
+  def train_step(self):
+    """``train_step(state, batch, base_keys, step, values) -> (state,
+    metrics)``: :meth:`step` jitted, donating the state."""
+    return jax.jit(
+        lambda state, batch, base_keys, step, values: self.step(
+            state, batch, step, (base_keys, values)), donate_argnums=(0,))
+
+  def program(self, train_input: dispatch.TrainInput, base_keys: jax.Array,
+              values: Mapping[str, jax.Array]) -> dispatch.StepProgram:
+    """:meth:`step` as a :class:`fkjax.dispatch.StepProgram` on
+    ``train_input``'s feeds: one feed a step, or (a batch stream per run)
+    the runs' feeds stacked on a leading run axis."""
+    per_run = not self.shared_batch
+    sharding = self.batch_sharding(per_run=per_run)
+
+    def make_batch(data, feed):
+      batch = (jax.vmap(train_input.batch, in_axes=(None, 0))(data, feed)
+               if per_run else train_input.batch(data, feed))
+      return jax.lax.with_sharding_constraint(batch, sharding)
+
+    return dispatch.step_program(
+        self.step, make_batch,
+        data=train_input.data(NamedSharding(self.mesh, P())),
+        place=lambda feed, is_stacked: dispatch.put(
+            feed, dispatch.stacked(sharding) if is_stacked else sharding),
+        extra=(base_keys, values))
 
   @functools.cached_property
   def epoch_end(self):
