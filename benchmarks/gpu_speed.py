@@ -48,7 +48,7 @@ PAPER_EPOCHS = 200
 TRAIN_IMAGES = 32 if SMOKE else 45000
 VAL_IMAGES = 32 if SMOKE else 5000
 BATCH = 16 if SMOKE else 128
-SHORT_STEPS = 2 if SMOKE else 80
+SHORT_STEPS = 2 if SMOKE else 96
 SHORT_VAL = 16 if SMOKE else 500
 
 # The training path before the device pipeline, and what a GPU run gets now.
@@ -66,6 +66,7 @@ class Row:
   runs: int = 1
   full: bool = False   # 45,000 images and the paper's validation
   precision: str = "float32"
+  extra: tuple[tuple[str, Any], ...] = ()   # overrides beyond the path's
   guess_s: float = 60.0   # a pessimistic wall time on an H200, to skip early
 
 
@@ -80,6 +81,11 @@ ROWS = (
     Row("en2resnet20_sweep8", "en2resnet20", "new", runs=8, guess_s=75),
     Row("resnet20_new_bf16", "resnet20", "new", precision="bfloat16",
         guess_s=35),
+    # the levers apart: the device pipeline alone, and more steps a dispatch
+    Row("resnet20_device_k1", "resnet20", "new",
+        extra=(("training.steps_per_dispatch", 1),), guess_s=35),
+    Row("resnet20_device_k32", "resnet20", "new",
+        extra=(("training.steps_per_dispatch", 32),), guess_s=35),
 )
 if SMOKE:
   # On a CPU: each path (today, new, sweep, ensemble, bf16) once, a sweep
@@ -126,6 +132,7 @@ def row_configs(row: Row) -> list[Any]:
     base.validation.attack_steps = 1
     base.validation.batch_size = BATCH
   overrides = dict(TODAY if row.path == "today" else NEW)
+  overrides.update(row.extra)
   if row.precision != "float32":
     overrides["precision"] = row.precision
   kept = _existing(overrides, base)
@@ -173,6 +180,7 @@ def measure(row: Row, root: str) -> dict[str, Any]:
       "images_per_s": row.runs * images / last["train_seconds"],
       "wall_s": wall,
       "overrides": _existing({**(TODAY if row.path == "today" else NEW),
+                              **dict(row.extra),
                               "precision": row.precision}, c),
   }
   jax.clear_caches()
