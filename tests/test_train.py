@@ -278,6 +278,7 @@ def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
        "--config.num_devices=1", "--config.eval.protocol=strong",
        "--config.eval.strong.num_iters=3", "--config.eval.strong.num_seeds=2",
        "--config.eval.strong.eot_samples=2",
+       "--config.eval.strong.num_targets=2",
        "--config.eval.strong.sanity_examples=0"], cwd=REPO,
       env=_env(runs["cache"]), capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr

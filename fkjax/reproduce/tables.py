@@ -204,6 +204,7 @@ STRONG_EVAL = ExtraEval(
                 "eval.strong.sanity_examples": 0},
         "tiny": {"eval.protocol": "strong", "eval.strong.num_iters": 2,
                  "eval.strong.eot_samples": 2, "eval.strong.num_seeds": 1,
+                 "eval.strong.num_targets": 2,
                  "eval.strong.sanity_examples": 0},
     },
     max_seeds={"cpu": 1, "gpu": 1},
