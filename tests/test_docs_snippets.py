@@ -1,4 +1,5 @@
-"""Every Python snippet of README.md and docs/*.md runs as written.
+"""Every Python snippet of README.md and docs/*.md runs as written; the
+docs' links resolve; the README's commands are CI's.
 
 A ```` ```python ```` block is run, in a fresh namespace and an empty working
 directory, unless the line right above its fence says why not:
@@ -65,3 +66,60 @@ def test_snippet_runs_as_written(where, code, tmp_path, monkeypatch):
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     exec(compile(code, where, "exec"), {"__name__": "__docs__"})  # pylint: disable=exec-used
+
+
+# ------------------------------------------------------------------ links
+_LINK = re.compile(r"\]\(([^()\s]+)\)")
+# Hand-written pages; the generated results/**/*.md are their tool's.
+_PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
+          REPO / "results" / "cpu" / "notes.md",
+          REPO / "results" / "pilots" / "README.md",
+          *sorted((REPO / "benchmarks" / "results").glob("*/README.md"))]
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+  return {_slug(line.lstrip("#")) for line in path.read_text().splitlines()
+          if re.match(r"#{1,6} ", line)}
+
+
+def test_the_slug_is_githubs():
+  assert _slug(" CPUs without AVX-512") == "cpus-without-avx-512"
+  assert _slug(" `cpu`, `--variant=long`: twice") == "cpu---variantlong-twice"
+
+
+@pytest.mark.parametrize("page", _PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page):
+  for target in _LINK.findall(page.read_text()):
+    if "://" in target or target.startswith("mailto:"):
+      continue
+    file, _, anchor = target.partition("#")
+    dest = (page.parent / file).resolve() if file else page
+    assert dest.exists(), f"{page.relative_to(REPO)}: {target} does not exist"
+    if anchor and dest.suffix == ".md":
+      assert anchor in _anchors(dest), (
+          f"{page.relative_to(REPO)}: {target}: no such heading")
+
+
+def test_the_reproduction_page_links_every_committed_overview():
+  page = (REPO / "docs" / "reproduction.md").read_text()
+  overviews = sorted((REPO / "results").glob("*/overview.md"))
+  assert overviews
+  for path in overviews:
+    assert f"](../{path.relative_to(REPO)})" in page, (
+        f"docs/reproduction.md does not link {path.relative_to(REPO)}")
+
+
+# ------------------------------------------------------ README and CI agree
+def test_the_readme_s_first_two_commands_are_what_ci_runs():
+  readme = (REPO / "README.md").read_text()
+  blocks = re.findall(r"^```bash\n(.*?)^```", readme, re.S | re.M)
+  assert len(blocks) >= 2
+  ci = (REPO / ".ci" / "run").read_text().splitlines()
+  for block in blocks[:2]:
+    assert block.strip() in ci, f"README command not in .ci/run: {block}"
