@@ -123,3 +123,19 @@ def test_the_readme_s_first_two_commands_are_what_ci_runs():
   ci = (REPO / ".ci" / "run").read_text().splitlines()
   for block in blocks[:2]:
     assert block.strip() in ci, f"README command not in .ci/run: {block}"
+
+
+# ------------------------------------------------- what a user sees first
+def test_the_readme_s_first_screen_says_what_is_reproduced_where():
+  first = "\n".join((REPO / "README.md").read_text().splitlines()[:45])
+  assert first.count("```bash") == 2   # set-up + demo, and the tests
+  for scale in ("cpu", "cpu-long", "gpu", "paper"):
+    assert f"| `{scale}` |" in first, f"no line for the {scale} scale"
+  for generated in ("results/cpu/overview.md", "results/cpu/claims.md",
+                    "results/queue.md"):
+    assert f"]({generated})" in first, f"the first screen lacks {generated}"
+
+
+def test_the_reproduction_page_is_a_how_to_of_at_most_250_lines():
+  lines = (REPO / "docs" / "reproduction.md").read_text().splitlines()
+  assert len(lines) <= 250, "results and their reading go to results/"
