@@ -21,6 +21,8 @@ from typing import Any, Iterable, Mapping
 
 import ml_collections
 
+from fkjax import config_keys
+
 CONFIG_FILE = "config.json"
 
 # Keys (a section name covers the whole section) that say how or where a run
@@ -42,17 +44,6 @@ class ConfigError(ValueError):
 # Validation.
 
 _ATTACK_NAMES = ("natural", "fgsm", "ifgsm20", "cw", "nattack", "cw_authors")
-
-
-def _get(config: ml_collections.ConfigDict, dotted: str, default: Any = None
-         ) -> Any:
-  node: Any = config
-  for part in dotted.split("."):
-    if not isinstance(node, (ml_collections.ConfigDict, dict)) or \
-        part not in node:
-      return default
-    node = node[part]
-  return node
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
@@ -80,19 +71,19 @@ def validate(config: ml_collections.ConfigDict,
   sparsifier's hyperparameters, the attack and checkpoint names.
   """
   def positive_int(key, minimum=1):
-    v = _get(config, key)
+    v = config_keys.get(config, key)
     _require(_int(v) and v >= minimum, key, v, f"an integer >= {minimum}")
 
   def number(key, low=-math.inf, high=math.inf, low_open=False,
              high_open=False, rule=None):
-    v = _get(config, key)
+    v = config_keys.get(config, key)
     ok = _number(v) and (v > low if low_open else v >= low) and (
         v < high if high_open else v <= high)
     lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
     _require(ok, key, v, rule or f"a number in {lo}{low:g}, {high:g}{hi}")
 
   def choice(key, options):
-    v = _get(config, key)
+    v = config_keys.get(config, key)
     _require(v in options, key, v, f"one of {list(options)}")
 
   positive_int("seed", 0)   # numpy's generators refuse negative seeds
@@ -101,17 +92,17 @@ def validate(config: ml_collections.ConfigDict,
   positive_int("dataset.split_seed", 0)
   _validate_dataset_sizes(config)
   for key in ("dataset.subset_per_class", "dataset.test_subset_per_class"):
-    if _get(config, key) is not None:
+    if config_keys.get(config, key) is not None:
       positive_int(key)
 
-  depth = _get(config, "model.depth")
+  depth = config_keys.get(config, "model.depth")
   _require(_int(depth) and depth >= 8 and (depth - 2) % 6 == 0, "model.depth",
            depth, "6n+2 with n >= 1 (8, 14, 20, 26, 32, 38, 44, 56, 110, ...)")
   positive_int("model.ensemble_size")
   positive_int("model.width")
   number("model.noise_coef", 0.0)
   choice("model.noise_std_over", ("batch", "example"))
-  if _get(config, "kernels") is not None:
+  if config_keys.get(config, "kernels") is not None:
     from fkjax.kernels import selection  # pylint: disable=import-outside-toplevel
     for key, options in selection.CHOICES.items():
       choice("kernels." + key, ("auto", *options))
@@ -121,23 +112,23 @@ def validate(config: ml_collections.ConfigDict,
   positive_int(t + "batch_size")
   number(t + "learning_rate", 0.0, low_open=True)
   number(t + "lr_decay", 0.0, low_open=True)
-  boundaries = list(_get(config, t + "lr_boundaries") or ())
+  boundaries = list(config_keys.get(config, t + "lr_boundaries") or ())
   _require(all(_int(b) and b >= 1 for b in boundaries)
            and boundaries == sorted(boundaries), t + "lr_boundaries",
            tuple(boundaries), "increasing epoch numbers >= 1")
   number(t + "momentum", 0.0, 1.0, high_open=True)
   number(t + "weight_decay", 0.0)
   positive_int(t + "checkpoint_every_steps", 0)
-  if _get(config, t + "data_seed") is not None:
+  if config_keys.get(config, t + "data_seed") is not None:
     positive_int(t + "data_seed", 0)
-  if _get(config, t + "max_loss") is not None:
+  if config_keys.get(config, t + "max_loss") is not None:
     number(t + "max_loss", 0.0, low_open=True)
   # Absent from the records of runs trained before they existed.
-  if _get(config, t + "data_pipeline") is not None:
+  if config_keys.get(config, t + "data_pipeline") is not None:
     choice(t + "data_pipeline", ("auto", "host", "device"))
-  if _get(config, t + "steps_per_dispatch") is not None:
+  if config_keys.get(config, t + "steps_per_dispatch") is not None:
     positive_int(t + "steps_per_dispatch", 0)
-  if _get(config, "precision") is not None:
+  if config_keys.get(config, "precision") is not None:
     choice("precision", ("float32", "bfloat16"))
 
   number("attack.epsilon", 0.0, 1.0, low_open=True,
@@ -148,7 +139,7 @@ def validate(config: ml_collections.ConfigDict,
   choice("attack.bn_mode", ("update", "train", "eval"))
   positive_int("attack.unroll")
 
-  if _get(config, "sparsity.admm_variant") is not None:
+  if config_keys.get(config, "sparsity.admm_variant") is not None:
     # Checked whatever the method: the authors preset sets it for every run.
     from fkjax.sparsity import operators  # pylint: disable=import-outside-toplevel
     choice("sparsity.admm_variant", operators.ADMM_VARIANTS)
@@ -159,14 +150,14 @@ def validate(config: ml_collections.ConfigDict,
   positive_int("validation.attack_steps", 0)
   choice("validation.select_by", ("natural", "pgd"))
   choice("validation.split", ("val", "test"))
-  if _get(config, "validation.select_by") == "pgd":
-    _require(_get(config, "validation.attack_steps", 0) > 0,
+  if config_keys.get(config, "validation.select_by") == "pgd":
+    _require(config_keys.get(config, "validation.attack_steps", 0) > 0,
              "validation.select_by", "pgd",
              "selecting by PGD accuracy needs config.validation.attack_steps "
              "> 0")
 
   choice("eval.checkpoint", ("best", "latest"))
-  protocol = _get(config, "eval.protocol")
+  protocol = config_keys.get(config, "eval.protocol")
   _require(isinstance(protocol, str)
            and re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", protocol) is not None,
            "eval.protocol", protocol,
@@ -182,9 +173,9 @@ def validate(config: ml_collections.ConfigDict,
              f"too close to {named!r} to be a further paper-protocol "
              f"evaluation's name: {named!r} for that protocol, else a name "
              "further from it")
-  if _get(config, "eval.nattack_variant") is not None:
+  if config_keys.get(config, "eval.nattack_variant") is not None:
     choice("eval.nattack_variant", ("paper", "attackbox"))
-  if _get(config, "eval.strong") is not None:
+  if config_keys.get(config, "eval.strong") is not None:
     positive_int("eval.strong.eot_samples", 0)
     positive_int("eval.strong.num_iters")
     positive_int("eval.strong.n_restarts")
@@ -199,14 +190,14 @@ def validate(config: ml_collections.ConfigDict,
   # A chunk of 0 never advanced (NAttack ran forever), a negative one
   # failed deep inside JAX.
   for key in ("eval.nattack_chunk", "eval.nattack_image_chunk"):
-    if _get(config, key) is not None:
+    if config_keys.get(config, key) is not None:
       positive_int(key)
   known = tuple(attack_names)
   for key in ("eval.attacks", "eval.final_attacks"):
-    names = [n.strip() for n in str(_get(config, key) or "").split(",")
+    names = [n.strip() for n in str(config_keys.get(config, key) or "").split(",")
              if n.strip()]
     unknown = [n for n in names if n not in known]
-    _require(not unknown, key, _get(config, key),
+    _require(not unknown, key, config_keys.get(config, key),
              f"unknown attack(s) {unknown}; choose from {list(known)}")
   positive_int("num_devices", 0)
 
@@ -214,20 +205,20 @@ def validate(config: ml_collections.ConfigDict,
 def _validate_dataset_sizes(config: ml_collections.ConfigDict) -> None:
   """The synthetic sizes, and a validation split smaller than the training
   set it is taken from (known before any data are read)."""
-  sizes = _get(config, "dataset.synthetic_sizes")
+  sizes = config_keys.get(config, "dataset.synthetic_sizes")
   _require(isinstance(sizes, (tuple, list)) and len(sizes) == 2
            and all(_int(n) and n >= 1 for n in sizes),
            "dataset.synthetic_sizes", sizes,
            "two integers >= 1, (train pool, test)")
-  val_size = _get(config, "dataset.val_size")
+  val_size = config_keys.get(config, "dataset.val_size")
   _require(_int(val_size) and val_size >= 0, "dataset.val_size", val_size,
            "an integer >= 0")
-  if _get(config, "dataset.source") == "synthetic":
+  if config_keys.get(config, "dataset.source") == "synthetic":
     pool, where = sizes[0], "config.dataset.synthetic_sizes[0]"
   else:
     from fkjax.data import types  # pylint: disable=import-outside-toplevel
     pool = types.OFFICIAL_TRAIN_SIZE
-    where = f"the official {_get(config, 'dataset.name')} training set"
+    where = f"the official {config_keys.get(config, 'dataset.name')} training set"
   _require(val_size < pool, "dataset.val_size", val_size,
            f"the validation split is taken out of the {pool:,} training "
            f"images ({where}): it must be smaller, in [0, {pool:,})")
@@ -383,18 +374,7 @@ def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
             else ml_collections.ConfigDict(saved))
   for key, value in flatten(saved).items():
     if not (config_given and is_environment_key(key)):
-      _set(config, key, value)
+      config_keys.set_value(config, key, value)
   for key, value in overrides.items():
-    _set(config, key, value)
+    config_keys.set_value(config, key, value)
   return config
-
-
-def _set(config: ml_collections.ConfigDict, dotted: str, value: Any) -> None:
-  parts = dotted.split(".")
-  node = config
-  for part in parts[:-1]:
-    if part not in node:
-      node[part] = ml_collections.ConfigDict()
-    node = node[part]
-  with node.ignore_type():
-    node[parts[-1]] = value
