@@ -16,11 +16,11 @@ import json
 import math
 import os
 import re
-import tempfile
 from typing import Any, Iterable, Mapping
 
 import ml_collections
 
+from fkjax import atomic
 from fkjax import config_keys
 
 CONFIG_FILE = "config.json"
@@ -307,12 +307,7 @@ def load_saved(workdir: str) -> dict[str, Any] | None:
 
 def save(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes ``config.json`` atomically (a kill never leaves half a file)."""
-  os.makedirs(workdir, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".config.", dir=workdir)
-  with os.fdopen(fd, "w") as f:
-    json.dump(as_dict(config), f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, config_path(workdir))
+  atomic.write_json(config_path(workdir), as_dict(config), sort_keys=True)
 
 
 def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:

@@ -62,11 +62,12 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import warnings
 from typing import Any, Mapping
 
 import numpy as np
+
+from fkjax import atomic
 
 LOCK_NAME = "fkjax.lock"
 FINAL = "final"  # the protocol name of train.py's final evaluation
@@ -425,46 +426,14 @@ def write_results(path: str | os.PathLike[str], results: Mapping[str, Any],
   document = json.loads(json.dumps({**results, "metadata": dict(metadata)},
                                    default=_jsonable))
   text = json.dumps(_finite_or_none(document), indent=2) + "\n"
-  directory = os.path.dirname(os.path.abspath(path))
-  tmp = None
   try:
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory,
-                               prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-    tmp = None
-    _fsync_dir(directory)
+    atomic.write_text(path, text)
   except OSError as e:
     if e.errno in _NO_SPACE:
       raise WorkdirError(
           f"no space left on device while writing {path}; free space and "
           "rerun (the previous file is unchanged)") from e
     raise WorkdirError(f"could not write {path}: {e.strerror or e}") from e
-  finally:
-    if tmp is not None:
-      try:
-        os.unlink(tmp)
-      except OSError:
-        pass
-
-
-def _fsync_dir(directory: str) -> None:
-  """Makes the rename durable (a power cut could otherwise undo it)."""
-  try:
-    fd = os.open(directory, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
 
 
 # How ``correct_per_image`` vectors are written: one bit per test image, in

@@ -1,5 +1,6 @@
 """A run's config: validation, the resume check and eval.py's config."""
 import json
+import os
 
 import pytest
 
@@ -139,6 +140,20 @@ def test_saved_config_is_plain_json(tmp_path):
   data = json.loads((tmp_path / "config.json").read_text())
   assert data["model"]["depth"] == 8
   assert not list(tmp_path.glob(".config.*"))   # no temporary file left
+
+
+def test_a_failed_save_keeps_the_previous_config_and_no_temporary(
+    tmp_path, monkeypatch):
+  run_config.save(tiny.get_config(), str(tmp_path))
+  before = (tmp_path / "config.json").read_bytes()
+
+  def full_disk(src, dst):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(os, "replace", full_disk)
+  with pytest.raises(OSError):
+    run_config.save(cpu.get_config(), str(tmp_path))
+  assert (tmp_path / "config.json").read_bytes() == before
+  assert os.listdir(tmp_path) == ["config.json"]
 
 
 def test_prng_streams_are_distinct_and_seed_specific():
