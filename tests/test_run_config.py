@@ -188,3 +188,32 @@ def test_a_run_resumes_with_other_speed_settings_not_another_precision(
   other.precision = "bfloat16"
   with pytest.raises(ConfigError, match="config.precision: saved 'float32'"):
     run_config.check_same_run(other, str(tmp_path))
+
+
+def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
+  # One list: a pipeline (or data source) the code gains is valid at once.
+  from fkjax import dispatch  # pylint: disable=import-outside-toplevel
+  from fkjax.data import loader  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.training.data_pipeline = "sharded"
+  with pytest.raises(ConfigError, match="one of"):
+    run_config.validate(config)
+  monkeypatch.setattr(dispatch, "PIPELINES", (*dispatch.PIPELINES, "sharded"))
+  run_config.validate(config)
+  monkeypatch.setattr(loader, "SOURCES", ("synthetic",))
+  config.dataset.source = "tfds"
+  with pytest.raises(ConfigError, match=r"dataset.source='tfds'.*\['synthetic'\]"):
+    run_config.validate(config)
+
+
+def test_every_key_has_one_rule():
+  from fkjax import config_schema  # pylint: disable=import-outside-toplevel
+  keys = [key for key, _ in config_schema.rules(("natural",))]
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  # The one relation checked after its own key's values: PGD selection needs
+  # the validation attack.
+  assert twice == ["validation.select_by"]
+  flat = run_config.flatten(run_config.as_dict(default.get_config()))
+  unknown = [k for k in keys if k not in flat and not any(
+      f.startswith(k + ".") for f in flat)]
+  assert not unknown
