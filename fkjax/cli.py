@@ -42,16 +42,27 @@ def show_traceback(argv: Sequence[str] = ()) -> bool:
              for a in argv)
 
 
+# The exception types that mean a mistake of the user's, not a bug: module ->
+# class name.
+USER_ERRORS = {
+    "fkjax.run_config": "ConfigError",
+    "fkjax.data.types": "DataError",
+    "fkjax.checkpoint": "CheckpointError",
+    "fkjax.errors": "TrainingError",
+    "fkjax.workdir.check": "WorkdirError",
+}
+
+
 def user_error_types() -> tuple[type[BaseException], ...]:
-  """The exception types that mean a mistake of the user's, not a bug."""
-  # Imported here: the entry points must not import JAX before parsing flags.
-  from fkjax import checkpoint  # pylint: disable=import-outside-toplevel
-  from fkjax import data  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
-  from fkjax import errors  # pylint: disable=import-outside-toplevel
-  from fkjax import workdir  # pylint: disable=import-outside-toplevel
-  return (run_config.ConfigError, data.DataError, checkpoint.CheckpointError,
-          errors.TrainingError, workdir.WorkdirError)
+  """The exception types of :data:`USER_ERRORS` that can have been raised.
+
+  Only those of modules already imported: a module never imported raised
+  nothing. (Importing them all, fkjax.checkpoint's JAX and orbax among them,
+  took seconds before a bad config value's one line.)
+  """
+  return tuple(getattr(sys.modules[module], name)
+               for module, name in USER_ERRORS.items()
+               if module in sys.modules)
 
 
 def one_line(exc: BaseException) -> str:
