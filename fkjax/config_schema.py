@@ -171,7 +171,8 @@ def attack_list(known: Sequence[str]) -> Check:
 
 
 def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
-  """Every key's check, in the order ``validate`` applies them.
+  """Every key's check, in the order ``validate`` applies them (the first
+  problem is the one said).
 
   A key appears once, but for the two rules that relate keys
   (``dataset.val_size`` reads the data source, ``validation.select_by``
@@ -196,7 +197,6 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("model.width", integer()),
       ("model.noise_coef", number(0.0)),
       ("model.noise_std_over", one_of(("batch", "example"))),
-      ("kernels", kernel_choices),
       ("training.num_epochs", integer()),
       ("training.batch_size", integer()),
       ("training.learning_rate", number(0.0, low_open=True)),
@@ -207,11 +207,7 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("training.checkpoint_every_steps", integer(0)),
       ("training.data_seed", optional(integer(0))),
       ("training.max_loss", optional(number(0.0, low_open=True))),
-      ("training.data_pipeline",
-       optional(one_of(names_in("fkjax.dispatch", "PIPELINES")))),
       ("training.steps_per_dispatch", optional(integer(0))),
-      ("precision", optional(one_of(names_in("fkjax.precision",
-                                             "PRECISIONS")))),
       ("attack.epsilon", number(
           0.0, 1.0, low_open=True,
           rule="a radius in (0, 1]: images live in [0, 1], so 8/255 means "
@@ -220,11 +216,6 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("attack.num_steps", integer(0)),
       ("attack.bn_mode", one_of(("update", "train", "eval"))),
       ("attack.unroll", integer()),
-      # Checked whatever the method: the authors preset sets it for every
-      # run.
-      ("sparsity.admm_variant", optional(one_of(
-          names_in("fkjax.sparsity.operators", "ADMM_VARIANTS")))),
-      ("sparsity", sparsifier),
       ("validation.batch_size", integer()),
       ("validation.num_examples", integer(0)),
       ("validation.attack_steps", integer(0)),
@@ -233,8 +224,6 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("validation.select_by", _needs_attack_steps),
       ("eval.checkpoint", one_of(("best", "latest"))),
       ("eval.protocol", _protocol),
-      ("eval.nattack_variant", optional(one_of(
-          names_in("fkjax.attacks.nattack", "VARIANTS")))),
       ("eval.strong.eot_samples", strong(integer(0))),
       ("eval.strong.num_iters", strong(integer())),
       ("eval.strong.n_restarts", strong(integer())),
@@ -253,6 +242,20 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("eval.attacks", attack_list(known)),
       ("eval.final_attacks", attack_list(known)),
       ("num_devices", integer(0)),
+      # Last, the keys whose names live in modules that import JAX: a mistake
+      # elsewhere is said before JAX loads (seconds).
+      ("kernels", kernel_choices),
+      ("training.data_pipeline",
+       optional(one_of(names_in("fkjax.dispatch", "PIPELINES")))),
+      ("precision", optional(one_of(names_in("fkjax.precision",
+                                             "PRECISIONS")))),
+      # Checked whatever the method: the authors preset sets it for every
+      # run.
+      ("sparsity.admm_variant", optional(one_of(
+          names_in("fkjax.sparsity.operators", "ADMM_VARIANTS")))),
+      ("sparsity", sparsifier),
+      ("eval.nattack_variant", optional(one_of(
+          names_in("fkjax.attacks.nattack", "VARIANTS")))),
   )
 
 

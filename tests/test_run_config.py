@@ -217,3 +217,23 @@ def test_every_key_has_one_rule():
   unknown = [k for k in keys if k not in flat and not any(
       f.startswith(k + ".") for f in flat)]
   assert not unknown
+
+
+def test_a_mistake_outside_the_jax_named_keys_is_said_before_jax_loads():
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from pathlib import Path  # pylint: disable=import-outside-toplevel
+  script = (
+      "import sys\n"
+      "from configs import tiny\n"
+      "from fkjax import run_config\n"
+      "c = tiny.get_config(); c.attack.epsilon = 8.0\n"
+      "try:\n"
+      "  run_config.validate(c)\n"
+      "except run_config.ConfigError as e:\n"
+      "  print(str(e).split(' is invalid')[0], 'jax' in sys.modules)\n")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, cwd=Path(__file__).resolve().parents[1],
+                        timeout=120)
+  assert proc.stdout.split() == ["config.attack.epsilon=8.0", "False"], (
+      proc.stderr)
