@@ -15,27 +15,32 @@ import ml_collections
 
 from configs import default
 
+# What differs from configs/default.py.
+CPU = {
+    "model.depth": 8,
+    "dataset.subset_per_class": 100,
+    "dataset.test_subset_per_class": 25,
+    "training.num_epochs": 3,
+    "training.batch_size": 64,
+    "training.lr_boundaries": (2,),
+    "attack.num_steps": 3,
+    "sparsity.method": "rgsm",
+    "sparsity.beta": 1.0,
+    "sparsity.lamb1": 0.8,
+    "validation.num_examples": 250,
+    "validation.batch_size": 250,
+    "validation.attack_steps": 3,
+    # Batches of 50: a killed eval.py keeps (and resumes after) every
+    # finished batch, and its time-left estimate settles after the first
+    # fifth.
+    "eval.batch_size": 50,
+    "eval.num_examples": 250,
+    "eval.nattack_iters": 20,
+    "eval.nattack_population": 50,
+    "eval.final_attacks": "natural,fgsm,ifgsm20",
+}
+
 
 def get_config(presets: str = "") -> ml_collections.ConfigDict:
-  config = default.get_config()
-  config.model.depth = 8
-  config.dataset.subset_per_class = 100
-  config.dataset.test_subset_per_class = 25
-  config.training.num_epochs = 3
-  config.training.batch_size = 64
-  config.training.lr_boundaries = (2,)
-  config.attack.num_steps = 3
-  config.sparsity.method = "rgsm"
-  config.sparsity.beta = 1.0
-  config.sparsity.lamb1 = 0.8
-  config.validation.num_examples = 250
-  config.validation.batch_size = 250
-  config.validation.attack_steps = 3
-  # Batches of 50: a killed eval.py keeps (and resumes after) every finished
-  # batch, and its time-left estimate settles after the first fifth.
-  config.eval.batch_size = 50
-  config.eval.num_examples = 250
-  config.eval.nattack_iters = 20
-  config.eval.nattack_population = 50
-  config.eval.final_attacks = "natural,fgsm,ifgsm20"
+  config = default.set_values(default.get_config(), CPU)
   return default.apply_presets(config, presets)

@@ -40,12 +40,9 @@ def get_config(presets: str = "") -> ml_collections.ConfigDict:
   names = [p.strip() for p in presets.split(",") if p.strip()]
   base = _BASES[names.pop(0)] if names and names[0] in _BASES else default
   config = base.get_config(",".join(names))
-  config.sweep = ml_collections.ConfigDict()
   product = "seed=0,1,2,3,4"
   if config.sparsity.method == "rgsm":
     product = "sparsity.lamb1=0.05,0.1; " + product
-  config.sweep.product = product
-  config.sweep.zip = ""
-  config.sweep.shard = "batch"
-  config.sweep.data_order = "shared"
-  return config
+  return default.set_values(config, {
+      "sweep.product": product, "sweep.zip": "", "sweep.shard": "batch",
+      "sweep.data_order": "shared"}, must_exist=False)

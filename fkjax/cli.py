@@ -42,16 +42,27 @@ def show_traceback(argv: Sequence[str] = ()) -> bool:
              for a in argv)
 
 
+# The exception types that mean a mistake of the user's, not a bug: module ->
+# class name.
+USER_ERRORS = {
+    "fkjax.run_config": "ConfigError",
+    "fkjax.data.types": "DataError",
+    "fkjax.checkpoint": "CheckpointError",
+    "fkjax.errors": "TrainingError",
+    "fkjax.workdir.check": "WorkdirError",
+}
+
+
 def user_error_types() -> tuple[type[BaseException], ...]:
-  """The exception types that mean a mistake of the user's, not a bug."""
-  # Imported here: the entry points must not import JAX before parsing flags.
-  from fkjax import checkpoint  # pylint: disable=import-outside-toplevel
-  from fkjax import data  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
-  from fkjax import errors  # pylint: disable=import-outside-toplevel
-  from fkjax import workdir  # pylint: disable=import-outside-toplevel
-  return (run_config.ConfigError, data.DataError, checkpoint.CheckpointError,
-          errors.TrainingError, workdir.WorkdirError)
+  """The exception types of :data:`USER_ERRORS` that can have been raised.
+
+  Only those of modules already imported: a module never imported raised
+  nothing. (Importing them all, fkjax.checkpoint's JAX and orbax among them,
+  took seconds before a bad config value's one line.)
+  """
+  return tuple(getattr(sys.modules[module], name)
+               for module, name in USER_ERRORS.items()
+               if module in sys.modules)
 
 
 def one_line(exc: BaseException) -> str:
@@ -125,6 +136,7 @@ def unknown_override_field(argv: Sequence[str],
   # pylint: disable=import-outside-toplevel
   import ml_collections
   from ml_collections import config_flags
+  from fkjax import config_keys
   spec = _config_file_arg(argv, default_config_file)
   overrides = [a[len("--config."):].split("=", 1)[0]
                for a in argv[1:] if a.startswith("--config.")]
@@ -145,19 +157,31 @@ def unknown_override_field(argv: Sequence[str],
   if not isinstance(config, ml_collections.ConfigDict):
     return None
   for path in overrides:
-    node, where = config, "config"
-    for name in path.split("."):
-      if not isinstance(node, ml_collections.ConfigDict):
-        return (f"--config.{path}: {where} is a value "
-                f"({type(node).__name__}), not a section with fields")
-      if name not in node:
-        fields = sorted(node.keys())
-        close = difflib.get_close_matches(name, fields, n=1)
-        hint = f"; did you mean {where}.{close[0]}?" if close else ""
-        return (f"--config.{path}: {where} has no field {name!r}{hint} "
-                f"(its fields: {', '.join(fields)})")
-      node, where = node[name], f"{where}.{name}"
+    if not config_keys.has(config, path):
+      return _missing_field(config, path)
   return None
+
+
+def _missing_field(config: Any, path: str) -> str:
+  """Where the dotted ``path`` leaves ``config``, and the fields there."""
+  # pylint: disable=import-outside-toplevel
+  import ml_collections
+  from fkjax import config_keys
+  parts = path.split(".")
+  # The longest prefix that exists ("" is the config itself) ends the walk.
+  known = max(i for i in range(len(parts))
+              if config_keys.has(config, ".".join(parts[:i])) or i == 0)
+  node = config_keys.get(config, ".".join(parts[:known])) if known else config
+  where = ".".join(["config", *parts[:known]])
+  if not isinstance(node, ml_collections.ConfigDict):
+    return (f"--config.{path}: {where} is a value "
+            f"({type(node).__name__}), not a section with fields")
+  fields = sorted(node.keys())
+  name = parts[known]
+  close = difflib.get_close_matches(name, fields, n=1)
+  hint = f"; did you mean {where}.{close[0]}?" if close else ""
+  return (f"--config.{path}: {where} has no field {name!r}{hint} "
+          f"(its fields: {', '.join(fields)})")
 
 
 def _bad_override(argv: Sequence[str], exc: BaseException,

@@ -216,20 +216,29 @@ def _with_env(name, value, make):
 
 
 def test_the_cli_flag_allows_unverified_checkpoints(tmp_path):
+  # The flag sets the variable (in a process of its own: absl's flags are
+  # global; without JAX, which the flag's path never needs)...
   script = textwrap.dedent("""
+      import os, sys
       from fkjax import cli
       def main(argv):
-        from fkjax import checkpoint
-        print(checkpoint.Checkpointer(%r).allow_unverified)
+        print(os.environ.get(cli.ALLOW_UNVERIFIED_ENV), "jax" in sys.modules)
       cli.run(main)
-  """ % str(tmp_path))
+  """)
   env = {k: v for k, v in os.environ.items()
          if k != ckpt_lib.ALLOW_UNVERIFIED_ENV}
   outputs = [subprocess.run([sys.executable, "-c", script, *flag], cwd=REPO,
                             env=env, capture_output=True, text=True,
                             timeout=120).stdout.strip()
              for flag in ([], ["--allow_unverified_checkpoint"])]
-  assert outputs == ["False", "True"]
+  assert outputs == ["None False", "1 False"]
+  # ... which every Checkpointer reads, however deep it is built.
+  from fkjax import cli  # pylint: disable=import-outside-toplevel
+  assert cli.ALLOW_UNVERIFIED_ENV == ckpt_lib.ALLOW_UNVERIFIED_ENV
+  readers = [_with_env(ckpt_lib.ALLOW_UNVERIFIED_ENV, value, lambda:
+                       ckpt_lib.Checkpointer(str(tmp_path)))
+             for value in ("", "1")]
+  assert [r.allow_unverified for r in readers] == [False, True]
 
 
 def test_truncated_chunk_is_an_error(tmp_path):

@@ -100,6 +100,16 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
   assert a_file.read_text() == "kept"
 
 
+def test_a_user_error_is_named_without_importing_jax():
+  # Importing every error's module (fkjax.checkpoint: JAX and orbax) cost
+  # seconds before each one-line error.
+  proc = _run(["-c", "import sys; from fkjax import cli, run_config; "
+               "e = run_config.ConfigError('x'); "
+               "print(cli.is_user_error(e), cli.is_user_error(ValueError()), "
+               "'jax' in sys.modules)"])
+  assert proc.stdout.split() == ["True", "False", "False"], proc.stderr
+
+
 def test_missing_workdir_flag_is_one_line():
   proc = _run(["train.py", "--config=configs/tiny.py"])
   _assert_one_line_error(proc, "--workdir", code=2)

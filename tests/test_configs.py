@@ -84,3 +84,51 @@ def test_a_batch_larger_than_the_training_set_is_a_clear_error():
   config.training.batch_size = 128  # the tiny training split has 64 images
   with pytest.raises(ValueError, match="exceeds the 64 training examples"):
     experiment.Experiment.build(config)
+
+
+def test_a_key_set_in_two_sections_is_an_error():
+  assert default.merged({"a.b": 1}, {"a.c": 2}) == {"a.b": 1, "a.c": 2}
+  with pytest.raises(ValueError, match="config keys set twice: a.b"):
+    default.merged({"a.b": 1, "x": 0}, {"a.b": 2})
+
+
+def test_no_config_file_writes_a_key_twice():
+  # A dict literal keeps the last of two equal keys without a word; the
+  # sections are merged by default.merged, which refuses an overlap.
+  import ast  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  files = sorted(pathlib.Path(default.__file__).parent.glob("*.py"))
+  assert len(files) >= 4
+  for path in files:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Dict):
+        keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+        assert len(keys) == len(set(keys)), (path.name, keys)
+      # Values are data: no config.a.b = ... statements.
+      assert not (isinstance(node, ast.Assign) and any(
+          isinstance(t, ast.Attribute) for t in node.targets)), (
+              path.name, ast.unparse(node))
+  assert set(default.DEFAULTS) == set(default.merged(
+      default.RUN, default.DATASET, default.MODEL, default.KERNELS,
+      default.TRAINING, default.ATTACK, default.SPARSITY, default.VALIDATION,
+      default.EVAL, default.ENVIRONMENT))
+
+
+def test_presets_set_only_keys_the_config_has():
+  config = default.get_config()
+  with pytest.raises(KeyError, match="config has no key 'model.dpth'"):
+    default.set_values(config, {"model.dpth": 8})
+  for name, values in default.PRESETS.items():
+    default.set_values(default.get_config(), values)   # every key exists
+    assert default.get_config(name).to_dict() != default.get_config(
+        ).to_dict() or name in ("none", "cifar10"), name
+
+
+def test_optional_values_are_not_shared_between_configs():
+  a, b = default.get_config(), default.get_config()
+  a.eval.nattack_chunk = 3
+  a.training.data_seed = 7
+  assert b.eval.nattack_chunk == 10 and b.training.data_seed is None
+  b.eval.nattack_chunk = None    # a placeholder: None is allowed
+  assert default.get_config().eval.nattack_chunk == 10

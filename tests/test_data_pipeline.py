@@ -112,16 +112,23 @@ def test_augment_flips_about_half():
 
 
 def test_steps_per_epoch_refuses_an_empty_epoch():
-  assert data.steps_per_epoch(16, 16) == 1
+  assert data.steps_per_epoch(16, 16, drop_last=True) == 1
   with pytest.raises(ValueError, match="exceeds the 15 training examples"):
-    data.steps_per_epoch(15, 16)
+    data.steps_per_epoch(15, 16, drop_last=True)
+
+
+def test_steps_per_epoch_takes_drop_last_from_its_caller():
+  # No default of its own: config.training.drop_last (False) is the one.
+  with pytest.raises(TypeError, match="drop_last"):
+    data.steps_per_epoch(70, 16)   # pylint: disable=no-value-for-parameter
+  assert data.steps_per_epoch(70, 16, drop_last=False) == 5
 
 
 def test_train_batches_shapes_and_one_pass_over_the_data():
   split = _id_split(70)
   batches = list(data.train_batches(split, 16, seed=0, epoch=0,
                                     augment=False))
-  assert len(batches) == data.steps_per_epoch(70, 16) == 4
+  assert len(batches) == data.steps_per_epoch(70, 16, drop_last=True) == 4
   for b in batches:
     assert b["image"].shape == (16, 32, 32, 3)
     assert b["image"].dtype == np.float32

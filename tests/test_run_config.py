@@ -1,5 +1,6 @@
 """A run's config: validation, the resume check and eval.py's config."""
 import json
+import os
 
 import pytest
 
@@ -141,6 +142,20 @@ def test_saved_config_is_plain_json(tmp_path):
   assert not list(tmp_path.glob(".config.*"))   # no temporary file left
 
 
+def test_a_failed_save_keeps_the_previous_config_and_no_temporary(
+    tmp_path, monkeypatch):
+  run_config.save(tiny.get_config(), str(tmp_path))
+  before = (tmp_path / "config.json").read_bytes()
+
+  def full_disk(src, dst):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(os, "replace", full_disk)
+  with pytest.raises(OSError):
+    run_config.save(cpu.get_config(), str(tmp_path))
+  assert (tmp_path / "config.json").read_bytes() == before
+  assert os.listdir(tmp_path) == ["config.json"]
+
+
 def test_prng_streams_are_distinct_and_seed_specific():
   import jax  # pylint: disable=import-outside-toplevel
   keys = {(seed, s): tuple(jax.random.key_data(
@@ -173,3 +188,52 @@ def test_a_run_resumes_with_other_speed_settings_not_another_precision(
   other.precision = "bfloat16"
   with pytest.raises(ConfigError, match="config.precision: saved 'float32'"):
     run_config.check_same_run(other, str(tmp_path))
+
+
+def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
+  # One list: a pipeline (or data source) the code gains is valid at once.
+  from fkjax import dispatch  # pylint: disable=import-outside-toplevel
+  from fkjax.data import loader  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.training.data_pipeline = "sharded"
+  with pytest.raises(ConfigError, match="one of"):
+    run_config.validate(config)
+  monkeypatch.setattr(dispatch, "PIPELINES", (*dispatch.PIPELINES, "sharded"))
+  run_config.validate(config)
+  monkeypatch.setattr(loader, "SOURCES", ("synthetic",))
+  config.dataset.source = "tfds"
+  with pytest.raises(ConfigError, match=r"dataset.source='tfds'.*\['synthetic'\]"):
+    run_config.validate(config)
+
+
+def test_every_key_has_one_rule():
+  from fkjax import config_schema  # pylint: disable=import-outside-toplevel
+  keys = [key for key, _ in config_schema.rules(("natural",))]
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  # The one relation checked after its own key's values: PGD selection needs
+  # the validation attack.
+  assert twice == ["validation.select_by"]
+  flat = run_config.flatten(run_config.as_dict(default.get_config()))
+  unknown = [k for k in keys if k not in flat and not any(
+      f.startswith(k + ".") for f in flat)]
+  assert not unknown
+
+
+def test_a_mistake_outside_the_jax_named_keys_is_said_before_jax_loads():
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  from pathlib import Path  # pylint: disable=import-outside-toplevel
+  script = (
+      "import sys\n"
+      "from configs import tiny\n"
+      "from fkjax import run_config\n"
+      "c = tiny.get_config(); c.attack.epsilon = 8.0\n"
+      "try:\n"
+      "  run_config.validate(c)\n"
+      "except run_config.ConfigError as e:\n"
+      "  print(str(e).split(' is invalid')[0], 'jax' in sys.modules)\n")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, cwd=Path(__file__).resolve().parents[1],
+                        timeout=120)
+  assert proc.stdout.split() == ["config.attack.epsilon=8.0", "False"], (
+      proc.stderr)

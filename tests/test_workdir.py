@@ -17,6 +17,7 @@ import pytest
 
 import fkjax
 from fkjax import workdir as workdir_lib
+from fkjax.workdir import lock as workdir_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -111,7 +112,7 @@ def test_a_lock_on_a_file_removed_by_its_releaser_is_not_kept(tmp_path):
   stale = os.open(a.path, os.O_RDWR)
   a.release()   # removes the file and the directory
   assert not (tmp_path / "w").exists()
-  assert not workdir_lib._is_current(stale, a.path)
+  assert not workdir_lock._is_current(stale, a.path)
   os.close(stale)
   lock_b.acquire()
   with pytest.raises(workdir_lib.WorkdirError, match="in use by"):

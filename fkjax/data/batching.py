@@ -15,12 +15,13 @@ from fkjax.data.types import Split
 _SCALE = np.float32(1.0 / 255.0)
 
 
-def steps_per_epoch(n: int, batch_size: int, drop_last: bool = True) -> int:
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
   """Training batches in an epoch of n examples.
 
   With ``drop_last`` only full batches count (the rest of the examples is
-  dropped); without it the last, smaller batch counts too. Raises ValueError
-  when there is no full batch.
+  dropped); without it the last, smaller batch counts too. A run passes its
+  ``config.training.drop_last`` (no default here: the config's is the one).
+  Raises ValueError when there is no full batch.
   """
   if batch_size <= 0:
     raise ValueError(f"batch_size must be positive, got {batch_size}")

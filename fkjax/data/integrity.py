@@ -21,9 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from typing import NamedTuple
 
+from fkjax import atomic
 from fkjax.data.types import DataError
 
 _CHUNK = 1 << 20
@@ -139,20 +139,7 @@ def _load(cache_path: str) -> dict[str, list]:
 def _save(cache_path: str, cache: dict[str, list]) -> None:
   """Writes the cache atomically; a cache that cannot be written only
   means hashing again next time."""
-  directory = os.path.dirname(cache_path)
-  tmp = None
   try:
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{CACHE_NAME}.", dir=directory)
-    with os.fdopen(fd, "w") as f:
-      json.dump(cache, f, indent=1, sort_keys=True)
-    os.replace(tmp, cache_path)
-    tmp = None
+    atomic.write_text(cache_path, json.dumps(cache, indent=1, sort_keys=True))
   except OSError:
     pass
-  finally:
-    if tmp is not None:
-      try:
-        os.unlink(tmp)
-      except OSError:
-        pass

@@ -38,6 +38,8 @@ import tempfile
 import jax
 import jaxlib
 
+from fkjax import atomic
+
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
                 for name in ("onednn_conv.cc", "noise_cpu.cc"))
 TARGETS = {  # FFI target name -> exported symbol
@@ -90,13 +92,13 @@ def build() -> pathlib.Path:
     return target
   try:
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: concurrent processes never load a
-    # half-written library.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    # Build beside the target, then replace it whole: concurrent processes
+    # never load a half-written library.
+    build_dir = tempfile.mkdtemp(dir=target.parent, prefix=".build.")
   except OSError as e:
     raise OneDnnUnavailable(f"cannot write to {target.parent} (set "
                             f"FKJAX_ONEDNN_CACHE): {e}") from e
-  os.close(fd)
+  tmp = os.path.join(build_dir, target.name)
   # -fopenmp: the noise kernel's loops (libgomp is oneDNN's runtime too);
   # -fno-math-errno and -fno-trapping-math let its square roots and selects
   # vectorise.
@@ -113,16 +115,16 @@ def build() -> pathlib.Path:
       raise OneDnnUnavailable("compiling fkjax's oneDNN convolutions failed:\n"
                               + " ".join(command) + "\n" + result.stderr[-4000:])
     try:
-      digest = _sha256(pathlib.Path(tmp))
-      os.replace(tmp, target)
+      library = pathlib.Path(tmp).read_bytes()
+      atomic.write_bytes(target, library)
       # The digest last: a library without its (matching) digest is rebuilt.
-      _write_atomically(_digest_path(target), digest + "\n")
+      atomic.write_text(_digest_path(target),
+                        hashlib.sha256(library).hexdigest() + "\n")
     except OSError as e:
       raise OneDnnUnavailable(f"cannot write to {target.parent} (set "
                               f"FKJAX_ONEDNN_CACHE): {e}") from e
   finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+    shutil.rmtree(build_dir, ignore_errors=True)
   return target
 
 
@@ -144,17 +146,6 @@ def _is_intact(library: pathlib.Path) -> bool:
     return _digest_path(library).read_text().strip() == _sha256(library)
   except OSError:
     return False
-
-
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=path.parent)
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 @functools.cache

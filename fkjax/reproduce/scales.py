@@ -24,6 +24,7 @@ import ml_collections
 
 from configs import default as default_config
 from fkjax import run_config
+from fkjax.data import batching
 
 # The paper's schedule: 45,000 training images in batches of 128 (the last,
 # smaller batch kept), lr 0.1 decayed 10x at epochs 80, 120, 160 of 200.
@@ -334,9 +335,8 @@ def train_size(config: ml_collections.ConfigDict) -> int:
 
 
 def steps_per_epoch(n: int, config: ml_collections.ConfigDict) -> int:
-  batch = config.training.batch_size
-  drop_last = config.training.get("drop_last", True)
-  return n // batch if drop_last else -(-n // batch)
+  return batching.steps_per_epoch(n, config.training.batch_size,
+                                  config.training.drop_last)
 
 
 def learning_rate_sum(config: ml_collections.ConfigDict,

@@ -8,10 +8,8 @@ per step for all of them.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 import time
 from typing import Any, Sequence
 
@@ -19,6 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from fkjax import atomic
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
 from fkjax import dispatch
@@ -141,12 +140,7 @@ def resume_step(checkpointers: Sequence[ckpt_lib.Checkpointer],
 
 
 def _write_sweep_record(root: str, record: dict[str, Any]) -> None:
-  os.makedirs(root, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=".sweep.", dir=root)
-  with os.fdopen(fd, "w") as f:
-    json.dump(record, f, indent=2, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, os.path.join(root, SWEEP_FILE))
+  atomic.write_json(os.path.join(root, SWEEP_FILE), record, sort_keys=True)
 
 
 def train_from_config(config: ml_collections.ConfigDict, workdir: str

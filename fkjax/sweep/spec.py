@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
+from fkjax import config_keys
 from fkjax import run_config
 
 ConfigError = run_config.ConfigError
@@ -42,25 +43,9 @@ DATA_ORDERS = ("shared", "per_run")
 # The config section of a sweep (configs/sweep.py); no run records it.
 SECTION = "sweep"
 
-
-def get(config: Mapping[str, Any], dotted: str) -> Any:
-  node: Any = config
-  for part in dotted.split("."):
-    node = node[part] if part in node else None
-    if node is None:
-      return None
-  return node
-
-
-def set_value(config: ml_collections.ConfigDict, dotted: str, value: Any
-              ) -> None:
-  """Sets ``config.<dotted>`` to ``value`` (any type: a tracer, say)."""
-  *parents, leaf = dotted.split(".")
-  node = config
-  for part in parents:
-    node = node[part]
-  with node.ignore_type():
-    node[leaf] = value
+# Dotted keys, as the sweep's program and benchmarks read and set them.
+get = config_keys.get
+set_value = config_keys.set_value
 
 
 def without_section(config: ml_collections.ConfigDict

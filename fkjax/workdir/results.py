@@ -1,0 +1,142 @@
+"""A workdir's results files: their names, and writing them whole.
+
+Every evaluation writes its own file, named by what produced it, so results
+of different protocols never overwrite each other::
+
+  result_path(workdir, "final")                 -> final_eval.json
+  result_path(workdir, "paper")                 -> eval_paper.json
+  result_path(workdir, "strong", eot=10)        -> eval_strong_eot10.json
+  result_path(workdir, "paper", checkpoint="latest", eot=None)
+                                                -> eval_paper_checkpointlatest.json
+  result_path(workdir, "paper", n=50)           -> eval_paper_n50.json
+
+``eval_result_path(workdir, config)`` names the file of the evaluation a run
+config's ``eval`` section describes; an evaluation of the first N test images
+only (``eval.num_examples=N``) says ``_n<N>``.
+
+``final`` is train.py's short end-of-training evaluation; other protocols are
+eval.py's. Settings are appended in sorted key order as ``_<key><value>``;
+settings that are ``None`` or ``False`` are left out (pass ``None`` for a
+default), ``True`` appends ``_<key>``. Running the same protocol with the
+same settings again replaces its file with the new result.
+
+``write_results(path, results, metadata)`` writes ``results`` plus a
+``"metadata"`` entry (see :func:`fkjax.workdir.results_metadata`) whole or
+not at all (:mod:`fkjax.atomic`): a crash or a full disk leaves the previous
+file intact.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+from typing import Any, Mapping
+
+from fkjax import atomic
+from fkjax.workdir.check import WorkdirError
+from fkjax.workdir.metadata import jsonable
+
+FINAL = "final"  # the protocol name of train.py's final evaluation
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+_SAFE = re.compile(r"[^A-Za-z0-9.+-]")
+
+
+def result_path(workdir: str | os.PathLike[str], protocol: str,
+                **settings: Any) -> str:
+  """The results file of ``protocol`` with ``settings`` (see module doc)."""
+  if not protocol or _SAFE.search(protocol):
+    raise ValueError(f"protocol must be a non-empty word of letters, digits, "
+                     f"'.', '+' or '-', not {protocol!r}")
+  parts = []
+  for key in sorted(settings):
+    value = settings[key]
+    if value is None or value is False:
+      continue
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key):
+      raise ValueError(f"setting names must be alphanumeric, not {key!r}")
+    parts.append(key if value is True else key + _SAFE.sub("-", str(value)))
+  stem = "final_eval" if protocol == FINAL else f"eval_{protocol}"
+  return os.path.join(os.fspath(workdir), "_".join([stem, *parts]) + ".json")
+
+
+def eval_result_path(workdir: str | os.PathLike[str], config: Any,
+                     final: bool = False) -> str:
+  """The results file of the evaluation ``config.eval`` describes (its
+  protocol, the strong protocol's targeting, EOT draws, a subset's size),
+  or of train.py's end-of-training evaluation if ``final``."""
+  if final:
+    return result_path(workdir, FINAL)
+  return _eval_result_path(workdir, config,
+                           n=config.eval.get("num_examples") or None)
+
+
+def _eval_result_path(workdir, config, n: int | None) -> str:
+  # n: the first n test images only (eval.num_examples), in the name so
+  # that a subset's result never replaces, nor passes for, the whole set's.
+  if config.eval.protocol == "strong":
+    # APGD-T is the default: a run without it says so.
+    return result_path(workdir, "strong",
+                       untargeted=not config.eval.strong.targeted, n=n)
+  eot = config.eval.eot_samples
+  return result_path(workdir, config.eval.protocol,
+                     eot=eot if eot > 1 else None, n=n)
+
+
+def adopt_subset_result(workdir: str | os.PathLike[str], config: Any) -> bool:
+  """Renames the result of ``config``'s subset evaluation that fkjax wrote
+  under the whole test set's name (before subsets said ``_n<N>``) to its
+  name now; True if it did. Only a file whose recorded
+  ``eval.num_examples`` is the config's moves, and never over a file."""
+  n = config.eval.get("num_examples")
+  new = eval_result_path(workdir, config)
+  old = _eval_result_path(workdir, config, n=None)
+  if not n or os.path.exists(new):
+    return False
+  try:
+    with open(old) as f:
+      recorded = json.load(f)["metadata"]["config"]["eval"]["num_examples"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return False
+  if recorded != n:
+    return False
+  os.replace(old, new)
+  return True
+
+
+def _finite_or_none(value: Any) -> Any:
+  """JSON has no NaN/inf: strict readers (jq, JavaScript) reject them."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {k: _finite_or_none(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_finite_or_none(v) for v in value]
+  return value
+
+
+def write_results(path: str | os.PathLike[str], results: Mapping[str, Any],
+                  metadata: Mapping[str, Any]) -> None:
+  """Writes ``{**results, "metadata": metadata}`` to ``path`` atomically.
+
+  Raises:
+    ValueError: ``results`` has its own ``"metadata"`` entry.
+    WorkdirError: the file cannot be written (e.g. the disk is full); the
+      previous file, if any, is unchanged.
+  """
+  if "metadata" in results:
+    raise ValueError("results must not have a 'metadata' entry")
+  path = os.fspath(path)
+  document = json.loads(json.dumps({**results, "metadata": dict(metadata)},
+                                   default=jsonable))
+  text = json.dumps(_finite_or_none(document), indent=2) + "\n"
+  try:
+    atomic.write_text(path, text)
+  except OSError as e:
+    if e.errno in _NO_SPACE:
+      raise WorkdirError(
+          f"no space left on device while writing {path}; free space and "
+          "rerun (the previous file is unchanged)") from e
+    raise WorkdirError(f"could not write {path}: {e.strerror or e}") from e
