@@ -12,7 +12,7 @@ weights (``weights.npz``) with its config and results under
   results["metrics"]   # A1..A5, sparsity, as the table reports them
 
 A name is ``<scale>/<table>/<row>/seed<k>``, the table's own row names
-(``python -m fkjax.reproduce list``); a row that another table trains
+(``python -m reproduce list``); a row that another table trains
 (``(= table/row)`` in the listing) resolves to that run.
 
 To evaluate a published run with ``eval.py`` (any protocol, the strong one
@@ -60,8 +60,8 @@ def default_results() -> str:
 def run_dir(name: str, results: str | None = None) -> str:
   """The folder under ``results/`` that holds the published run ``name``."""
   # Imported here: fkjax's top-level imports stay light.
-  from fkjax.reproduce import archive  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import tables  # pylint: disable=import-outside-toplevel
+  from reproduce import archive  # pylint: disable=import-outside-toplevel
+  from reproduce import tables  # pylint: disable=import-outside-toplevel
   match = _NAME.fullmatch(name)
   if not match:
     raise PretrainedError(
@@ -84,7 +84,7 @@ def run_dir(name: str, results: str | None = None) -> str:
 
 def available(results: str | None = None) -> list[str]:
   """The names of every run with published weights under ``results``."""
-  from fkjax.reproduce import weights  # pylint: disable=import-outside-toplevel
+  from reproduce import weights  # pylint: disable=import-outside-toplevel
   root = results or default_results()
   out = []
   for dirpath, _, filenames in sorted(os.walk(root)):
@@ -106,8 +106,8 @@ def load(name: str, results: str | None = None) -> Pretrained:
   """
   import ml_collections  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import files  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import weights  # pylint: disable=import-outside-toplevel
+  from reproduce import files  # pylint: disable=import-outside-toplevel
+  from reproduce import weights  # pylint: disable=import-outside-toplevel
   folder = run_dir(name, results)
   path = os.path.join(folder, weights.WEIGHTS_FILE)
   if not os.path.exists(path):

@@ -1,4 +1,4 @@
-"""train.py, eval.py and ``python -m fkjax.reproduce`` end a user's mistake
+"""train.py, eval.py and ``python -m reproduce`` end a user's mistake
 in one line, before any work.
 
 Each case is a real process: what a user sees is its stderr and exit code.
@@ -213,7 +213,7 @@ def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
   a_file.write_text("")
   args = [a.format(file=a_file) for a in args]
   # The case's own --root/--results come last: argparse keeps the last.
-  proc = _run(["-m", "fkjax.reproduce", f"--root={tmp_path / 'w'}",
+  proc = _run(["-m", "reproduce", f"--root={tmp_path / 'w'}",
                f"--results={tmp_path / 'r'}", *args])
   _assert_one_line_error(proc, *fragments, code=2)
   assert not proc.stdout, "nothing planned or run before the error"
@@ -221,7 +221,7 @@ def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
 
 
 def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
-  proc = _run(["-m", "fkjax.reproduce", "claims", "--scale=paper",
+  proc = _run(["-m", "reproduce", "claims", "--scale=paper",
                f"--results={tmp_path}"])
   _assert_one_line_error(proc, f"no result tables in {tmp_path}/paper", code=2)
   assert not list(tmp_path.iterdir())
@@ -230,7 +230,7 @@ def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
 def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   not_data = tmp_path / "not_data"
   not_data.write_text("")
-  proc = _run(["-m", "fkjax.reproduce", "table5", "--scale=cpu", "--seeds=1",
+  proc = _run(["-m", "reproduce", "table5", "--scale=cpu", "--seeds=1",
                "--rows=resnet20_skip,resnet20_noskip",
                f"--data_dir={not_data}", f"--root={tmp_path / 'w'}",
                f"--results={tmp_path / 'r'}"])
@@ -247,7 +247,7 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   progress = json.loads(next((tmp_path / "w").rglob("reproduce_progress.json"))
                         .read_text())
   assert progress["error"].startswith("DataError")
-  proc = _run(["-m", "fkjax.reproduce", "table5", "--scale=cpu", "--seeds=1",
+  proc = _run(["-m", "reproduce", "table5", "--scale=cpu", "--seeds=1",
                "--rows=resnet20_skip", f"--data_dir={not_data}",
                f"--root={tmp_path / 'w'}", f"--results={tmp_path / 'r'}"],
               env={"FKJAX_TRACEBACK": "1"})
@@ -255,7 +255,7 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
 
 
 def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
-  proc = _run(["-m", "fkjax.reproduce.analysis",
+  proc = _run(["-m", "reproduce.analysis",
                f"--workdir={tmp_path / 'nowhere'}"])
   _assert_one_line_error(proc, "no config.json", "nowhere", code=1)
   # A run kept without its checkpoints (results/<scale>/runs/...)
@@ -264,5 +264,5 @@ def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
   (kept / "config.json").write_text(
       _run(["-c", "from configs import tiny; print(tiny.get_config()"
                   ".to_json())"]).stdout)
-  proc = _run(["-m", "fkjax.reproduce.analysis", f"--workdir={kept}"])
+  proc = _run(["-m", "reproduce.analysis", f"--workdir={kept}"])
   _assert_one_line_error(proc, "no checkpoints", str(kept), code=1)

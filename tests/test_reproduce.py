@@ -1,6 +1,6 @@
-"""Tests of the table runner (fkjax.reproduce) at the tiny scale.
+"""Tests of the table runner (reproduce) at the tiny scale.
 
-The runner runs as a real ``python -m fkjax.reproduce`` process, so that it
+The runner runs as a real ``python -m reproduce`` process, so that it
 can be killed with SIGKILL in the middle of a row and rerun. The runs share a
 persistent compilation cache, so only the first run of each program pays for
 compilation.
@@ -24,11 +24,11 @@ from ml_collections import config_flags
 from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
-from fkjax.reproduce import archive as archive_lib
-from fkjax.reproduce import report
-from fkjax.reproduce import runner
-from fkjax.reproduce import scales
-from fkjax.reproduce import tables
+from reproduce import archive as archive_lib
+from reproduce import report
+from reproduce import runner
+from reproduce import scales
+from reproduce import tables
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_TEX = REPO.parent / "shared" / "paper.tex"
@@ -48,7 +48,7 @@ def _env(cache_dir):
 
 def _reproduce(args, root, cache, check=True):
   proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", *args,
+      [sys.executable, "-m", "reproduce", *args,
        f"--root={root / 'w'}", f"--results={root / 'results'}"],
       cwd=REPO, env=_env(cache), capture_output=True, text=True, timeout=900)
   if check and proc.returncode != 0:
@@ -320,12 +320,12 @@ def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path):
 def test_the_runner_imports_every_module_it_uses_at_its_start():
   # A row runs for an hour; a module first imported when it ends would be
   # read from a checkout edited meanwhile, next to old ones in memory.
-  code = ("import sys, fkjax.reproduce.__main__; print(' '.join(sorted("
-          "m for m in sys.modules if m.startswith('fkjax.reproduce.'))))")
+  code = ("import sys, reproduce.__main__; print(' '.join(sorted("
+          "m for m in sys.modules if m.startswith('reproduce.'))))")
   loaded = subprocess.run([sys.executable, "-c", code], check=True,
                           capture_output=True, text=True).stdout.split()
   for name in ("claims", "figures", "report", "runner", "tables"):
-    assert f"fkjax.reproduce.{name}" in loaded
+    assert f"reproduce.{name}" in loaded
 
 
 # --------------------------------------------------------------------------
@@ -463,7 +463,7 @@ def test_killed_row_resumes_to_the_uninterrupted_result(tiny):
   root = tiny["root"] / "killed"
   args = ["table5", "--scale=tiny", f"--rows={ROW}"]
   proc = subprocess.Popen(
-      [sys.executable, "-m", "fkjax.reproduce", *args, f"--root={root / 'w'}",
+      [sys.executable, "-m", "reproduce", *args, f"--root={root / 'w'}",
        f"--results={root / 'results'}"], cwd=REPO, env=_env(tiny["cache"]),
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   workdir = root / "w" / os.path.join(*ROW_WORKDIR)
@@ -521,7 +521,7 @@ def test_table7_runs_on_a_cifar100_release(tiny):
 
 def _fake_run_files(run, rng):
   """The files a finished run leaves, with made-up weights."""
-  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  from reproduce import analysis  # pylint: disable=C0415
   os.makedirs(run.workdir)
   w = {"conv": {"kernel": rng.normal(0, 0.05, (3, 3, 64, 64))},
        "stem": {"kernel": rng.normal(0, 0.1, (3, 3, 3, 16))}}
@@ -538,7 +538,7 @@ def _fake_run_files(run, rng):
 
 @pytest.mark.parametrize("table", ["sec3", "table4"])
 def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   rng = np.random.default_rng(0)
   runs = runner.plan(tables.TABLES[table], scales.SCALES["tiny"],
                      root=str(tmp_path))
@@ -556,7 +556,7 @@ def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
 
 
 def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   table = tables.TABLES["table2"]
   runs = runner.plan(table, scales.SCALES["tiny"], root=str(tmp_path),
                      seeds=2)
@@ -602,7 +602,7 @@ def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
 
 
 def test_lambda_sweep_figure(tmp_path):
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   data = {"metrics": tables.METRICS, "rows": [
       {"label": {"Net": net}, "overrides": {"sparsity.lamb1": lamb},
        "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}
@@ -644,7 +644,7 @@ def test_lambda_sweep_figure(tmp_path):
 
 def test_beta_sweep_figure(tmp_path):
   # Table 1's rows against beta; the unpruned rows (no beta) are left out.
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   rows = [{"label": {"Net": net}, "overrides": overrides,
            "paper": {"sparsity": 80.91} if overrides else {},
            "summary": {m: {"mean": 40.0, "std": 1.0, "n": 3}
@@ -706,11 +706,11 @@ def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# Finished runs kept under results/ (fkjax.reproduce.archive).
+# Finished runs kept under results/ (reproduce.archive).
 
 
 def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):
-  from fkjax.reproduce import archive  # pylint: disable=C0415
+  from reproduce import archive  # pylint: disable=C0415
   kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
       *ROW_WORKDIR[1:])
   names = {p.name for p in kept.iterdir()}
@@ -840,7 +840,7 @@ def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
 
 
 def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
-  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  from reproduce import analysis  # pylint: disable=C0415
   rng = np.random.default_rng(0)
   stacked = rng.normal(0, 0.05, (2, 3, 3, 64, 64))
   stacked[1, :, :, 5, :] = 0.0   # one input channel of member 1 pruned
@@ -1011,7 +1011,7 @@ def test_estimates_scale_with_the_machines_step_times(tmp_path):
 
 
 def test_calibration_times_a_clean_and_an_attacked_step():
-  from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+  from reproduce import calibrate  # pylint: disable=import-outside-toplevel
   times = calibrate.measure(repeats=1, depth=8, batch_size=8)
   assert 0 < times.clean_step < 60
   assert times.attack_iteration >= 0.25 * times.clean_step
@@ -1034,8 +1034,8 @@ def test_a_calibrated_dry_run_estimates_for_this_machine(tmp_path, capsys,
   # for real above (a real ResNet20 calibration costs the suite ~40 s), and
   # the runner's flags must not touch the test process's XLA_FLAGS.
   from fkjax import kernels  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import __main__ as cli_main  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+  from reproduce import __main__ as cli_main  # pylint: disable=import-outside-toplevel
+  from reproduce import calibrate  # pylint: disable=import-outside-toplevel
   slower = runner.StepTimes(clean_step=0.606, attack_iteration=0.2848)
   monkeypatch.setattr(calibrate, "measure", lambda: slower)
   monkeypatch.setattr(kernels, "apply_xla_flags", lambda: None)
@@ -1079,7 +1079,7 @@ def test_a_reader_stopping_early_ends_the_runner_without_a_traceback(
   # `... --dry-run | head`: the dry run of every table (>100 KB) overfills
   # the pipe, so the runner is still writing when the reader goes.
   proc = subprocess.Popen(
-      [sys.executable, "-m", "fkjax.reproduce", "all", "--scale=cpu",
+      [sys.executable, "-m", "reproduce", "all", "--scale=cpu",
        "--dry-run", f"--root={tmp_path / 'w'}",
        f"--results={tmp_path / 'results'}"],
       cwd=REPO, env=_env(tmp_path / "cache"), stdout=subprocess.PIPE,
@@ -1096,7 +1096,7 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
   # Every table, overview and claims file ends with the command that wrote
   # it: `--scale=cpu-long` would be refused, `--scale=cpu --variant=long`
   # is what selects the scale whose results are under cpu-long.
-  from fkjax.reproduce import __main__ as cli  # pylint: disable=import-outside-toplevel
+  from reproduce import __main__ as cli  # pylint: disable=import-outside-toplevel
   args = cli._parser().parse_args(  # pylint: disable=protected-access
       ["table1", *scales.command_flags(name).split()])
   scale = scales.SCALES[args.scale]

@@ -1,4 +1,4 @@
-"""fkjax.reproduce.overview: every row run at a scale in one table."""
+"""reproduce.overview: every row run at a scale in one table."""
 import json
 import subprocess
 import sys
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fkjax.reproduce import overview
-from fkjax.reproduce import scales
+from reproduce import overview
+from reproduce import scales
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path):
   for name, data in _tables().items():
     (folder / f"{name}.json").write_text(json.dumps(data))
   out = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "overview", "--scale=cpu",
+      [sys.executable, "-m", "reproduce", "overview", "--scale=cpu",
        f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
       check=True).stdout
   md = (folder / "overview.md").read_text()
@@ -93,7 +93,7 @@ def test_the_committed_overview_and_the_docs_copy_are_current(scale):
     pytest.skip(f"no committed {scale} results")
   committed = (REPO / "results" / scale / overview.FILE).read_text()
   assert committed == overview.markdown(tables, scale), (
-      f"results/{scale}/overview.md is stale: python -m fkjax.reproduce "
+      f"results/{scale}/overview.md is stale: python -m reproduce "
       f"overview {scales.command_flags(scale)}")
   table = overview.table_markdown(overview.lines_of(tables)[0])
   assert table in (REPO / "docs" / "reproduction.md").read_text(), (
@@ -113,9 +113,9 @@ def test_a_shared_row_is_listed_where_its_owner_is_not_written_yet():
 def test_a_variants_overview_names_the_command_that_writes_it():
   md = overview.markdown(_tables(), "cpu-long")
   assert md.startswith("# Every row run at the `cpu-long` scale")
-  assert ("`python -m fkjax.reproduce overview --scale=cpu --variant=long`"
+  assert ("`python -m reproduce overview --scale=cpu --variant=long`"
           in md)
-  assert "`python -m fkjax.reproduce overview --scale=cpu` " in (
+  assert "`python -m reproduce overview --scale=cpu` " in (
       overview.markdown(_tables(), "cpu"))
 
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fkjax.reproduce import carry
-from fkjax.reproduce import datapack
-from fkjax.reproduce import lease
-from fkjax.reproduce import queue as queue_lib
-from fkjax.reproduce import runner
-from fkjax.reproduce import scales
-from fkjax.reproduce import tables
+from reproduce import carry
+from reproduce import datapack
+from reproduce import lease
+from reproduce import queue as queue_lib
+from reproduce import runner
+from reproduce import scales
+from reproduce import tables
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_reproduce.sh"
@@ -80,7 +80,7 @@ def test_a_bad_queue_is_one_clear_error(tmp_path, runs, message):
   with pytest.raises(queue_lib.QueueError, match=message):
     queue_lib.load(str(path))
   proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "queue",
+      [sys.executable, "-m", "reproduce", "queue",
        f"--queue={path}", f"--results={tmp_path}"], cwd=REPO,
       capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
@@ -148,7 +148,7 @@ def _clone(path, results_from=None):
   """A checkout: the code (linked) and a copy of ``results_from``'s results
   (a fresh clone of home), or a queue of the one tiny run."""
   path.mkdir(parents=True)
-  for name in ("configs", "fkjax"):
+  for name in ("configs", "fkjax", "reproduce"):
     (path / name).symlink_to(REPO / name)
   if results_from is not None:
     shutil.copytree(results_from / "results", path / "results")
@@ -191,7 +191,7 @@ def _lease(clone, cache, out, data, stop_when=None):
 
 def _unpack(home, folder):
   proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "unpack", str(folder)],
+      [sys.executable, "-m", "reproduce", "unpack", str(folder)],
       cwd=home, env=_env(home / "cache", folder,
                          PYTHONPATH=str(REPO)),
       capture_output=True, text=True, timeout=600)
@@ -269,7 +269,7 @@ def test_the_finished_run_equals_a_run_never_stopped(session):
     a = json.loads((home / RUN / name).read_text())
     b = json.loads((reference / RUN / name).read_text())
     assert a["correct_per_image"] == b["correct_per_image"]
-  from fkjax.reproduce import weights  # pylint: disable=C0415
+  from reproduce import weights  # pylint: disable=C0415
   a = weights.flatten(weights.load(str(home / RUN / weights.WEIGHTS_FILE)))
   b = weights.flatten(weights.load(str(reference / RUN /
                                        weights.WEIGHTS_FILE)))
@@ -370,7 +370,7 @@ def test_a_dry_run_writes_nothing(session, tmp_path):
   before = _tree_digest(home / "results")
   root = tmp_path / "w"
   proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "table5", "--scale=tiny",
+      [sys.executable, "-m", "reproduce", "table5", "--scale=tiny",
        "--rows=resnet20_skip", "--dry-run", f"--root={root}",
        f"--results={home / 'results'}"], cwd=REPO, capture_output=True,
       text=True, timeout=300)

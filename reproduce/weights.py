@@ -5,7 +5,7 @@ What ``eval.py`` evaluates: the sparse ``u`` of the checkpoint
 BatchNorm statistics, float32, each array under its path in the variables
 (``params/Block_0/Conv_0/kernel``). ``np.savez_compressed`` stores them
 losslessly: a pruned net's zeros cost next to nothing. The file is kept with
-the run under ``results/`` (:mod:`fkjax.reproduce.archive`) and read back by
+the run under ``results/`` (:mod:`reproduce.archive`) and read back by
 :func:`fkjax.pretrained.load`.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def publish(config: Any, workdir: str, exp: Any = None) -> str:
 
 
 # --------------------------------------------------------------------------
-# What publishing costs: ``python -m fkjax.reproduce.weights``.
+# What publishing costs: ``python -m reproduce.weights``.
 
 
 def compressed_bytes(variables: Mapping[str, Any]) -> int:
@@ -123,9 +123,9 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
 def main() -> int:
   """Prints what a published run costs per net, and the queue's total."""
   import collections  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import queue as queue_lib  # pylint: disable=C0415
-  from fkjax.reproduce import scales  # pylint: disable=C0415
-  from fkjax.reproduce import tables  # pylint: disable=C0415
+  from reproduce import queue as queue_lib  # pylint: disable=C0415
+  from reproduce import scales  # pylint: disable=C0415
+  from reproduce import tables  # pylint: disable=C0415
   nets = collections.Counter()
   for e in queue_lib.default_entries():
     row = tables.TABLES[e.table].row(e.row)

@@ -18,7 +18,7 @@ import os
 import shutil
 from typing import Iterable
 
-from fkjax.reproduce import files
+from reproduce import files
 
 RUN_RECORD = "reproduce_run.json"
 PROGRESS_FILE = "reproduce_progress.json"

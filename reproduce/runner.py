@@ -8,9 +8,9 @@ workdir). A run goes through stages, each skipped when its result exists:
    checkpoint after a kill; ends with train.py's own ``final_eval.json``);
 2. ``eval``: ``fkjax.eval_run.evaluate_checkpoint`` (``eval_paper.json``);
 3. one stage per extra evaluation of the table (``eval_<protocol>.json``);
-4. ``analysis``: weight statistics (:mod:`fkjax.reproduce.analysis`);
+4. ``analysis``: weight statistics (:mod:`reproduce.analysis`);
 5. ``publish`` (scales that publish weights): the evaluated weights,
-   ``weights.npz`` (:mod:`fkjax.reproduce.weights`).
+   ``weights.npz`` (:mod:`reproduce.weights`).
 
 Then ``reproduce_run.json`` records the run: the exact equivalent
 ``train.py`` / ``eval.py`` commands, the wall time of each stage (kept across
@@ -35,11 +35,11 @@ import ml_collections
 from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
-from fkjax.reproduce import archive as archive_lib
-from fkjax.reproduce import files
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
-from fkjax.reproduce import weights as weights_lib
+from reproduce import archive as archive_lib
+from reproduce import files
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
+from reproduce import weights as weights_lib
 
 RUN_RECORD = archive_lib.RUN_RECORD
 PROGRESS_FILE = archive_lib.PROGRESS_FILE
@@ -116,7 +116,7 @@ class Run:
   eval_result: str
   extra_evals: list[ExtraEvalRun]
   # <results>/<scale>/runs/<table>/<row>_seed<k>: where the finished run's
-  # files are kept (fkjax.reproduce.archive); None: not kept.
+  # files are kept (reproduce.archive); None: not kept.
   archive: str | None = None
   # keep its evaluated weights (weights.npz) with its results: the scale's
   # publish_weights
@@ -163,7 +163,7 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
   """The runs of ``table`` at ``scale`` (only ``rows`` if given).
 
   With ``results`` (the results directory), each run is kept in step with
-  its copy there (:mod:`fkjax.reproduce.archive`): a finished run missing
+  its copy there (:mod:`reproduce.archive`): a finished run missing
   from its workdir (a fresh checkout) is restored from it (unless
   ``restore`` is False, or a collection of workdirs that holds its own: it
   then trains again), and a finished run not yet copied there is copied.
@@ -405,7 +405,7 @@ def execute(run: Run, *, show_progress: bool = True,
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
   from fkjax import train  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  from reproduce import analysis  # pylint: disable=C0415
 
   config = _with(run.config, {"progress": show_progress})
   check_workdir(run)
@@ -623,7 +623,7 @@ def commands_of(run: Run) -> dict[str, str]:
   (the analysis and the extra evaluations do not depend on each other)."""
   return {"train": run.train_command, "eval": run.eval_command,
           **{f"eval_{e.protocol}": e.command for e in run.extra_evals},
-          "analysis": ("python -m fkjax.reproduce.analysis "
+          "analysis": ("python -m reproduce.analysis "
                        f"--workdir={shlex.quote(run.workdir)}")}
 
 
@@ -761,7 +761,7 @@ class StepTimes:
 # a clean step, one attack iteration; per image of one evaluation attack
 # iteration; multipliers per ensemble size measured for PGD-10 steps (En2
 # 4.07 s, En5 12.2 s vs ResNet20 1.73 s). Another machine's step times
-# (fkjax.reproduce.calibrate) scale the estimates.
+# (reproduce.calibrate) scale the estimates.
 REFERENCE_STEP_TIMES = StepTimes(clean_step=0.303, attack_iteration=0.1424)
 _EVAL_ITER_PER_IMAGE = 10.08 / 500 / 21
 _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}

@@ -17,10 +17,10 @@ import ml_collections
 
 from fkjax import host
 from fkjax import workdir as workdir_lib
-from fkjax.reproduce import files
-from fkjax.reproduce import runner as runner_lib
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
+from reproduce import files
+from reproduce import runner as runner_lib
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
 
 NOT_RUN = "not yet run"
 
@@ -260,7 +260,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"{data['git_commit'] or '(unknown commit)'}"
             f"{' with uncommitted changes' if data.get('git_dirty') else ''}"
             " by "
-            f"`python -m fkjax.reproduce {data['table']} "
+            f"`python -m reproduce {data['table']} "
             f"{scales_lib.command_flags(data['scale'])}`.", ""]
   return "\n".join(lines)
 

@@ -1,8 +1,8 @@
 """The short pilots that calibrated the ``cpu`` scale (docs/reproduction.md).
 
-    python -m fkjax.reproduce.pilot rgsm_m4_x2 [--root=workdirs/pilots]
-    python -m fkjax.reproduce.pilot --summary
-    python -m fkjax.reproduce.pilot --plot=results/pilots/rgsm_curves.png
+    python -m reproduce.pilot rgsm_m4_x2 [--root=workdirs/pilots]
+    python -m reproduce.pilot --summary
+    python -m reproduce.pilot --plot=results/pilots/rgsm_curves.png
 
 Each pilot is one training run (ResNet20 on the real CIFAR-10) with the
 ``cpu`` scale's data, attack and schedule, shortened to its high learning
@@ -10,7 +10,7 @@ rate phase where the shrinkage happens, under one of the ways of rescaling
 weight decay and the sparsifier's hyperparameters. It writes
 ``results/pilots/<name>.json``: the settings, wall time, validation and test
 natural accuracy, sparsity and the weight statistics of
-:mod:`fkjax.reproduce.analysis`.
+:mod:`reproduce.analysis`.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from fkjax import kernels
-from fkjax.reproduce import analysis
-from fkjax.reproduce import files
-from fkjax.reproduce import scales as scales_lib
+from reproduce import analysis
+from reproduce import files
+from reproduce import scales as scales_lib
 
 
 def _pilots() -> dict[str, dict[str, Any]]:
@@ -225,7 +225,7 @@ def plot_rgsm_curves(results_dir: str, path: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m fkjax.reproduce.pilot",
+  parser = argparse.ArgumentParser(prog="python -m reproduce.pilot",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("names", nargs="*", choices=sorted(PILOTS) + [[]])
   parser.add_argument("--root", default="workdirs/pilots")

@@ -1,14 +1,14 @@
-"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|gpu|paper|tiny``.
+"""``python -m reproduce <table|all|list> --scale=cpu|gpu|paper|tiny``.
 
-  python -m fkjax.reproduce list
-  python -m fkjax.reproduce table1 --scale=cpu --dry-run
-  python -m fkjax.reproduce table1 --scale=cpu --rows=resnet20_none --seeds=1
-  python -m fkjax.reproduce all --scale=paper --dry-run
-  python -m fkjax.reproduce table2 --scale=cpu --report-only
-  python -m fkjax.reproduce claims --scale=cpu
-  python -m fkjax.reproduce overview --scale=cpu
-  python -m fkjax.reproduce queue            # the GPU queue's state
-  python -m fkjax.reproduce unpack <folder>  # what a lease brought back
+  python -m reproduce list
+  python -m reproduce table1 --scale=cpu --dry-run
+  python -m reproduce table1 --scale=cpu --rows=resnet20_none --seeds=1
+  python -m reproduce all --scale=paper --dry-run
+  python -m reproduce table2 --scale=cpu --report-only
+  python -m reproduce claims --scale=cpu
+  python -m reproduce overview --scale=cpu
+  python -m reproduce queue            # the GPU queue's state
+  python -m reproduce unpack <folder>  # what a lease brought back
 
 Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
@@ -45,21 +45,21 @@ from typing import Any
 from fkjax import cli
 from fkjax import kernels
 from fkjax.data.types import DataError
-from fkjax.reproduce import claims
-from fkjax.reproduce import figures
-from fkjax.reproduce import files
-from fkjax.reproduce import lease
-from fkjax.reproduce import overview
-from fkjax.reproduce import queue as queue_lib
-from fkjax.reproduce import report
-from fkjax.reproduce import runner as runner_lib
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
+from reproduce import claims
+from reproduce import figures
+from reproduce import files
+from reproduce import lease
+from reproduce import overview
+from reproduce import queue as queue_lib
+from reproduce import report
+from reproduce import runner as runner_lib
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog="python -m fkjax.reproduce",
+      prog="python -m reproduce",
       description="Reproduce the paper's tables (docs/reproduction.md).")
   p.add_argument("table", help="a table name, 'all', 'list', 'claims' or "
                       "'overview'")
@@ -151,7 +151,7 @@ def _write_summary(name: str, results: str, scale: str) -> str:
 
 def _queue_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog="python -m fkjax.reproduce queue|unpack",
+      prog="python -m reproduce queue|unpack",
       description="The queue a lent GPU advances (docs/reproduction.md, "
                   "\"The queue\").")
   p.add_argument("action", choices=("queue", "unpack"))
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
     if not os.path.isdir(os.path.join(args.results, scale_name)):
       print(f"error: no result tables in {args.results}/{scale_name} yet: "
-            f"run one first (python -m fkjax.reproduce table1 "
+            f"run one first (python -m reproduce table1 "
             f"{scales_lib.command_flags(scale_name)})", file=sys.stderr)
       return 2
     with open(_write_summary(args.table, args.results, scale_name)) as f:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [r for r in rows if not any(r in named[n] for n in names)]
     if missing:
       print(f"error: no table has a row {missing[0]!r}; "
-            "python -m fkjax.reproduce list names them", file=sys.stderr)
+            "python -m reproduce list names them", file=sys.stderr)
       return 2
     names = [n for n in names if table_rows[n]]
   plans = {}
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
       # Timed as the runs would train: with fkjax's CPU flags.
       kernels.apply_xla_flags()
       # Only this needs JAX and the nets before a run: imported when asked.
-      from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+      from reproduce import calibrate  # pylint: disable=import-outside-toplevel
       step_times = calibrate.measure()
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,

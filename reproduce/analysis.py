@@ -28,7 +28,7 @@ import numpy as np
 
 from fkjax import experiment as experiment_lib
 from fkjax import sparsity
-from fkjax.reproduce.files import atomic_json
+from reproduce.files import atomic_json
 
 ANALYSIS_JSON = "analysis.json"
 ANALYSIS_NPZ = "analysis.npz"
@@ -153,7 +153,7 @@ def _atomic_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """``python -m fkjax.reproduce.analysis --workdir=W``: analyses a run
+  """``python -m reproduce.analysis --workdir=W``: analyses a run
   with its own ``config.json`` (as ``eval.py`` evaluates it)."""
   import argparse  # pylint: disable=import-outside-toplevel
   from fkjax import cli  # pylint: disable=import-outside-toplevel

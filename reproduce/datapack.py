@@ -6,8 +6,8 @@ official tar.gz). This packs it losslessly into parts that each fit a
 call, to be staged in a folder that persists while the machine stays warm
 (``benchmarks/gpu_reproduce.sh``, docs/reproduction.md)::
 
-  python -m fkjax.reproduce.datapack pack $FKJAX_DATA_DIR .datapack_all --part-mib=40
-  python -m fkjax.reproduce.datapack unpack STAGE DEST   # on the machine
+  python -m reproduce.datapack pack $FKJAX_DATA_DIR .datapack_all --part-mib=40
+  python -m reproduce.datapack unpack STAGE DEST   # on the machine
 
 Each image file is split into its label bytes and its pixel planes (the
 release stores an image as 1 label byte then 1024 red, 1024 green, 1024
@@ -142,7 +142,7 @@ def unpack(stage: str, dest: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m fkjax.reproduce.datapack",
+  p = argparse.ArgumentParser(prog="python -m reproduce.datapack",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("action", choices=("pack", "unpack"))
   p.add_argument("source", help="pack: the data folder; unpack: the stage")
