@@ -55,6 +55,7 @@ from reproduce import report
 from reproduce import runner as runner_lib
 from reproduce import scales as scales_lib
 from reproduce import tables as tables_lib
+from reproduce import weights
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -192,6 +193,8 @@ def _queue_main(argv: list[str]) -> int:
               f"--root={args.root}"])
   text = queue_lib.summary(entries, args.results)
   files.atomic_text(os.path.join(args.results, "queue.md"), text)
+  # What fkjax.pretrained resolves the published runs' names with.
+  weights.write_names(args.results)
   print(text, end="")
   return 0
 

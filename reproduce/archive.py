@@ -18,9 +18,10 @@ import os
 import shutil
 from typing import Iterable
 
+from fkjax import pretrained
 from reproduce import files
 
-RUN_RECORD = "reproduce_run.json"
+RUN_RECORD = pretrained.RUN_RECORD
 PROGRESS_FILE = "reproduce_progress.json"
 # Everything a finished run reports from, and nothing it can be rebuilt from.
 KEPT = (RUN_RECORD, PROGRESS_FILE, "config.json", "metrics.jsonl",
@@ -31,8 +32,9 @@ KEPT = (RUN_RECORD, PROGRESS_FILE, "config.json", "metrics.jsonl",
 
 def archive_dir(results: str, scale: str, table: str, row: str,
                 seed: int) -> str:
-  """Where a run's files are kept: ``<results>/<scale>/runs/<table>/...``."""
-  return os.path.join(results, scale, "runs", table, f"{row}_seed{seed}")
+  """Where a run's files are kept: ``<results>/<scale>/runs/<table>/...``,
+  where :mod:`fkjax.pretrained` finds them."""
+  return pretrained.run_folder(results, scale, table, row, seed)
 
 
 def _kept_files(directory: str) -> list[str]:

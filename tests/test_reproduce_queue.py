@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fkjax import pretrained
+from fkjax import weights_file
+
 from reproduce import carry
 from reproduce import datapack
 from reproduce import lease
@@ -25,6 +28,7 @@ from reproduce import queue as queue_lib
 from reproduce import runner
 from reproduce import scales
 from reproduce import tables
+from reproduce import weights
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_reproduce.sh"
@@ -61,6 +65,28 @@ def test_the_committed_queue_is_the_issues_order():
     runs = runner.plan(tables.TABLES[unit.table], scales.SCALES[unit.scale],
                        root="w", rows=[unit.row], seeds=max(unit.seeds) + 1)
     assert [r.seed for r in runs] == list(range(max(unit.seeds) + 1))
+
+
+def test_the_committed_run_names_are_the_tables():
+  # fkjax.pretrained resolves names with this file, not with the tables:
+  # `python -m reproduce queue` rewrites it after a table changes.
+  committed = json.loads((REPO / "results" / weights_file.NAMES_FILE)
+                         .read_text())
+  assert committed == weights.names()
+  assert committed["table5"]["resnet20_skip"] == "table1/resnet20_none"
+  assert committed["table1"]["resnet20_none"] == "table1/resnet20_none"
+
+
+def test_a_name_resolves_through_the_names_file_or_as_written(tmp_path):
+  assert pretrained.run_dir("gpu/table5/resnet20_skip/seed1",
+                            str(tmp_path)) == str(
+      tmp_path / "gpu/runs/table5/resnet20_skip_seed1")
+  weights.write_names(str(tmp_path))
+  assert pretrained.run_dir("gpu/table5/resnet20_skip/seed1",
+                            str(tmp_path)) == str(
+      tmp_path / "gpu/runs/table1/resnet20_none_seed1")
+  with pytest.raises(pretrained.PretrainedError, match="no table 'table9'"):
+    pretrained.run_dir("gpu/table9/resnet20_skip/seed1", str(tmp_path))
 
 
 @pytest.mark.parametrize("runs, message", [
@@ -154,6 +180,7 @@ def _clone(path, results_from=None):
     shutil.copytree(results_from / "results", path / "results")
   else:
     queue_lib.write(str(path / "results" / queue_lib.QUEUE_FILE), [ENTRY])
+    weights.write_names(str(path / "results"))   # committed in a clone
   return path
 
 
@@ -269,7 +296,7 @@ def test_the_finished_run_equals_a_run_never_stopped(session):
     a = json.loads((home / RUN / name).read_text())
     b = json.loads((reference / RUN / name).read_text())
     assert a["correct_per_image"] == b["correct_per_image"]
-  from reproduce import weights  # pylint: disable=C0415
+  from fkjax import weights_file as weights  # pylint: disable=C0415
   a = weights.flatten(weights.load(str(home / RUN / weights.WEIGHTS_FILE)))
   b = weights.flatten(weights.load(str(reference / RUN /
                                        weights.WEIGHTS_FILE)))
