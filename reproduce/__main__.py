@@ -42,12 +42,12 @@ from typing import Any
 # Every module the runner uses is imported here, at its start, not when the
 # first run finishes: a run takes an hour, and a checkout edited meanwhile
 # would otherwise mix old modules in memory with new ones from disk.
+from fkjax import atomic
 from fkjax import cli
 from fkjax import kernels
 from fkjax.data.types import DataError
 from reproduce import claims
 from reproduce import figures
-from reproduce import files
 from reproduce import lease
 from reproduce import overview
 from reproduce import queue as queue_lib
@@ -192,7 +192,7 @@ def _queue_main(argv: list[str]) -> int:
               "--report-only", f"--results={args.results}",
               f"--root={args.root}"])
   text = queue_lib.summary(entries, args.results)
-  files.atomic_text(os.path.join(args.results, "queue.md"), text)
+  atomic.write_text(os.path.join(args.results, "queue.md"), text)
   # What fkjax.pretrained resolves the published runs' names with.
   weights.write_names(args.results)
   print(text, end="")

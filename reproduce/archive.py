@@ -18,6 +18,7 @@ import os
 import shutil
 from typing import Iterable
 
+from fkjax import atomic
 from fkjax import pretrained
 from reproduce import files
 
@@ -45,12 +46,10 @@ def _kept_files(directory: str) -> list[str]:
 
 
 def _copy(sources: Iterable[str], directory: str) -> None:
-  os.makedirs(directory, exist_ok=True)
   for src in sources:
-    dst = os.path.join(directory, os.path.basename(src))
-    tmp = f"{dst}.tmp{os.getpid()}"
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    with open(src, "rb") as f, atomic.replacing(
+        os.path.join(directory, os.path.basename(src)), "wb") as out:
+      shutil.copyfileobj(f, out)
 
 
 def save(workdir: str, archive: str) -> None:

@@ -52,6 +52,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from fkjax import atomic
 from fkjax import workdir as workdir_lib
 from reproduce import claims_figure
 from reproduce import files
@@ -537,7 +538,7 @@ def write(results_dir: str, scale: str) -> tuple[str, str]:
   os.makedirs(folder, exist_ok=True)
   json_path = os.path.join(folder, "claims.json")
   md_path = os.path.join(folder, "claims.md")
-  files.atomic_json(json_path, data)
-  files.atomic_text(md_path, markdown(data))
+  atomic.write_json(json_path, data)
+  atomic.write_text(md_path, markdown(data))
   claims_figure.figure(data, os.path.join(folder, FIGURE))
   return json_path, md_path

@@ -28,6 +28,8 @@ import sys
 
 import numpy as np
 
+from fkjax import atomic
+
 MANIFEST = "cifar10.json"
 PART = "cifar10.xz.part-{:02d}"
 RECORD = 1 + 3 * 32 * 32
@@ -77,14 +79,13 @@ def pack(source: str, out: str, part_bytes: int) -> dict:
   for i in range(0, len(blob), part_bytes):
     chunk = blob[i:i + part_bytes]
     name = PART.format(i // part_bytes)
-    with open(os.path.join(out, name), "wb") as f:
-      f.write(chunk)
+    atomic.write_bytes(os.path.join(out, name), chunk)
     parts.append({"name": name, "bytes": len(chunk), "sha256": _sha(chunk)})
   manifest = {"files": entries, "parts": parts,
               "raw_bytes": sum(e["bytes"] for e in entries),
               "packed_bytes": len(blob)}
-  with open(os.path.join(out, MANIFEST), "w") as f:
-    json.dump(manifest, f, indent=1)
+  atomic.write_text(os.path.join(out, MANIFEST),
+                    json.dumps(manifest, indent=1))
   return manifest
 
 
@@ -134,10 +135,7 @@ def unpack(stage: str, dest: str) -> str:
     if _sha(raw) != entry["sha256"]:
       raise ValueError(f"{entry['name']} does not unpack to the packed "
                        "file (sha256)")
-    tmp = os.path.join(folder, f".{entry['name']}.tmp")
-    with open(tmp, "wb") as f:
-      f.write(raw)
-    os.replace(tmp, os.path.join(folder, entry["name"]))
+    atomic.write_bytes(os.path.join(folder, entry["name"]), raw)
   return folder
 
 

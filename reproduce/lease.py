@@ -34,6 +34,7 @@ import sys
 import tarfile
 from typing import Any, Sequence
 
+from fkjax import atomic
 from reproduce import archive
 from reproduce import carry
 from reproduce import files
@@ -135,8 +136,7 @@ def write_parts(manifest: dict[str, Any], out: str, base: str,
   parts = []
   for i in range(0, max(len(blob), 1), part_bytes):
     name = f"{TAR}.part-{i // part_bytes:02d}"
-    with open(os.path.join(out, name), "wb") as f:
-      f.write(blob[i:i + part_bytes])
+    atomic.write_bytes(os.path.join(out, name), blob[i:i + part_bytes])
     parts.append(name)
   manifest = {**manifest,
               "files": [os.path.relpath(p, base) for p in manifest["files"]],
@@ -144,7 +144,7 @@ def write_parts(manifest: dict[str, Any], out: str, base: str,
                           for p in manifest["removed"]],
               "parts": parts, "tar_bytes": len(blob),
               "sha256": hashlib.sha256(blob).hexdigest()}
-  files.atomic_json(os.path.join(out, MANIFEST), manifest)
+  atomic.write_json(os.path.join(out, MANIFEST), manifest)
   return parts
 
 

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from matplotlib.figure import Figure
 import numpy as np
 
+from fkjax import atomic
 from reproduce import figures
 from reproduce import files
 from reproduce import report
@@ -320,6 +321,6 @@ def write(results_dir: str, scale: str) -> str:
   os.makedirs(folder, exist_ok=True)
   path = os.path.join(folder, FILE)
   tables = load(results_dir, scale)
-  files.atomic_text(path, markdown(tables, scale))
+  atomic.write_text(path, markdown(tables, scale))
   figure(tables, scale, os.path.join(folder, PLOT_FILE))
   return path

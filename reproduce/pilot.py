@@ -25,9 +25,9 @@ from typing import Any
 # Figure, not pyplot: it draws PNGs without choosing a global backend.
 from matplotlib.figure import Figure
 
+from fkjax import atomic
 from fkjax import kernels
 from reproduce import analysis
-from reproduce import files
 from reproduce import scales as scales_lib
 
 
@@ -119,7 +119,7 @@ def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
       "analysis": stats,
   }
   os.makedirs(results_dir, exist_ok=True)
-  files.atomic_json(os.path.join(results_dir, f"{name}.json"), out)
+  atomic.write_json(os.path.join(results_dir, f"{name}.json"), out)
   return out
 
 

@@ -22,6 +22,7 @@ import json
 import os
 from typing import Iterable, Sequence
 
+from fkjax import atomic
 from reproduce import archive
 from reproduce import carry
 from reproduce import files
@@ -130,7 +131,7 @@ def write(path: str, entries: Sequence[Entry], note: str = "") -> None:
   data = {"note": note} if note else {}
   data["runs"] = [dataclasses.asdict(e) for e in entries]
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  files.atomic_text(path, json.dumps(data, indent=1) + "\n")
+  atomic.write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def scale_of(name: str) -> scales_lib.Scale:

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import ml_collections
 
+from fkjax import atomic
 from fkjax import host
 from fkjax import workdir as workdir_lib
 from reproduce import files
@@ -299,6 +300,6 @@ def write(data: dict[str, Any], results_dir: str) -> tuple[str, str]:
   os.makedirs(folder, exist_ok=True)
   json_path = os.path.join(folder, f"{data['table']}.json")
   md_path = os.path.join(folder, f"{data['table']}.md")
-  files.atomic_json(json_path, data)
-  files.atomic_text(md_path, markdown(data))
+  atomic.write_json(json_path, data)
+  atomic.write_text(md_path, markdown(data))
   return json_path, md_path

@@ -32,6 +32,8 @@ from typing import Any, Callable, Collection, Iterable, Mapping
 
 import ml_collections
 
+from fkjax import atomic
+from fkjax import config_keys
 from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
@@ -280,7 +282,7 @@ def _with(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
           ) -> ml_collections.ConfigDict:
   new = ml_collections.ConfigDict(run_config.as_dict(config))
   for key, value in overrides.items():
-    scales_lib.set_key(new, key, value)
+    config_keys.set_value(new, key, value, must_exist=True)
   return new
 
 
@@ -321,7 +323,7 @@ class Progress:
 
   def _save(self) -> None:
     with self._lock:
-      files.atomic_json(self.path, self.data)
+      atomic.write_json(self.path, self.data)
 
   def timed(self, name: str, fingerprint: str, fn: Callable[[], Any]) -> Any:
     """Runs ``fn`` as stage ``name``, accounting its wall time."""
@@ -664,7 +666,7 @@ def make_record(run: Run, progress: Progress) -> dict[str, Any]:
 def _save_record(run: Run, progress: Progress) -> dict[str, Any]:
   """Writes the run's record, then its copy under ``results/``."""
   record = make_record(run, progress)
-  files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
+  atomic.write_json(os.path.join(run.workdir, RUN_RECORD), record)
   if run.archive is not None:
     archive_lib.save(run.workdir, run.archive)
   return record
