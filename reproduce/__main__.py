@@ -199,79 +199,107 @@ def _queue_main(argv: list[str]) -> int:
   return 0
 
 
+class _UsageError(ValueError):
+  """A command line that names something wrong: one error line, exit 2."""
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+  for flag, value in (("--seeds", args.seeds),
+                      ("--sweep-max-runs", args.sweep_max_runs)):
+    if value is not None and value < 1:
+      raise _UsageError(f"{flag} must be >= 1, got {value}")
+  for flag, path in (("--root", args.root), ("--results", args.results)):
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise _UsageError(f"{flag}={path} is a file, not a folder")
+  if args.calibrate and not args.dry_run:
+    raise _UsageError("--calibrate goes with --dry-run (it scales the dry "
+                      "run's estimates)")
+
+
+def _summary_command(args: argparse.Namespace) -> int:
+  """``claims`` or ``overview``: rewrites and prints it from the tables."""
+  scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
+  if not os.path.isdir(os.path.join(args.results, scale_name)):
+    raise _UsageError(
+        f"no result tables in {args.results}/{scale_name} yet: run one "
+        f"first (python -m reproduce table1 "
+        f"{scales_lib.command_flags(scale_name)})")
+  with open(_write_summary(args.table, args.results, scale_name)) as f:
+    print(f.read(), end="")
+  return 0
+
+
+def _table_names(args: argparse.Namespace) -> list[str]:
+  names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
+  unknown = [n for n in names if n not in tables_lib.TABLES]
+  if unknown:
+    raise _UsageError(
+        f"unknown table {unknown[0]!r}; one of {sorted(tables_lib.TABLES)}, "
+        "'all', 'list', 'claims' or 'overview'")
+  return names
+
+
+def _tables_and_rows(args: argparse.Namespace, names: list[str]
+                     ) -> dict[str, list[str]]:
+  """The tables the command runs, each with its rows asked for (none: all)."""
+  rows = list(dict.fromkeys(r for r in args.rows.split(",") if r))
+  if not (rows and args.table == "all"):
+    return {n: rows for n in names}
+  # Each table runs the rows it has; a name no table has is an error.
+  named = {n: set(tables_lib.TABLES[n].row_names) for n in names}
+  missing = [r for r in rows if not any(r in named[n] for n in names)]
+  if missing:
+    raise _UsageError(f"no table has a row {missing[0]!r}; "
+                      "python -m reproduce list names them")
+  table_rows = {n: [r for r in rows if r in named[n]] for n in names}
+  return {n: r for n, r in table_rows.items() if r}
+
+
+def _scale(args: argparse.Namespace) -> scales_lib.Scale:
+  scale = scales_lib.SCALES[args.scale]
+  if not args.variant:
+    return scale
+  try:
+    return scales_lib.with_variant(scale, args.variant)
+  except ValueError as e:
+    raise _UsageError(str(e)) from e
+
+
+def _plans(args: argparse.Namespace, scale: scales_lib.Scale,
+           table_rows: dict[str, list[str]], environment: dict[str, Any]
+           ) -> dict[str, list[runner_lib.Run]]:
+  try:
+    return {name: runner_lib.plan(
+        tables_lib.TABLES[name], scale, root=args.root,
+        rows=rows or None, seeds=args.seeds, environment=environment,
+        results=args.results, restore=not args.no_restore,
+        sync=not args.dry_run) for name, rows in table_rows.items()}
+  except (KeyError, ValueError) as e:
+    # str() of a KeyError is its message in quotes.
+    raise _UsageError(e.args[0] if e.args else str(e)) from e
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv and argv[0] in ("queue", "unpack"):
     return _queue_main(argv)
   args = _parser().parse_args(argv)
-  for flag, value in (("--seeds", args.seeds),
-                      ("--sweep-max-runs", args.sweep_max_runs)):
-    if value is not None and value < 1:
-      print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
-      return 2
-  for flag, path in (("--root", args.root), ("--results", args.results)):
-    if os.path.exists(path) and not os.path.isdir(path):
-      print(f"error: {flag}={path} is a file, not a folder", file=sys.stderr)
-      return 2
-  if args.calibrate and not args.dry_run:
-    print("error: --calibrate goes with --dry-run (it scales the dry run's "
-          "estimates)", file=sys.stderr)
-    return 2
-  if args.table == "list":
-    _list()
-    return 0
-  if args.table in _SUMMARIES:
-    scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
-    if not os.path.isdir(os.path.join(args.results, scale_name)):
-      print(f"error: no result tables in {args.results}/{scale_name} yet: "
-            f"run one first (python -m reproduce table1 "
-            f"{scales_lib.command_flags(scale_name)})", file=sys.stderr)
-      return 2
-    with open(_write_summary(args.table, args.results, scale_name)) as f:
-      print(f.read(), end="")
-    return 0
-  names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
-  unknown = [n for n in names if n not in tables_lib.TABLES]
-  if unknown:
-    print(f"error: unknown table {unknown[0]!r}; one of "
-          f"{sorted(tables_lib.TABLES)}, 'all', 'list', 'claims' or "
-          "'overview'",
-          file=sys.stderr)
-    return 2
-  scale = scales_lib.SCALES[args.scale]
-  if args.variant:
-    try:
-      scale = scales_lib.with_variant(scale, args.variant)
-    except ValueError as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
-  environment = {"dataset.data_dir": args.data_dir} if args.data_dir else {}
-  rows = list(dict.fromkeys(r for r in args.rows.split(",") if r))
-  table_rows = {n: rows for n in names}
-  if rows and args.table == "all":
-    # Each table runs the rows it has; a name no table has is an error.
-    named = {n: set(tables_lib.TABLES[n].row_names) for n in names}
-    table_rows = {n: [r for r in rows if r in named[n]] for n in names}
-    missing = [r for r in rows if not any(r in named[n] for n in names)]
-    if missing:
-      print(f"error: no table has a row {missing[0]!r}; "
-            "python -m reproduce list names them", file=sys.stderr)
-      return 2
-    names = [n for n in names if table_rows[n]]
-  plans = {}
   try:
-    for name in names:
-      table = tables_lib.TABLES[name]
-      plans[name] = runner_lib.plan(
-          table, scale, root=args.root, rows=table_rows[name] or None,
-          seeds=args.seeds,
-          environment=environment, results=args.results,
-          restore=not args.no_restore, sync=not args.dry_run)
-  except (KeyError, ValueError) as e:
-    # str() of a KeyError is its message in quotes.
-    print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+    _check_flags(args)
+    if args.table == "list":
+      _list()
+      return 0
+    if args.table in _SUMMARIES:
+      return _summary_command(args)
+    names = _table_names(args)
+    scale = _scale(args)
+    table_rows = _tables_and_rows(args, names)
+    environment = ({"dataset.data_dir": args.data_dir} if args.data_dir
+                   else {})
+    plans = _plans(args, scale, table_rows, environment)
+  except _UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
     return 2
-
   if args.dry_run:
     step_times = None
     if args.calibrate:
@@ -283,81 +311,43 @@ def main(argv: list[str] | None = None) -> int:
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,
                     extra_evals=not args.defer_extra_evals)
+  return _run_tables(args, scale, plans, environment)
 
+
+def _run_tables(args: argparse.Namespace, scale: scales_lib.Scale,
+                plans: dict[str, list[runner_lib.Run]],
+                environment: dict[str, Any]) -> int:
+  """Runs what is left of each table, rewriting it as runs finish."""
   # --no-restore: the runs asked for train again; the rest of each table
   # is reported as usual.
   not_restored = ({r.workdir for runs in plans.values() for r in runs}
                   if args.no_restore else True)
-  failed = not_started = 0
   if not args.report_only:
     # As train.py and eval.py: the runs train and attack in this process.
     kernels.apply_xla_flags()
     from absl import logging  # pylint: disable=import-outside-toplevel
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
+  failed = not_started = 0
   for name, runs in plans.items():
     table = tables_lib.TABLES[name]
-    stale = True   # whether the table on disk lacks what has happened since
     # The table always shows all its rows, whatever --rows ran.
     reported = runner_lib.plan_report(table, scale, root=args.root,
                                       seeds=args.seeds,
                                       environment=environment,
                                       results=args.results,
                                       restore=not_restored)
+    stale = True   # whether the table on disk lacks what has happened since
     if not args.report_only:
-      todo = []
-      for r in runs:
-        if runner_lib.status_of(r) == "done" or (
-            args.defer_extra_evals and runner_lib.finished(r)):
-          continue
-        if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
-          # Restored from results/ without checkpoints: reported as it is.
-          pending = ", ".join(f"eval_{e.protocol}"
-                              for e in runner_lib.pending_evals(r))
-          runner_lib.log(
-              f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
-              "and its workdir has no checkpoint to evaluate (restored "
-              f"from results/); to train it again, remove {r.workdir} and "
-              "rerun with --no-restore")
-          continue
-        todo.append(r)
+      todo = _todo(name, runs, args.defer_extra_evals)
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
                      f"{len(runs) - len(todo)} done, {len(todo)} to run")
       if args.sweep and todo:
         runner_lib.train_in_sweeps(todo, max_runs=args.sweep_max_runs)
-      for i, run in enumerate(todo, 1):
-        runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                       f"{run.seed} ({runner_lib.status_of(run)})")
-        try:
-          record = runner_lib.execute(
-              run, extra_evals=not args.defer_extra_evals)
-        except Exception as e:  # pylint: disable=broad-except
-          # One failed run (a diverged training, say) must not stop the
-          # table: it is reported as failed and rerun next time.
-          failed += 1
-          stale = True
-          runner_lib.record_failure(run, e)
-          runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                         f"{run.seed} FAILED: {type(e).__name__}: "
-                         f"{cli.one_line(e)}")
-          # A user's mistake (missing data, a workdir in use) is said in
-          # that one line; a bug also shows where it happened.
-          if not cli.is_user_error(e):
-            traceback.print_exc()
-          if isinstance(e, DataError) and i < len(todo):
-            # Every run of a table reads the same data: all would fail so.
-            runner_lib.log(f"{name}: its {len(todo) - i} other run(s) to "
-                           "run read the same data: not started")
-            not_started += len(todo) - i
-            break
-          continue
-        metrics = ", ".join(f"{k} {v:.2f}" for k, v in
-                            record["metrics"].items() if k in table.metrics)
-        runner_lib.log(
-            f"[{name} {i}/{len(todo)}] {run.row.name} seed {run.seed} done "
-            f"in {runner_lib.format_seconds(record['wall_seconds'])}: "
-            f"{metrics}")
-        _write_table(table, scale, reported, args.results)
-        stale = False
+      stale, table_failed, table_not_started = _execute(
+          name, todo, args.defer_extra_evals,
+          lambda: _write_table(table, scale, reported, args.results))
+      failed += table_failed
+      not_started += table_not_started
     if stale:
       _write_table(table, scale, reported, args.results)
   if failed:
@@ -366,6 +356,70 @@ def main(argv: list[str] | None = None) -> int:
                    "retry them (finished runs are skipped)")
     return 1
   return 0
+
+
+def _todo(name: str, runs: list[runner_lib.Run], defer_extra_evals: bool
+          ) -> list[runner_lib.Run]:
+  """The runs of table ``name`` left to run."""
+  todo = []
+  for r in runs:
+    if runner_lib.status_of(r) == "done" or (
+        defer_extra_evals and runner_lib.finished(r)):
+      continue
+    if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
+      # Restored from results/ without checkpoints: reported as it is.
+      pending = ", ".join(f"eval_{e.protocol}"
+                          for e in runner_lib.pending_evals(r))
+      runner_lib.log(
+          f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
+          "and its workdir has no checkpoint to evaluate (restored "
+          f"from results/); to train it again, remove {r.workdir} and "
+          "rerun with --no-restore")
+      continue
+    todo.append(r)
+  return todo
+
+
+def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
+             write_table: Callable[[], Any]) -> tuple[int, int, int]:
+  """Runs ``todo`` in turn, rewriting the table after each run that
+  finishes; returns whether the table on disk lacks the last run's outcome
+  (a failure, or no run at all), and how many runs failed and were not
+  started."""
+  stale = True
+  failed = 0
+  for i, run in enumerate(todo, 1):
+    runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                   f"{run.seed} ({runner_lib.status_of(run)})")
+    try:
+      record = runner_lib.execute(run, extra_evals=not defer_extra_evals)
+    except Exception as e:  # pylint: disable=broad-except
+      # One failed run (a diverged training, say) must not stop the
+      # table: it is reported as failed and rerun next time.
+      failed += 1
+      runner_lib.record_failure(run, e)
+      runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                     f"{run.seed} FAILED: {type(e).__name__}: "
+                     f"{cli.one_line(e)}")
+      # A user's mistake (missing data, a workdir in use) is said in
+      # that one line; a bug also shows where it happened.
+      if not cli.is_user_error(e):
+        traceback.print_exc()
+      if isinstance(e, DataError) and i < len(todo):
+        # Every run of a table reads the same data: all would fail so.
+        runner_lib.log(f"{name}: its {len(todo) - i} other run(s) to "
+                       "run read the same data: not started")
+        return True, failed, len(todo) - i
+      stale = True
+      continue
+    metrics = ", ".join(f"{k} {v:.2f}" for k, v in record["metrics"].items()
+                        if k in tables_lib.TABLES[name].metrics)
+    runner_lib.log(
+        f"[{name} {i}/{len(todo)}] {run.row.name} seed {run.seed} done "
+        f"in {runner_lib.format_seconds(record['wall_seconds'])}: {metrics}")
+    write_table()
+    stale = False
+  return stale, failed, 0
 
 
 def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,

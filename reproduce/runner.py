@@ -172,57 +172,64 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
   ``sync=False`` copies nothing either way (a dry run writes nothing:
   :func:`status_view` reads a run's copy where its workdir is empty).
   """
-  wanted = list(rows) if rows else table.row_names
   runs = []
-  for name in wanted:
+  for name in list(rows) if rows else table.row_names:
     row = table.row(name)
-    if row.shared:
-      owner_table, owner = tables_lib.resolve_shared(row)
-      owner_name = owner_table.name
-    else:
-      owner_name, owner = table.name, row
     for seed in range(num_seeds(table, row, scale, seeds)):
-      config = scales_lib.build_config(owner.presets, owner.overrides, scale,
-                                       seed, environment)
-      if row.shared:
-        mine = scales_lib.build_config(row.presets, row.overrides, scale,
-                                       seed, environment)
-        diffs = run_config.differences(run_config.as_dict(config),
-                                       run_config.as_dict(mine),
-                                       ignore_environment=False)
-        if diffs:
-          raise ValueError(f"{table.name}/{row.name} shares {row.shared} "
-                           f"but their configs differ: {diffs[:3]}")
-      workdir = workdir_of(root, scale.name, owner_name, owner.name, seed)
-      presets = scales_lib.row_presets(owner.presets, scale)
-      flags = scales_lib.config_flags(config, presets)
-      train_cmd = _command("train.py", [
-          f"--config=configs/default.py:{presets}", *flags,
-          f"--workdir={workdir}"])
-      eval_cmd = _command("eval.py", [f"--workdir={workdir}"])
-      from_eval_run = _result_file(config)
-      extra = []
-      for spec in table.extra_evals:
-        if seed >= spec.max_seeds.get(scale.settings_key, 1 << 30):
-          continue
-        overrides = dict(spec.overrides.get(scale.settings_key, {}))
-        overrides.setdefault("eval.protocol", spec.protocol)
-        extra.append(_extra_eval_run(spec.protocol, overrides, config,
-                                     workdir))
-      run = Run(table, row, owner_name, owner, seed, workdir, config,
-                train_cmd, eval_cmd, from_eval_run, extra,
-                publish=scale.publish_weights)
+      run = _planned_run(table, row, scale, seed, root, environment)
       if results is not None:
-        run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
-                                              owner.name, seed)
+        run.archive = archive_lib.archive_dir(
+            results, scale.name, run.owner_table, run.owner_row.name, seed)
         if sync:
           sync_archive(run, restore if isinstance(restore, bool)
-                       else workdir not in restore)
+                       else run.workdir not in restore)
       if sync:   # a dry run writes nothing
-        for cfg in [config] + [_with(config, e.overrides) for e in extra]:
-          workdir_lib.adopt_subset_result(workdir, cfg)  # named before _n<N>
+        for cfg in [run.config] + [_with(run.config, e.overrides)
+                                   for e in run.extra_evals]:
+          # named before _n<N>
+          workdir_lib.adopt_subset_result(run.workdir, cfg)
       runs.append(run)
   return runs
+
+
+def _planned_run(table: tables_lib.Table, row: tables_lib.Row,
+                 scale: scales_lib.Scale, seed: int, root: str,
+                 environment: Mapping[str, Any] | None) -> Run:
+  """One seed of ``row``: its config (its owner's, for a shared row),
+  workdir, commands and extra evaluations."""
+  if row.shared:
+    owner_table, owner = tables_lib.resolve_shared(row)
+    owner_name = owner_table.name
+  else:
+    owner_name, owner = table.name, row
+  config = scales_lib.build_config(owner.presets, owner.overrides, scale,
+                                   seed, environment)
+  if row.shared:
+    mine = scales_lib.build_config(row.presets, row.overrides, scale,
+                                   seed, environment)
+    diffs = run_config.differences(run_config.as_dict(config),
+                                   run_config.as_dict(mine),
+                                   ignore_environment=False)
+    if diffs:
+      raise ValueError(f"{table.name}/{row.name} shares {row.shared} "
+                       f"but their configs differ: {diffs[:3]}")
+  workdir = workdir_of(root, scale.name, owner_name, owner.name, seed)
+  presets = scales_lib.row_presets(owner.presets, scale)
+  flags = scales_lib.config_flags(config, presets)
+  train_cmd = _command("train.py", [
+      f"--config=configs/default.py:{presets}", *flags,
+      f"--workdir={workdir}"])
+  eval_cmd = _command("eval.py", [f"--workdir={workdir}"])
+  extra = []
+  for spec in table.extra_evals:
+    if seed >= spec.max_seeds.get(scale.settings_key, 1 << 30):
+      continue
+    overrides = dict(spec.overrides.get(scale.settings_key, {}))
+    overrides.setdefault("eval.protocol", spec.protocol)
+    extra.append(_extra_eval_run(spec.protocol, overrides, config, workdir))
+  return Run(table, row, owner_name, owner, seed, workdir, config,
+             train_cmd, eval_cmd, _result_file(config), extra,
+             publish=scale.publish_weights)
 
 
 def sync_archive(run: Run, restore: bool = True) -> None:
@@ -406,8 +413,6 @@ def execute(run: Run, *, show_progress: bool = True,
   import jax  # pylint: disable=import-outside-toplevel
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
-  from reproduce import analysis  # pylint: disable=C0415
 
   config = _with(run.config, {"progress": show_progress})
   check_workdir(run)
@@ -416,7 +421,6 @@ def execute(run: Run, *, show_progress: bool = True,
   progress.data.pop("error", None)
   experiment.enable_compilation_cache(config)
   fps = fingerprints(run)
-  train_fp, eval_fp = fps["train"], fps["eval"]
   exp_cache: dict[str, Any] = {}
 
   def exp():
@@ -425,24 +429,7 @@ def execute(run: Run, *, show_progress: bool = True,
     return exp_cache["exp"]
 
   what = f"{run.table.name}/{run.row.name} seed {run.seed}"
-  if not (progress.done("train", train_fp) and _train_done(run)):
-    log(f"{what}: training in {run.workdir}")
-    progress.timed("train", train_fp,
-                   lambda: train.train_and_evaluate(config, run.workdir))
-  main_path = os.path.join(run.workdir, run.eval_result)
-  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
-    log(f"{what}: evaluating ({config.eval.attacks})")
-    progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
-        config, run.workdir, exp=exp()))
-  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
-  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
-    progress.timed("analysis", eval_fp,
-                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
-  wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
-  if run.publish and not (progress.done("publish", eval_fp)
-                          and os.path.exists(wpath)):
-    progress.timed("publish", eval_fp,
-                   lambda: weights_lib.publish(config, run.workdir, exp=exp()))
+  _core_stages(run, config, progress, fps, exp, what)
   # The run is reportable from here on, its extra evaluations pending; the
   # record is written again after each of them, so a run stopped during
   # the last one (an hour on a CPU) keeps the columns of those before it.
@@ -461,6 +448,35 @@ def execute(run: Run, *, show_progress: bool = True,
   exp_cache.clear()
   jax.clear_caches()
   return record
+
+
+def _core_stages(run: Run, config: ml_collections.ConfigDict,
+                 progress: Progress, fps: Mapping[str, str],
+                 exp: Callable[[], Any], what: str) -> None:
+  """Trains, evaluates (A1-A4), analyses and publishes ``run``: each stage
+  not done with its current fingerprint."""
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from reproduce import analysis  # pylint: disable=C0415
+  train_fp, eval_fp = fps["train"], fps["eval"]
+  if not (progress.done("train", train_fp) and _train_done(run)):
+    log(f"{what}: training in {run.workdir}")
+    progress.timed("train", train_fp,
+                   lambda: train.train_and_evaluate(config, run.workdir))
+  main_path = os.path.join(run.workdir, run.eval_result)
+  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
+    log(f"{what}: evaluating ({config.eval.attacks})")
+    progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
+        config, run.workdir, exp=exp()))
+  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
+  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
+    progress.timed("analysis", eval_fp,
+                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
+  wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
+  if run.publish and not (progress.done("publish", eval_fp)
+                          and os.path.exists(wpath)):
+    progress.timed("publish", eval_fp,
+                   lambda: weights_lib.publish(config, run.workdir, exp=exp()))
 
 
 # --------------------------------------------------------------------------
