@@ -1,18 +1,14 @@
 """reproduce.claims: the paper's claims judged from result tables."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fkjax import workdir as workdir_lib
+from reproduce import __main__ as reproduce_main
 from reproduce import claims
 from reproduce import claims_figure
 from reproduce import tables
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _table(rows):
@@ -105,13 +101,13 @@ def _write_rvsm_and_admm(folder):
       "admm_element": ([80.0], "w_sparsity", 2000)})))
 
 
-def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path):
+def test_cli_writes_the_verdicts_of_the_tables_on_disk(tmp_path, capsys):
   folder = tmp_path / "cpu"
   _write_rvsm_and_admm(folder)
-  out = subprocess.run(
-      [sys.executable, "-m", "reproduce", "claims", "--scale=cpu",
-       f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-      check=True).stdout
+  # `python -m reproduce claims`'s main, in this process
+  assert reproduce_main.main(["claims", "--scale=cpu",
+                              f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
   data = json.loads((folder / "claims.json").read_text())
   by_name = {c["name"]: c for c in data["claims"]}
   assert by_name["rvsm_sparser_than_admm"]["verdict"] == (

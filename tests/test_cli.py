@@ -1,7 +1,9 @@
 """train.py, eval.py and ``python -m reproduce`` end a user's mistake
 in one line, before any work.
 
-Each case is a real process: what a user sees is its stderr and exit code.
+Each case is a real process: what a user sees is its stderr and exit code;
+``python -m reproduce``'s many cases run its main in this process, and one
+of them also as a process.
 """
 import json
 import os
@@ -193,6 +195,19 @@ def test_missing_data_is_one_line(tmp_path, download):
   assert not (tmp_path / "run").exists()
 
 
+def _reproduce_in_process(argv, capsys):
+  """``python -m reproduce ARGV``'s main in this process (a real process
+  costs seconds of imports a case): its exit code, stdout and stderr."""
+  from reproduce import __main__ as reproduce_main  # pylint: disable=C0415
+  capsys.readouterr()
+  try:
+    code = reproduce_main.main(argv)
+  except SystemExit as e:   # argparse's errors
+    code = e.code
+  out = capsys.readouterr()
+  return subprocess.CompletedProcess(argv, code, out.out, out.err)
+
+
 @pytest.mark.parametrize("args,fragments", [
     (["table1", "--rows=nope", "--dry-run"],
      ["table1 has no row 'nope'", "resnet20_none"]),
@@ -208,21 +223,29 @@ def test_missing_data_is_one_line(tmp_path, download):
     (["table1", "--scale=paper", "--variant=long", "--dry-run"],
      ["variant 'long' exists for the cpu scale only, not 'paper'"]),
 ])
-def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
+def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments,
+                                                 capsys):
   a_file = tmp_path / "a_file"
   a_file.write_text("")
   args = [a.format(file=a_file) for a in args]
   # The case's own --root/--results come last: argparse keeps the last.
-  proc = _run(["-m", "reproduce", f"--root={tmp_path / 'w'}",
-               f"--results={tmp_path / 'r'}", *args])
+  proc = _reproduce_in_process([f"--root={tmp_path / 'w'}",
+                                f"--results={tmp_path / 'r'}", *args], capsys)
   _assert_one_line_error(proc, *fragments, code=2)
   assert not proc.stdout, "nothing planned or run before the error"
   assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
 
 
-def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
-  proc = _run(["-m", "reproduce", "claims", "--scale=paper",
-               f"--results={tmp_path}"])
+def test_reproduce_as_a_process_says_the_same_one_line(tmp_path):
+  proc = _run(["-m", "reproduce", "tableX", f"--root={tmp_path / 'w'}",
+               f"--results={tmp_path / 'r'}"])
+  _assert_one_line_error(proc, "unknown table 'tableX'", code=2)
+  assert not proc.stdout
+
+
+def test_reproduce_claims_without_tables_writes_nothing(tmp_path, capsys):
+  proc = _reproduce_in_process(["claims", "--scale=paper",
+                                f"--results={tmp_path}"], capsys)
   _assert_one_line_error(proc, f"no result tables in {tmp_path}/paper", code=2)
   assert not list(tmp_path.iterdir())
 

@@ -24,6 +24,7 @@ from ml_collections import config_flags
 from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
+from reproduce import __main__ as reproduce_main
 from reproduce import archive as archive_lib
 from reproduce import report
 from reproduce import runner
@@ -54,6 +55,21 @@ def _reproduce(args, root, cache, check=True):
   if check and proc.returncode != 0:
     raise AssertionError(f"runner failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
+
+
+def _reproduce_here(args, root, capsys, check=True):
+  """:func:`_reproduce` in this process, for what starts no JAX (dry runs,
+  errors): a process costs seconds of imports."""
+  capsys.readouterr()
+  try:
+    code = reproduce_main.main([*args, f"--root={root / 'w'}",
+                                f"--results={root / 'results'}"])
+  except SystemExit as e:
+    code = e.code
+  out = capsys.readouterr()
+  if check and code != 0:
+    raise AssertionError(f"runner failed:\n{out.out}\n{out.err}")
+  return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 # --------------------------------------------------------------------------
@@ -275,9 +291,9 @@ def test_decay_multiplier_scales_the_admm_pull(multiplier, structure):
   assert c.training.weight_decay == pytest.approx(5e-4 * multiplier)
 
 
-def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
-  proc = _reproduce(["all", "--scale=paper", "--dry-run"], tmp_path,
-                    tmp_path / "cache")
+def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path, capsys):
+  proc = _reproduce_here(["all", "--scale=paper", "--dry-run"], tmp_path,
+                         capsys)
   out = proc.stdout
   for table in tables.TABLES.values():
     for run in runner.plan(table, scales.SCALES["paper"],
@@ -295,18 +311,18 @@ def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
   assert not list(tmp_path.glob("w/*")), "a dry run must not create workdirs"
 
 
-def test_a_row_named_twice_runs_once(tmp_path):
-  out = _reproduce(["table1", "--scale=paper", "--dry-run", "--seeds=1",
-                    "--rows=resnet20_none,resnet20_none"], tmp_path,
-                   tmp_path / "cache").stdout
+def test_a_row_named_twice_runs_once(tmp_path, capsys):
+  out = _reproduce_here(["table1", "--scale=paper", "--dry-run", "--seeds=1",
+                         "--rows=resnet20_none,resnet20_none"], tmp_path,
+                        capsys).stdout
   runs = [l for l in out.splitlines() if l.startswith("- ")]
   assert len(runs) == 1 and runs[0].startswith("- resnet20_none seed 0:")
 
 
-def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path):
-  out = _reproduce(["all", "--scale=paper", "--dry-run", "--seeds=1",
-                    "--rows=resnet38_none,en5resnet20_none"], tmp_path,
-                   tmp_path / "cache").stdout
+def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path, capsys):
+  out = _reproduce_here(["all", "--scale=paper", "--dry-run", "--seeds=1",
+                         "--rows=resnet38_none,en5resnet20_none"], tmp_path,
+                        capsys).stdout
   tables_listed = [l.split(":")[0][2:] for l in out.splitlines()
                    if l.startswith("# ") and not l.startswith("# total")]
   has = {n for n, t in tables.TABLES.items()
@@ -323,7 +339,8 @@ def test_the_runner_imports_every_module_it_uses_at_its_start():
   code = ("import sys, reproduce.__main__; print(' '.join(sorted("
           "m for m in sys.modules if m.startswith('reproduce.'))))")
   loaded = subprocess.run([sys.executable, "-c", code], check=True,
-                          capture_output=True, text=True).stdout.split()
+                          cwd=REPO, capture_output=True,
+                          text=True).stdout.split()
   for name in ("claims", "figures", "report", "runner", "tables"):
     assert f"reproduce.{name}" in loaded
 
@@ -777,13 +794,14 @@ def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   assert Path(archive, runner.RUN_RECORD).read_text() == kept
 
 
-def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
+def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path,
+                                                          capsys):
   # Table 1 adds the strong column to the row the fixture trained for
   # Table 5: only that evaluation runs. A checkout restored from results/
   # has no checkpoint to run it on: the row is reported without it.
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")
   args = ["table1", "--scale=tiny", "--rows=resnet20_none"]
-  dry = _reproduce([*args, "--dry-run"], tiny["root"], tiny["cache"])
+  dry = _reproduce_here([*args, "--dry-run"], tiny["root"], capsys)
   assert "resnet20_none seed 0: done, eval_strong not yet run" in dry.stdout
   out = _reproduce(args, tiny["root"], tiny["cache"])
   assert ": training in" not in out.stdout
@@ -853,7 +871,7 @@ def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
                                 stacked[0].astype(np.float32))
 
 
-def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
+def test_an_ensemble_row_runs_every_stage(tiny, tmp_path, capsys):
   # En2ResNet20 under RGSM with Table 2's extra columns: NAttack (A5) and
   # the strong protocol with EOT over the noise; the analysis reads the
   # member-stacked kernels.
@@ -870,8 +888,8 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
                                              ["eval_a5", "eval_strong"])
   assert "A1" in run["metrics"] and "channel_sparsity" in run["metrics"]
   assert not {"A5", "A_strong"} & set(run["metrics"])
-  again = _reproduce([*args, "--defer-extra-evals", "--dry-run"], tmp_path,
-                     tiny["cache"])
+  again = _reproduce_here([*args, "--defer-extra-evals", "--dry-run"],
+                          tmp_path, capsys)
   assert "(deferred), ~0m00s" in again.stdout
   out = _reproduce(args, tmp_path, tiny["cache"])
   assert ": training in" not in out.stdout
@@ -891,7 +909,7 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
 
 
 def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
-    tiny, tmp_path, monkeypatch):
+    tiny, tmp_path, monkeypatch, capsys):
   # Table 2 adds A5 and the strong column to the fixture's ResNet20 run; the
   # strong evaluation (the last) stops as a killed session would: the
   # record, its copy under results/ and the table keep A5, and the strong
@@ -927,8 +945,8 @@ def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
   assert 0 <= kept["metrics"]["A5"] <= kept["metrics"]["A1"]
   assert "A_strong" not in kept["metrics"]
 
-  _reproduce(["table2", "--scale=tiny", "--rows=resnet20_none",
-              "--report-only"], tmp_path, tiny["cache"])
+  _reproduce_here(["table2", "--scale=tiny", "--rows=resnet20_none",
+                   "--report-only"], tmp_path, capsys)
   reported = next(r for r in _table(tmp_path, "table2")["rows"]
                   if r["name"] == "resnet20_none")["runs"][0]
   assert reported["pending"] == ["eval_strong"]
@@ -1019,9 +1037,9 @@ def test_calibration_times_a_clean_and_an_attacked_step():
     calibrate.measure(repeats=0)
 
 
-def test_calibrate_goes_with_dry_run(tmp_path):
-  proc = _reproduce(["table4", "--scale=cpu", "--calibrate"], tmp_path,
-                    tmp_path / "cache", check=False)
+def test_calibrate_goes_with_dry_run(tmp_path, capsys):
+  proc = _reproduce_here(["table4", "--scale=cpu", "--calibrate"], tmp_path,
+                         capsys, check=False)
   assert proc.returncode == 2
   assert proc.stderr.strip() == (
       "error: --calibrate goes with --dry-run (it scales the dry run's "

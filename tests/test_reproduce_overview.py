@@ -1,11 +1,10 @@
 """reproduce.overview: every row run at a scale in one table."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from reproduce import __main__ as reproduce_main
 from reproduce import overview
 from reproduce import scales
 
@@ -70,15 +69,15 @@ def test_admm_has_a_line_per_reading_and_the_papers_numbers_on_w():
   assert w[-1] == "cpu"
 
 
-def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path):
+def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path, capsys):
   folder = tmp_path / "cpu"
   folder.mkdir()
   for name, data in _tables().items():
     (folder / f"{name}.json").write_text(json.dumps(data))
-  out = subprocess.run(
-      [sys.executable, "-m", "reproduce", "overview", "--scale=cpu",
-       f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-      check=True).stdout
+  # `python -m reproduce overview`'s main, in this process
+  assert reproduce_main.main(["overview", "--scale=cpu",
+                              f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
   md = (folder / "overview.md").read_text()
   assert out.endswith(md)
   assert "| Table 1: ResNet20 (also Table 4) | 53.00 ± 1.41 (76.07) |" in md

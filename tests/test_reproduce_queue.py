@@ -5,7 +5,9 @@ queue: a lease stopped mid-run, its output unpacked "at home", a second
 lease in a fresh clone of home's results, unpacked again; the numbers and
 weights must equal those of a lease never stopped.
 """
+import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ import pytest
 from fkjax import pretrained
 from fkjax import weights_file
 
+from reproduce import __main__ as reproduce_main
 from reproduce import carry
 from reproduce import datapack
 from reproduce import lease
@@ -100,17 +103,17 @@ def test_a_name_resolves_through_the_names_file_or_as_written(tmp_path):
        "seed": 0}] * 2, "listed twice"),
     ([{"scale": "gpu", "table": "table1"}], "a queue is"),
 ])
-def test_a_bad_queue_is_one_clear_error(tmp_path, runs, message):
+def test_a_bad_queue_is_one_clear_error(tmp_path, runs, message, capsys):
   path = tmp_path / "queue.json"
   path.write_text(json.dumps({"runs": runs}))
   with pytest.raises(queue_lib.QueueError, match=message):
     queue_lib.load(str(path))
-  proc = subprocess.run(
-      [sys.executable, "-m", "reproduce", "queue",
-       f"--queue={path}", f"--results={tmp_path}"], cwd=REPO,
-      capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2
-  assert proc.stderr.count("\n") == 1 and message in proc.stderr
+  # `python -m reproduce queue`'s main, in this process (the session below
+  # runs the module itself)
+  assert reproduce_main.main(["queue", f"--queue={path}",
+                              f"--results={tmp_path}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and message in err
 
 
 def test_units_merge_a_rows_consecutive_seeds():
@@ -217,13 +220,17 @@ def _lease(clone, cache, out, data, stop_when=None):
 
 
 def _unpack(home, folder):
-  proc = subprocess.run(
-      [sys.executable, "-m", "reproduce", "unpack", str(folder)],
-      cwd=home, env=_env(home / "cache", folder,
-                         PYTHONPATH=str(REPO)),
-      capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
-  return proc.stdout
+  """``python -m reproduce unpack FOLDER`` at ``home``: its main in this
+  process (it reports from files; no JAX), its output."""
+  here = os.getcwd()
+  out = io.StringIO()
+  os.chdir(home)
+  try:
+    with contextlib.redirect_stdout(out):
+      assert reproduce_main.main(["unpack", str(folder)]) == 0
+  finally:
+    os.chdir(here)
+  return out.getvalue()
 
 
 def _tree_digest(folder):
@@ -339,7 +346,6 @@ def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     session, tmp_path):
   from fkjax import experiment  # pylint: disable=C0415
-  from fkjax import pretrained  # pylint: disable=C0415
   results = str(session["reference"] / "results")
   assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
   # Table 5's row is Table 1's run, loaded by either name
@@ -359,12 +365,10 @@ def test_a_published_run_loads_by_name_and_evaluates_without_training(
   assert logits.shape == (2, 10)
   # written into a workdir, eval.py evaluates it to the run's numbers
   target = tmp_path / "published"
-  proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.pretrained",
-       "tiny/table1/resnet20_none/seed0", f"--workdir={target}",
-       f"--results={results}"], cwd=REPO, capture_output=True, text=True,
-      timeout=300)
-  assert proc.returncode == 0, proc.stderr
+  # `python -m fkjax.pretrained NAME --workdir=...`'s main, in this process
+  assert pretrained.main(["tiny/table1/resnet20_none/seed0",
+                          f"--workdir={target}",
+                          f"--results={results}"]) == 0
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={target}",
        "--config.progress=False"], cwd=REPO, capture_output=True, text=True,
@@ -382,7 +386,6 @@ def jax_leaves(tree):
 
 
 def test_unknown_or_unpublished_names_are_one_clear_error(session):
-  from fkjax import pretrained  # pylint: disable=C0415
   results = str(session["reference"] / "results")
   with pytest.raises(pretrained.PretrainedError, match="is not <scale>"):
     pretrained.load("table1/resnet20_none", results)
@@ -392,18 +395,16 @@ def test_unknown_or_unpublished_names_are_one_clear_error(session):
     pretrained.load("tiny/table1/resnet99/seed0", results)
 
 
-def test_a_dry_run_writes_nothing(session, tmp_path):
+def test_a_dry_run_writes_nothing(session, tmp_path, capsys):
   home = session["home"]
   before = _tree_digest(home / "results")
   root = tmp_path / "w"
-  proc = subprocess.run(
-      [sys.executable, "-m", "reproduce", "table5", "--scale=tiny",
-       "--rows=resnet20_skip", "--dry-run", f"--root={root}",
-       f"--results={home / 'results'}"], cwd=REPO, capture_output=True,
-      text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr
+  capsys.readouterr()
+  assert reproduce_main.main(
+      ["table5", "--scale=tiny", "--rows=resnet20_skip", "--dry-run",
+       f"--root={root}", f"--results={home / 'results'}"]) == 0
   assert "resnet20_skip seed 0 (shared: table1/resnet20_none): done" in (
-      proc.stdout)
+      capsys.readouterr().out)
   assert not root.exists()
   assert _tree_digest(home / "results") == before
 
