@@ -426,20 +426,11 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
              max_runs: int | None = None,
              step_times: runner_lib.StepTimes | None = None,
              extra_evals: bool = True) -> int:
-  reference = runner_lib.REFERENCE_STEP_TIMES
   where = "on 2 idle CPU cores"
   if step_times is not None:
     where = "on this machine"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    print(f"# this machine's ResNet20 steps at batch 128: "
-          f"{step_times.clean_step:.3f} s clean, "
-          f"+{step_times.attack_iteration:.3f} s per attack iteration "
-          f"(the reference machine, 2 idle CPU cores: "
-          f"{reference.clean_step:.3f} s, +{reference.attack_iteration:.3f} "
-          "s); the estimates below are scaled to them"
-          + (f" (load average {load:.1f} while timing: on an idle machine "
-             "they would be shorter)" if load > 0.5 else "") + "\n")
-  step_times = step_times or reference
+    _print_step_times(step_times)
+  step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
   total = 0.0
   seen = set()
   for name, runs in plans.items():
@@ -451,25 +442,7 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
                 + ", ".join(r.key for r in group))
     table_total = 0.0
     for run in runs:
-      # A finished run kept under results/ but not in its workdir is read
-      # there: a dry run copies nothing.
-      view = runner_lib.status_view(run)
-      status = runner_lib.status_of(view)
-      if not runner_lib.finished(view):
-        estimate = runner_lib.estimate_seconds(
-            run if extra_evals else dataclasses.replace(run, extra_evals=[]),
-            epochs_done=runner_lib.trained_epochs(run) or 0,
-            step_times=step_times)
-      elif not extra_evals:
-        estimate = 0.0
-        status = "done" if status == "done" else f"{status} (deferred)"
-      elif runner_lib.has_checkpoint(run):
-        estimate = runner_lib.estimate_seconds(
-            run, only=runner_lib.pending_evals(view), step_times=step_times)
-      else:
-        estimate = 0.0
-        if status != "done":
-          status += " (no checkpoint here: reported without it)"
+      status, estimate = _status_and_estimate(run, step_times, extra_evals)
       new = run.key not in seen and status != "done"
       seen.add(run.key)
       if new:
@@ -488,6 +461,42 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
   if len(plans) > 1:
     print(f"# total: ~{runner_lib.format_seconds(total)} {where}")
   return 0
+
+
+def _print_step_times(step_times: runner_lib.StepTimes) -> None:
+  reference = runner_lib.REFERENCE_STEP_TIMES
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+  print(f"# this machine's ResNet20 steps at batch 128: "
+        f"{step_times.clean_step:.3f} s clean, "
+        f"+{step_times.attack_iteration:.3f} s per attack iteration "
+        f"(the reference machine, 2 idle CPU cores: "
+        f"{reference.clean_step:.3f} s, +{reference.attack_iteration:.3f} "
+        "s); the estimates below are scaled to them"
+        + (f" (load average {load:.1f} while timing: on an idle machine "
+           "they would be shorter)" if load > 0.5 else "") + "\n")
+
+
+def _status_and_estimate(run: runner_lib.Run,
+                         step_times: runner_lib.StepTimes,
+                         extra_evals: bool) -> tuple[str, float]:
+  """Where ``run`` stands, and the seconds left to run it."""
+  # A finished run kept under results/ but not in its workdir is read
+  # there: a dry run copies nothing.
+  view = runner_lib.status_view(run)
+  status = runner_lib.status_of(view)
+  if not runner_lib.finished(view):
+    return status, runner_lib.estimate_seconds(
+        run if extra_evals else dataclasses.replace(run, extra_evals=[]),
+        epochs_done=runner_lib.trained_epochs(run) or 0,
+        step_times=step_times)
+  if not extra_evals:
+    return ("done" if status == "done" else f"{status} (deferred)"), 0.0
+  if runner_lib.has_checkpoint(run):
+    return status, runner_lib.estimate_seconds(
+        run, only=runner_lib.pending_evals(view), step_times=step_times)
+  if status != "done":
+    status += " (no checkpoint here: reported without it)"
+  return status, 0.0
 
 
 def _run_cli() -> int:
