@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduction rows on a lent GPU machine: several `python -m fkjax.reproduce`
+# Reproduction rows on a lent GPU machine: several `python -m reproduce`
 # jobs at once, stopped at a deadline, their finished runs packed for home.
 #
 # With no arguments: the committed queue (results/queue.json,
@@ -8,20 +8,20 @@
 #
 #   bash benchmarks/gpu_reproduce.sh
 #
-# 1. CIFAR-10: parts of fkjax.reproduce.datapack found in .datapack/ (the
+# 1. CIFAR-10: parts of reproduce.datapack found in .datapack/ (the
 #    call's `carry`) are moved to $STAGE (default /tmp/fkjax_datapack, kept
 #    while the machine stays warm); until all parts are there the call ends
 #    saying how many are staged. Then they are unpacked, checked, into
 #    /tmp/fkjax_data (FKJAX_DATA_DIR, unless set and already holding it).
-# 2. `python -m fkjax.reproduce.lease prepare`: the committed state of the
+# 2. `python -m reproduce.lease prepare`: the committed state of the
 #    next runs is unpacked into their workdirs, and JOBS (2) jobs take the
 #    next units round-robin (with the queue's order: one the paper scale's
 #    run, the other the gpu scale's rows).
 # 3. At DEADLINE (450 s) the jobs are stopped and
-#    `python -m fkjax.reproduce.lease pack` writes to $OUT the results and
+#    `python -m reproduce.lease pack` writes to $OUT the results and
 #    weights of every run finished here and the last checkpoint of every
 #    run not finished (lease.tar.part-NN, lease.json; within the tool's 8
-#    files of 16 MiB). At home: python -m fkjax.reproduce unpack <folder>.
+#    files of 16 MiB). At home: python -m reproduce unpack <folder>.
 #
 # With arguments (jobs named by hand):
 #   FKJAX_DATA_DIR=/data DEADLINE=480 bash benchmarks/gpu_reproduce.sh \
@@ -29,7 +29,7 @@
 #     "fig45 --rows=c,d --seeds=1 --sweep; table2 --rows=c --seeds=1"
 #
 # Each argument is one job: `;`-separated argument lists of
-# `python -m fkjax.reproduce ... --scale=$SCALE` (default cpu), run in turn;
+# `python -m reproduce ... --scale=$SCALE` (default cpu), run in turn;
 # VARIANT=long adds `--variant=long` to each (results and workdirs under
 # cpu-long: give the variant here, not in a job, so that they are packed).
 # The jobs run side by side on the one GPU: a ResNet20-sized net cannot fill
@@ -38,7 +38,7 @@
 #
 # Every 20 s, and once more at the end, $OUT/runs.tgz is rewritten with the
 # runs finished or updated in this call (their archives under
-# results/<scale>/runs, fkjax.reproduce.archive; not those the checkout
+# results/<scale>/runs, reproduce.archive; not those the checkout
 # brought unchanged) and the jobs' logs, so a call stopped at its limit
 # still brings back every run finished by then. At the deadline the jobs
 # are stopped and $OUT/workdirs.tgz gets the workdirs of the runs not
@@ -48,7 +48,7 @@
 # MiB at most) is cut into numbered parts, workdirs.tgz.part-00, -01, ...
 # At home, in the repository root:
 #   cat runs.tgz* | tar xz && cat workdirs.tgz* | tar xz
-#   python -m fkjax.reproduce all --scale=$SCALE [--variant=$VARIANT] \
+#   python -m reproduce all --scale=$SCALE [--variant=$VARIANT] \
 #     --report-only
 # and the next lease carries the workdirs back (the device tool's `carry`:
 # workdirs/reproduce/<scale>[-<variant>]).
@@ -86,7 +86,7 @@ if (( QUEUE_MODE )) && [ ! -f "${FKJAX_DATA_DIR:-/nonexistent}/cifar-10-batches-
   if ls .datapack/* > /dev/null 2>&1; then cp .datapack/* "$STAGE"/; fi
   export FKJAX_DATA_DIR=${DATA_DEST:-/tmp/fkjax_data}
   if [ ! -f "$FKJAX_DATA_DIR/cifar-10-batches-bin/test_batch.bin" ]; then
-    if ! $PY -m fkjax.reproduce.datapack unpack "$STAGE" "$FKJAX_DATA_DIR" 2>&1; then
+    if ! $PY -m reproduce.datapack unpack "$STAGE" "$FKJAX_DATA_DIR" 2>&1; then
       log "CIFAR-10 not complete yet: call again (within the warm window) carrying the next part"
       exit 0
     fi
@@ -125,7 +125,7 @@ cut_up() {
   log "$(basename "$1") cut into $(ls "$1".part-* | wc -l) parts"
 }
 
-# The workdirs of runs without a record (fkjax.reproduce.archive.RUN_RECORD):
+# The workdirs of runs without a record (reproduce.archive.RUN_RECORD):
 # stopped mid-way; their checkpoints let a later lease resume them.
 pack_unfinished() {
   local dirs=()
@@ -141,7 +141,7 @@ pack_unfinished() {
 if (( QUEUE_MODE )); then
   # the scale is in each job's commands
   EXTRA=""
-  jobs_text=$($PY -m fkjax.reproduce.lease prepare --jobs="$JOBS" --root="$ROOT") \
+  jobs_text=$($PY -m reproduce.lease prepare --jobs="$JOBS" --root="$ROOT") \
     || { log "the queue could not be read (above)"; exit 1; }
   [ -n "$jobs_text" ] || { log "the queue has no run left"; exit 0; }
   mapfile -t job_list <<< "$jobs_text"
@@ -158,8 +158,8 @@ for i in $(seq 1 ${#job_list[@]}); do
   setsid bash -c '
     IFS=";" read -ra cmds <<< "$1"
     for c in "${cmds[@]}"; do
-      echo "=== $(date +%T) python -m fkjax.reproduce $c $2"
-      '"$PY"' -m fkjax.reproduce $c $2
+      echo "=== $(date +%T) python -m reproduce $c $2"
+      '"$PY"' -m reproduce $c $2
       echo "=== $(date +%T) rc=$?"
     done' job "$job" "$EXTRA" \
     > "$LOGS/job$i.log" 2>&1 &
@@ -186,7 +186,7 @@ if running; then
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
 fi
 if (( QUEUE_MODE )); then
-  $PY -m fkjax.reproduce.lease pack --out="$OUT" --since="$STARTED" \
+  $PY -m reproduce.lease pack --out="$OUT" --since="$STARTED" \
     --root="$ROOT" --logs="$LOGS"
 else
   pack

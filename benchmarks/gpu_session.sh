@@ -19,7 +19,7 @@
 # latter as gpu_latest.log) and commit them.
 #
 # The reproduction queue's data rides along: parts of CIFAR-10
-# (fkjax.reproduce.datapack) found in .datapack/ are staged where
+# (reproduce.datapack) found in .datapack/ are staged where
 # benchmarks/gpu_reproduce.sh looks for them (STAGE, /tmp/fkjax_datapack),
 # so this call saves the queue one of the calls that carry the data in
 # (docs/reproduction.md, "The queue").

@@ -12,8 +12,8 @@ weights (``weights.npz``) with its config and results under
   results["metrics"]   # A1..A5, sparsity, as the table reports them
 
 A name is ``<scale>/<table>/<row>/seed<k>``, the table's own row names
-(``python -m fkjax.reproduce list``); a row that another table trains
-(``(= table/row)`` in the listing) resolves to that run.
+(``python -m reproduce list`` in the repository); a row that another table
+trains resolves to that run (``results/run_names.json`` names them).
 
 To evaluate a published run with ``eval.py`` (any protocol, the strong one
 included), write it into a workdir first::
@@ -29,13 +29,18 @@ published: its "of w" columns cannot be evaluated again.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
 from typing import Any, NamedTuple
 
+from fkjax import weights_file
+
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"([\w.-]+)/(\w+)/([\w.-]+)/seed(\d+)")
+# The run's record beside its weights: its metrics, as its table reports them.
+RUN_RECORD = "reproduce_run.json"
 
 
 class PretrainedError(ValueError):
@@ -57,38 +62,53 @@ def default_results() -> str:
   return here if os.path.isdir(here) else "results"
 
 
+def run_folder(results: str, scale: str, table: str, row: str,
+               seed: int | str) -> str:
+  """Where a run's published files are: ``<results>/<scale>/runs/<table>/
+  <row>_seed<k>``."""
+  return os.path.join(results, scale, "runs", table, f"{row}_seed{seed}")
+
+
+def _read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
+def _owner(results: str, table: str, row: str) -> tuple[str, str]:
+  """The table and row that train ``table/row``'s runs, as the results'
+  names file says; ``(table, row)`` where there is none."""
+  path = os.path.join(results, weights_file.NAMES_FILE)
+  if not os.path.exists(path):
+    return table, row
+  names = _read_json(path)
+  if table not in names:
+    raise PretrainedError(f"no table {table!r}; one of {sorted(names)}")
+  if row not in names[table]:
+    raise PretrainedError(f"{table} has no row {row!r}; rows: "
+                          f"{list(names[table])}")
+  owner_table, owner_row = names[table][row].split("/")
+  return owner_table, owner_row
+
+
 def run_dir(name: str, results: str | None = None) -> str:
   """The folder under ``results/`` that holds the published run ``name``."""
-  # Imported here: fkjax's top-level imports stay light.
-  from fkjax.reproduce import archive  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import tables  # pylint: disable=import-outside-toplevel
   match = _NAME.fullmatch(name)
   if not match:
     raise PretrainedError(
         f"{name!r} is not <scale>/<table>/<row>/seed<k>, e.g. "
         "gpu/table2/en2resnet20_rgsm_l0.05/seed0")
-  scale, table_name, row_name, seed = match.groups()
-  if table_name not in tables.TABLES:
-    raise PretrainedError(f"no table {table_name!r}; one of "
-                          f"{sorted(tables.TABLES)}")
-  try:
-    row = tables.TABLES[table_name].row(row_name)
-  except KeyError as e:
-    raise PretrainedError(e.args[0]) from e
-  if row.shared:
-    owner_table, row = tables.resolve_shared(row)
-    table_name = owner_table.name
-  return archive.archive_dir(results or default_results(), scale, table_name,
-                             row.name, int(seed))
+  scale, table, row, seed = match.groups()
+  results = results or default_results()
+  table, row = _owner(results, table, row)
+  return run_folder(results, scale, table, row, seed)
 
 
 def available(results: str | None = None) -> list[str]:
   """The names of every run with published weights under ``results``."""
-  from fkjax.reproduce import weights  # pylint: disable=import-outside-toplevel
   root = results or default_results()
   out = []
   for dirpath, _, filenames in sorted(os.walk(root)):
-    if weights.WEIGHTS_FILE not in filenames:
+    if weights_file.WEIGHTS_FILE not in filenames:
       continue
     parts = os.path.relpath(dirpath, root).split(os.sep)
     if len(parts) == 4 and parts[1] == "runs":
@@ -106,21 +126,20 @@ def load(name: str, results: str | None = None) -> Pretrained:
   """
   import ml_collections  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import files  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import weights  # pylint: disable=import-outside-toplevel
   folder = run_dir(name, results)
-  path = os.path.join(folder, weights.WEIGHTS_FILE)
+  path = os.path.join(folder, weights_file.WEIGHTS_FILE)
   if not os.path.exists(path):
     raise PretrainedError(
         f"no published weights for {name} ({path} is missing): the run has "
         "not finished, or its scale does not publish weights (gpu and "
         "paper do); python -m fkjax.pretrained lists those there are")
   config = ml_collections.ConfigDict(
-      files.load_json(os.path.join(folder, "config.json")))
-  record = files.load_json(os.path.join(folder, "reproduce_run.json")) or {}
+      _read_json(os.path.join(folder, "config.json")))
+  record_path = os.path.join(folder, RUN_RECORD)
+  record = _read_json(record_path) if os.path.exists(record_path) else {}
   classes = 100 if config.dataset.name == "cifar100" else 10
   model = experiment.create_model(config, classes)
-  return Pretrained(model, weights.load(path), config, record)
+  return Pretrained(model, weights_file.load(path), config, record)
 
 
 def write_workdir(name: str, workdir: str, results: str | None = None

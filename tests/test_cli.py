@@ -1,7 +1,9 @@
-"""train.py, eval.py and ``python -m fkjax.reproduce`` end a user's mistake
+"""train.py, eval.py and ``python -m reproduce`` end a user's mistake
 in one line, before any work.
 
-Each case is a real process: what a user sees is its stderr and exit code.
+Each case is a real process: what a user sees is its stderr and exit code;
+``python -m reproduce``'s many cases run its main in this process, and one
+of them also as a process.
 """
 import json
 import os
@@ -203,6 +205,19 @@ def test_missing_data_is_one_line(tmp_path, download):
   assert not (tmp_path / "run").exists()
 
 
+def _reproduce_in_process(argv, capsys):
+  """``python -m reproduce ARGV``'s main in this process (a real process
+  costs seconds of imports a case): its exit code, stdout and stderr."""
+  from reproduce import __main__ as reproduce_main  # pylint: disable=C0415
+  capsys.readouterr()
+  try:
+    code = reproduce_main.main(argv)
+  except SystemExit as e:   # argparse's errors
+    code = e.code
+  out = capsys.readouterr()
+  return subprocess.CompletedProcess(argv, code, out.out, out.err)
+
+
 @pytest.mark.parametrize("args,fragments", [
     (["table1", "--rows=nope", "--dry-run"],
      ["table1 has no row 'nope'", "resnet20_none"]),
@@ -218,21 +233,29 @@ def test_missing_data_is_one_line(tmp_path, download):
     (["table1", "--scale=paper", "--variant=long", "--dry-run"],
      ["variant 'long' exists for the cpu scale only, not 'paper'"]),
 ])
-def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments):
+def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments,
+                                                 capsys):
   a_file = tmp_path / "a_file"
   a_file.write_text("")
   args = [a.format(file=a_file) for a in args]
   # The case's own --root/--results come last: argparse keeps the last.
-  proc = _run(["-m", "fkjax.reproduce", f"--root={tmp_path / 'w'}",
-               f"--results={tmp_path / 'r'}", *args])
+  proc = _reproduce_in_process([f"--root={tmp_path / 'w'}",
+                                f"--results={tmp_path / 'r'}", *args], capsys)
   _assert_one_line_error(proc, *fragments, code=2)
   assert not proc.stdout, "nothing planned or run before the error"
   assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
 
 
-def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
-  proc = _run(["-m", "fkjax.reproduce", "claims", "--scale=paper",
-               f"--results={tmp_path}"])
+def test_reproduce_as_a_process_says_the_same_one_line(tmp_path):
+  proc = _run(["-m", "reproduce", "tableX", f"--root={tmp_path / 'w'}",
+               f"--results={tmp_path / 'r'}"])
+  _assert_one_line_error(proc, "unknown table 'tableX'", code=2)
+  assert not proc.stdout
+
+
+def test_reproduce_claims_without_tables_writes_nothing(tmp_path, capsys):
+  proc = _reproduce_in_process(["claims", "--scale=paper",
+                                f"--results={tmp_path}"], capsys)
   _assert_one_line_error(proc, f"no result tables in {tmp_path}/paper", code=2)
   assert not list(tmp_path.iterdir())
 
@@ -240,7 +263,7 @@ def test_reproduce_claims_without_tables_writes_nothing(tmp_path):
 def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   not_data = tmp_path / "not_data"
   not_data.write_text("")
-  proc = _run(["-m", "fkjax.reproduce", "table5", "--scale=cpu", "--seeds=1",
+  proc = _run(["-m", "reproduce", "table5", "--scale=cpu", "--seeds=1",
                "--rows=resnet20_skip,resnet20_noskip",
                f"--data_dir={not_data}", f"--root={tmp_path / 'w'}",
                f"--results={tmp_path / 'r'}"])
@@ -257,7 +280,7 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   progress = json.loads(next((tmp_path / "w").rglob("reproduce_progress.json"))
                         .read_text())
   assert progress["error"].startswith("DataError")
-  proc = _run(["-m", "fkjax.reproduce", "table5", "--scale=cpu", "--seeds=1",
+  proc = _run(["-m", "reproduce", "table5", "--scale=cpu", "--seeds=1",
                "--rows=resnet20_skip", f"--data_dir={not_data}",
                f"--root={tmp_path / 'w'}", f"--results={tmp_path / 'r'}"],
               env={"FKJAX_TRACEBACK": "1"})
@@ -265,7 +288,7 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
 
 
 def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
-  proc = _run(["-m", "fkjax.reproduce.analysis",
+  proc = _run(["-m", "reproduce.analysis",
                f"--workdir={tmp_path / 'nowhere'}"])
   _assert_one_line_error(proc, "no config.json", "nowhere", code=1)
   # A run kept without its checkpoints (results/<scale>/runs/...)
@@ -274,5 +297,5 @@ def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
   (kept / "config.json").write_text(
       _run(["-c", "from configs import tiny; print(tiny.get_config()"
                   ".to_json())"]).stdout)
-  proc = _run(["-m", "fkjax.reproduce.analysis", f"--workdir={kept}"])
+  proc = _run(["-m", "reproduce.analysis", f"--workdir={kept}"])
   _assert_one_line_error(proc, "no checkpoints", str(kept), code=1)

@@ -101,7 +101,7 @@ def test_a_variants_runs_are_run_and_packed_under_its_name(tmp_path):
   with tarfile.open(out / "runs.tgz") as tar:
     log = next(tar.extractfile(m).read().decode() for m in tar.getmembers()
                if m.name.endswith("job1.log"))
-  assert ("args: -m fkjax.reproduce table5 new --scale=tiny --variant=long"
+  assert ("args: -m reproduce table5 new --scale=tiny --variant=long"
           in log)
   assert _members(out / "workdirs.tgz") == {
       "workdirs/reproduce/tiny-long/table5/stopped_seed0/state"}

@@ -189,7 +189,7 @@ import orbax.checkpoint
 logging_before = log_setup()
 import fkjax, fkjax.sparsity, fkjax.train, fkjax.evaluate, fkjax.plots
 import fkjax.kernels, fkjax.models, fkjax.checkpoint
-import fkjax.reproduce.figures, fkjax.reproduce.report
+import reproduce.figures, reproduce.report
 from fkjax import sparsity
 changed = sorted(k for k, v in jax.config.values.items()
                  if config_before.get(k) != repr(v))

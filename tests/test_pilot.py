@@ -1,8 +1,8 @@
 """The cpu scale's calibration pilots: their configs are what the docs say."""
 import pytest
 
-from fkjax.reproduce import pilot
-from fkjax.reproduce import scales
+from reproduce import pilot
+from reproduce import scales
 
 
 def _decay(config) -> float:
@@ -89,12 +89,12 @@ def test_a_bad_command_line_is_one_error_line(argv, message, capsys):
   assert exit_info.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert message in err[-1]
-  assert err[-1].startswith("python -m fkjax.reproduce.pilot: error:")
+  assert err[-1].startswith("python -m reproduce.pilot: error:")
 
 
 def test_the_doubled_rgsm_pilot_trains_table2s_row_of_the_long_variant():
-  from fkjax.reproduce import runner
-  from fkjax.reproduce import tables
+  from reproduce import runner
+  from reproduce import tables
   scale = scales.with_variant(scales.SCALES["cpu"], "long")
   (run,) = runner.plan(tables.TABLES["table2"], scale, root="w", seeds=1,
                        rows=["resnet20_rgsm_l0.1"])

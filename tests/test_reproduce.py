@@ -1,6 +1,6 @@
-"""Tests of the table runner (fkjax.reproduce) at the tiny scale.
+"""Tests of the table runner (reproduce) at the tiny scale.
 
-The runner runs as a real ``python -m fkjax.reproduce`` process, so that it
+The runner runs as a real ``python -m reproduce`` process, so that it
 can be killed with SIGKILL in the middle of a row and rerun. The runs share a
 persistent compilation cache, so only the first run of each program pays for
 compilation.
@@ -24,11 +24,12 @@ from ml_collections import config_flags
 from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
-from fkjax.reproduce import archive as archive_lib
-from fkjax.reproduce import report
-from fkjax.reproduce import runner
-from fkjax.reproduce import scales
-from fkjax.reproduce import tables
+from reproduce import __main__ as reproduce_main
+from reproduce import archive as archive_lib
+from reproduce import report
+from reproduce import runner
+from reproduce import scales
+from reproduce import tables
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_TEX = REPO.parent / "shared" / "paper.tex"
@@ -48,12 +49,27 @@ def _env(cache_dir):
 
 def _reproduce(args, root, cache, check=True):
   proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", *args,
+      [sys.executable, "-m", "reproduce", *args,
        f"--root={root / 'w'}", f"--results={root / 'results'}"],
       cwd=REPO, env=_env(cache), capture_output=True, text=True, timeout=900)
   if check and proc.returncode != 0:
     raise AssertionError(f"runner failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
+
+
+def _reproduce_here(args, root, capsys, check=True):
+  """:func:`_reproduce` in this process, for what starts no JAX (dry runs,
+  errors): a process costs seconds of imports."""
+  capsys.readouterr()
+  try:
+    code = reproduce_main.main([*args, f"--root={root / 'w'}",
+                                f"--results={root / 'results'}"])
+  except SystemExit as e:
+    code = e.code
+  out = capsys.readouterr()
+  if check and code != 0:
+    raise AssertionError(f"runner failed:\n{out.out}\n{out.err}")
+  return subprocess.CompletedProcess(args, code, out.out, out.err)
 
 
 # --------------------------------------------------------------------------
@@ -275,9 +291,9 @@ def test_decay_multiplier_scales_the_admm_pull(multiplier, structure):
   assert c.training.weight_decay == pytest.approx(5e-4 * multiplier)
 
 
-def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
-  proc = _reproduce(["all", "--scale=paper", "--dry-run"], tmp_path,
-                    tmp_path / "cache")
+def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path, capsys):
+  proc = _reproduce_here(["all", "--scale=paper", "--dry-run"], tmp_path,
+                         capsys)
   out = proc.stdout
   for table in tables.TABLES.values():
     for run in runner.plan(table, scales.SCALES["paper"],
@@ -295,18 +311,18 @@ def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path):
   assert not list(tmp_path.glob("w/*")), "a dry run must not create workdirs"
 
 
-def test_a_row_named_twice_runs_once(tmp_path):
-  out = _reproduce(["table1", "--scale=paper", "--dry-run", "--seeds=1",
-                    "--rows=resnet20_none,resnet20_none"], tmp_path,
-                   tmp_path / "cache").stdout
+def test_a_row_named_twice_runs_once(tmp_path, capsys):
+  out = _reproduce_here(["table1", "--scale=paper", "--dry-run", "--seeds=1",
+                         "--rows=resnet20_none,resnet20_none"], tmp_path,
+                        capsys).stdout
   runs = [l for l in out.splitlines() if l.startswith("- ")]
   assert len(runs) == 1 and runs[0].startswith("- resnet20_none seed 0:")
 
 
-def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path):
-  out = _reproduce(["all", "--scale=paper", "--dry-run", "--seeds=1",
-                    "--rows=resnet38_none,en5resnet20_none"], tmp_path,
-                   tmp_path / "cache").stdout
+def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path, capsys):
+  out = _reproduce_here(["all", "--scale=paper", "--dry-run", "--seeds=1",
+                         "--rows=resnet38_none,en5resnet20_none"], tmp_path,
+                        capsys).stdout
   tables_listed = [l.split(":")[0][2:] for l in out.splitlines()
                    if l.startswith("# ") and not l.startswith("# total")]
   has = {n for n, t in tables.TABLES.items()
@@ -320,12 +336,13 @@ def test_all_runs_a_named_row_in_each_table_that_has_it(tmp_path):
 def test_the_runner_imports_every_module_it_uses_at_its_start():
   # A row runs for an hour; a module first imported when it ends would be
   # read from a checkout edited meanwhile, next to old ones in memory.
-  code = ("import sys, fkjax.reproduce.__main__; print(' '.join(sorted("
-          "m for m in sys.modules if m.startswith('fkjax.reproduce.'))))")
+  code = ("import sys, reproduce.__main__; print(' '.join(sorted("
+          "m for m in sys.modules if m.startswith('reproduce.'))))")
   loaded = subprocess.run([sys.executable, "-c", code], check=True,
-                          capture_output=True, text=True).stdout.split()
+                          cwd=REPO, capture_output=True,
+                          text=True).stdout.split()
   for name in ("claims", "figures", "report", "runner", "tables"):
-    assert f"fkjax.reproduce.{name}" in loaded
+    assert f"reproduce.{name}" in loaded
 
 
 # --------------------------------------------------------------------------
@@ -463,7 +480,7 @@ def test_killed_row_resumes_to_the_uninterrupted_result(tiny):
   root = tiny["root"] / "killed"
   args = ["table5", "--scale=tiny", f"--rows={ROW}"]
   proc = subprocess.Popen(
-      [sys.executable, "-m", "fkjax.reproduce", *args, f"--root={root / 'w'}",
+      [sys.executable, "-m", "reproduce", *args, f"--root={root / 'w'}",
        f"--results={root / 'results'}"], cwd=REPO, env=_env(tiny["cache"]),
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   workdir = root / "w" / os.path.join(*ROW_WORKDIR)
@@ -521,7 +538,7 @@ def test_table7_runs_on_a_cifar100_release(tiny):
 
 def _fake_run_files(run, rng):
   """The files a finished run leaves, with made-up weights."""
-  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  from reproduce import analysis  # pylint: disable=C0415
   os.makedirs(run.workdir)
   w = {"conv": {"kernel": rng.normal(0, 0.05, (3, 3, 64, 64))},
        "stem": {"kernel": rng.normal(0, 0.1, (3, 3, 3, 16))}}
@@ -538,7 +555,7 @@ def _fake_run_files(run, rng):
 
 @pytest.mark.parametrize("table", ["sec3", "table4"])
 def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   rng = np.random.default_rng(0)
   runs = runner.plan(tables.TABLES[table], scales.SCALES["tiny"],
                      root=str(tmp_path))
@@ -556,7 +573,7 @@ def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
 
 
 def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   table = tables.TABLES["table2"]
   runs = runner.plan(table, scales.SCALES["tiny"], root=str(tmp_path),
                      seeds=2)
@@ -602,7 +619,7 @@ def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
 
 
 def test_lambda_sweep_figure(tmp_path):
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   data = {"metrics": tables.METRICS, "rows": [
       {"label": {"Net": net}, "overrides": {"sparsity.lamb1": lamb},
        "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}
@@ -644,7 +661,7 @@ def test_lambda_sweep_figure(tmp_path):
 
 def test_beta_sweep_figure(tmp_path):
   # Table 1's rows against beta; the unpruned rows (no beta) are left out.
-  from fkjax.reproduce import figures  # pylint: disable=C0415
+  from reproduce import figures  # pylint: disable=C0415
   rows = [{"label": {"Net": net}, "overrides": overrides,
            "paper": {"sparsity": 80.91} if overrides else {},
            "summary": {m: {"mean": 40.0, "std": 1.0, "n": 3}
@@ -706,11 +723,11 @@ def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# Finished runs kept under results/ (fkjax.reproduce.archive).
+# Finished runs kept under results/ (reproduce.archive).
 
 
 def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):
-  from fkjax.reproduce import archive  # pylint: disable=C0415
+  from reproduce import archive  # pylint: disable=C0415
   kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
       *ROW_WORKDIR[1:])
   names = {p.name for p in kept.iterdir()}
@@ -777,13 +794,14 @@ def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   assert Path(archive, runner.RUN_RECORD).read_text() == kept
 
 
-def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path):
+def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path,
+                                                          capsys):
   # Table 1 adds the strong column to the row the fixture trained for
   # Table 5: only that evaluation runs. A checkout restored from results/
   # has no checkpoint to run it on: the row is reported without it.
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")
   args = ["table1", "--scale=tiny", "--rows=resnet20_none"]
-  dry = _reproduce([*args, "--dry-run"], tiny["root"], tiny["cache"])
+  dry = _reproduce_here([*args, "--dry-run"], tiny["root"], capsys)
   assert "resnet20_none seed 0: done, eval_strong not yet run" in dry.stdout
   out = _reproduce(args, tiny["root"], tiny["cache"])
   assert ": training in" not in out.stdout
@@ -840,7 +858,7 @@ def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
 
 
 def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
-  from fkjax.reproduce import analysis  # pylint: disable=C0415
+  from reproduce import analysis  # pylint: disable=C0415
   rng = np.random.default_rng(0)
   stacked = rng.normal(0, 0.05, (2, 3, 3, 64, 64))
   stacked[1, :, :, 5, :] = 0.0   # one input channel of member 1 pruned
@@ -853,7 +871,7 @@ def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
                                 stacked[0].astype(np.float32))
 
 
-def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
+def test_an_ensemble_row_runs_every_stage(tiny, tmp_path, capsys):
   # En2ResNet20 under RGSM with Table 2's extra columns: NAttack (A5) and
   # the strong protocol with EOT over the noise; the analysis reads the
   # member-stacked kernels.
@@ -870,8 +888,8 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
                                              ["eval_a5", "eval_strong"])
   assert "A1" in run["metrics"] and "channel_sparsity" in run["metrics"]
   assert not {"A5", "A_strong"} & set(run["metrics"])
-  again = _reproduce([*args, "--defer-extra-evals", "--dry-run"], tmp_path,
-                     tiny["cache"])
+  again = _reproduce_here([*args, "--defer-extra-evals", "--dry-run"],
+                          tmp_path, capsys)
   assert "(deferred), ~0m00s" in again.stdout
   out = _reproduce(args, tmp_path, tiny["cache"])
   assert ": training in" not in out.stdout
@@ -891,7 +909,7 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path):
 
 
 def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
-    tiny, tmp_path, monkeypatch):
+    tiny, tmp_path, monkeypatch, capsys):
   # Table 2 adds A5 and the strong column to the fixture's ResNet20 run; the
   # strong evaluation (the last) stops as a killed session would: the
   # record, its copy under results/ and the table keep A5, and the strong
@@ -927,8 +945,8 @@ def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
   assert 0 <= kept["metrics"]["A5"] <= kept["metrics"]["A1"]
   assert "A_strong" not in kept["metrics"]
 
-  _reproduce(["table2", "--scale=tiny", "--rows=resnet20_none",
-              "--report-only"], tmp_path, tiny["cache"])
+  _reproduce_here(["table2", "--scale=tiny", "--rows=resnet20_none",
+                   "--report-only"], tmp_path, capsys)
   reported = next(r for r in _table(tmp_path, "table2")["rows"]
                   if r["name"] == "resnet20_none")["runs"][0]
   assert reported["pending"] == ["eval_strong"]
@@ -1011,7 +1029,7 @@ def test_estimates_scale_with_the_machines_step_times(tmp_path):
 
 
 def test_calibration_times_a_clean_and_an_attacked_step():
-  from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+  from reproduce import calibrate  # pylint: disable=import-outside-toplevel
   times = calibrate.measure(repeats=1, depth=8, batch_size=8)
   assert 0 < times.clean_step < 60
   assert times.attack_iteration >= 0.25 * times.clean_step
@@ -1019,9 +1037,9 @@ def test_calibration_times_a_clean_and_an_attacked_step():
     calibrate.measure(repeats=0)
 
 
-def test_calibrate_goes_with_dry_run(tmp_path):
-  proc = _reproduce(["table4", "--scale=cpu", "--calibrate"], tmp_path,
-                    tmp_path / "cache", check=False)
+def test_calibrate_goes_with_dry_run(tmp_path, capsys):
+  proc = _reproduce_here(["table4", "--scale=cpu", "--calibrate"], tmp_path,
+                         capsys, check=False)
   assert proc.returncode == 2
   assert proc.stderr.strip() == (
       "error: --calibrate goes with --dry-run (it scales the dry run's "
@@ -1034,8 +1052,8 @@ def test_a_calibrated_dry_run_estimates_for_this_machine(tmp_path, capsys,
   # for real above (a real ResNet20 calibration costs the suite ~40 s), and
   # the runner's flags must not touch the test process's XLA_FLAGS.
   from fkjax import kernels  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import __main__ as cli_main  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+  from reproduce import __main__ as cli_main  # pylint: disable=import-outside-toplevel
+  from reproduce import calibrate  # pylint: disable=import-outside-toplevel
   slower = runner.StepTimes(clean_step=0.606, attack_iteration=0.2848)
   monkeypatch.setattr(calibrate, "measure", lambda: slower)
   monkeypatch.setattr(kernels, "apply_xla_flags", lambda: None)
@@ -1079,7 +1097,7 @@ def test_a_reader_stopping_early_ends_the_runner_without_a_traceback(
   # `... --dry-run | head`: the dry run of every table (>100 KB) overfills
   # the pipe, so the runner is still writing when the reader goes.
   proc = subprocess.Popen(
-      [sys.executable, "-m", "fkjax.reproduce", "all", "--scale=cpu",
+      [sys.executable, "-m", "reproduce", "all", "--scale=cpu",
        "--dry-run", f"--root={tmp_path / 'w'}",
        f"--results={tmp_path / 'results'}"],
       cwd=REPO, env=_env(tmp_path / "cache"), stdout=subprocess.PIPE,
@@ -1096,7 +1114,7 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
   # Every table, overview and claims file ends with the command that wrote
   # it: `--scale=cpu-long` would be refused, `--scale=cpu --variant=long`
   # is what selects the scale whose results are under cpu-long.
-  from fkjax.reproduce import __main__ as cli  # pylint: disable=import-outside-toplevel
+  from reproduce import __main__ as cli  # pylint: disable=import-outside-toplevel
   args = cli._parser().parse_args(  # pylint: disable=protected-access
       ["table1", *scales.command_flags(name).split()])
   scale = scales.SCALES[args.scale]

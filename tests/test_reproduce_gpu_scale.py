@@ -4,9 +4,9 @@ import math
 import pytest
 
 from configs import default as default_config
-from fkjax.reproduce import runner
-from fkjax.reproduce import scales
-from fkjax.reproduce import tables
+from reproduce import runner
+from reproduce import scales
+from reproduce import tables
 
 GPU = scales.SCALES["gpu"]
 

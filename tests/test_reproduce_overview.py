@@ -1,13 +1,12 @@
-"""fkjax.reproduce.overview: every row run at a scale in one table."""
+"""reproduce.overview: every row run at a scale in one table."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from fkjax.reproduce import overview
-from fkjax.reproduce import scales
+from reproduce import __main__ as reproduce_main
+from reproduce import overview
+from reproduce import scales
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,15 +69,15 @@ def test_admm_has_a_line_per_reading_and_the_papers_numbers_on_w():
   assert w[-1] == "cpu"
 
 
-def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path):
+def test_cli_writes_the_overview_of_the_tables_on_disk(tmp_path, capsys):
   folder = tmp_path / "cpu"
   folder.mkdir()
   for name, data in _tables().items():
     (folder / f"{name}.json").write_text(json.dumps(data))
-  out = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "overview", "--scale=cpu",
-       f"--results={tmp_path}"], cwd=REPO, capture_output=True, text=True,
-      check=True).stdout
+  # `python -m reproduce overview`'s main, in this process
+  assert reproduce_main.main(["overview", "--scale=cpu",
+                              f"--results={tmp_path}"]) == 0
+  out = capsys.readouterr().out
   md = (folder / "overview.md").read_text()
   assert out.endswith(md)
   assert "| Table 1: ResNet20 (also Table 4) | 53.00 ± 1.41 (76.07) |" in md
@@ -93,7 +92,7 @@ def test_the_committed_overview_is_current(scale):
     pytest.skip(f"no committed {scale} results")
   committed = (REPO / "results" / scale / overview.FILE).read_text()
   assert committed == overview.markdown(tables, scale), (
-      f"results/{scale}/overview.md is stale: python -m fkjax.reproduce "
+      f"results/{scale}/overview.md is stale: python -m reproduce "
       f"overview {scales.command_flags(scale)}")
 
 
@@ -109,9 +108,9 @@ def test_a_shared_row_is_listed_where_its_owner_is_not_written_yet():
 def test_a_variants_overview_names_the_command_that_writes_it():
   md = overview.markdown(_tables(), "cpu-long")
   assert md.startswith("# Every row run at the `cpu-long` scale")
-  assert ("`python -m fkjax.reproduce overview --scale=cpu --variant=long`"
+  assert ("`python -m reproduce overview --scale=cpu --variant=long`"
           in md)
-  assert "`python -m fkjax.reproduce overview --scale=cpu` " in (
+  assert "`python -m reproduce overview --scale=cpu` " in (
       overview.markdown(_tables(), "cpu"))
 
 

@@ -5,7 +5,9 @@ queue: a lease stopped mid-run, its output unpacked "at home", a second
 lease in a fresh clone of home's results, unpacked again; the numbers and
 weights must equal those of a lease never stopped.
 """
+import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -18,13 +20,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fkjax.reproduce import carry
-from fkjax.reproduce import datapack
-from fkjax.reproduce import lease
-from fkjax.reproduce import queue as queue_lib
-from fkjax.reproduce import runner
-from fkjax.reproduce import scales
-from fkjax.reproduce import tables
+from fkjax import pretrained
+from fkjax import weights_file
+
+from reproduce import __main__ as reproduce_main
+from reproduce import carry
+from reproduce import datapack
+from reproduce import lease
+from reproduce import queue as queue_lib
+from reproduce import runner
+from reproduce import scales
+from reproduce import tables
+from reproduce import weights
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_reproduce.sh"
@@ -63,6 +70,28 @@ def test_the_committed_queue_is_the_issues_order():
     assert [r.seed for r in runs] == list(range(max(unit.seeds) + 1))
 
 
+def test_the_committed_run_names_are_the_tables():
+  # fkjax.pretrained resolves names with this file, not with the tables:
+  # `python -m reproduce queue` rewrites it after a table changes.
+  committed = json.loads((REPO / "results" / weights_file.NAMES_FILE)
+                         .read_text())
+  assert committed == weights.names()
+  assert committed["table5"]["resnet20_skip"] == "table1/resnet20_none"
+  assert committed["table1"]["resnet20_none"] == "table1/resnet20_none"
+
+
+def test_a_name_resolves_through_the_names_file_or_as_written(tmp_path):
+  assert pretrained.run_dir("gpu/table5/resnet20_skip/seed1",
+                            str(tmp_path)) == str(
+      tmp_path / "gpu/runs/table5/resnet20_skip_seed1")
+  weights.write_names(str(tmp_path))
+  assert pretrained.run_dir("gpu/table5/resnet20_skip/seed1",
+                            str(tmp_path)) == str(
+      tmp_path / "gpu/runs/table1/resnet20_none_seed1")
+  with pytest.raises(pretrained.PretrainedError, match="no table 'table9'"):
+    pretrained.run_dir("gpu/table9/resnet20_skip/seed1", str(tmp_path))
+
+
 @pytest.mark.parametrize("runs, message", [
     ([{"scale": "gpu", "table": "table2", "row": "resnet20_none",
        "seed": 0}], "trained by table1/resnet20_none"),
@@ -74,17 +103,17 @@ def test_the_committed_queue_is_the_issues_order():
        "seed": 0}] * 2, "listed twice"),
     ([{"scale": "gpu", "table": "table1"}], "a queue is"),
 ])
-def test_a_bad_queue_is_one_clear_error(tmp_path, runs, message):
+def test_a_bad_queue_is_one_clear_error(tmp_path, runs, message, capsys):
   path = tmp_path / "queue.json"
   path.write_text(json.dumps({"runs": runs}))
   with pytest.raises(queue_lib.QueueError, match=message):
     queue_lib.load(str(path))
-  proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "queue",
-       f"--queue={path}", f"--results={tmp_path}"], cwd=REPO,
-      capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2
-  assert proc.stderr.count("\n") == 1 and message in proc.stderr
+  # `python -m reproduce queue`'s main, in this process (the session below
+  # runs the module itself)
+  assert reproduce_main.main(["queue", f"--queue={path}",
+                              f"--results={tmp_path}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and message in err
 
 
 def test_units_merge_a_rows_consecutive_seeds():
@@ -148,12 +177,13 @@ def _clone(path, results_from=None):
   """A checkout: the code (linked) and a copy of ``results_from``'s results
   (a fresh clone of home), or a queue of the one tiny run."""
   path.mkdir(parents=True)
-  for name in ("configs", "fkjax"):
+  for name in ("configs", "fkjax", "reproduce"):
     (path / name).symlink_to(REPO / name)
   if results_from is not None:
     shutil.copytree(results_from / "results", path / "results")
   else:
     queue_lib.write(str(path / "results" / queue_lib.QUEUE_FILE), [ENTRY])
+    weights.write_names(str(path / "results"))   # committed in a clone
   return path
 
 
@@ -190,13 +220,17 @@ def _lease(clone, cache, out, data, stop_when=None):
 
 
 def _unpack(home, folder):
-  proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "unpack", str(folder)],
-      cwd=home, env=_env(home / "cache", folder,
-                         PYTHONPATH=str(REPO)),
-      capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
-  return proc.stdout
+  """``python -m reproduce unpack FOLDER`` at ``home``: its main in this
+  process (it reports from files; no JAX), its output."""
+  here = os.getcwd()
+  out = io.StringIO()
+  os.chdir(home)
+  try:
+    with contextlib.redirect_stdout(out):
+      assert reproduce_main.main(["unpack", str(folder)]) == 0
+  finally:
+    os.chdir(here)
+  return out.getvalue()
 
 
 def _tree_digest(folder):
@@ -269,7 +303,7 @@ def test_the_finished_run_equals_a_run_never_stopped(session):
     a = json.loads((home / RUN / name).read_text())
     b = json.loads((reference / RUN / name).read_text())
     assert a["correct_per_image"] == b["correct_per_image"]
-  from fkjax.reproduce import weights  # pylint: disable=C0415
+  from fkjax import weights_file as weights  # pylint: disable=C0415
   a = weights.flatten(weights.load(str(home / RUN / weights.WEIGHTS_FILE)))
   b = weights.flatten(weights.load(str(reference / RUN /
                                        weights.WEIGHTS_FILE)))
@@ -312,7 +346,6 @@ def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     session, tmp_path):
   from fkjax import experiment  # pylint: disable=C0415
-  from fkjax import pretrained  # pylint: disable=C0415
   results = str(session["reference"] / "results")
   assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
   # Table 5's row is Table 1's run, loaded by either name
@@ -332,12 +365,10 @@ def test_a_published_run_loads_by_name_and_evaluates_without_training(
   assert logits.shape == (2, 10)
   # written into a workdir, eval.py evaluates it to the run's numbers
   target = tmp_path / "published"
-  proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.pretrained",
-       "tiny/table1/resnet20_none/seed0", f"--workdir={target}",
-       f"--results={results}"], cwd=REPO, capture_output=True, text=True,
-      timeout=300)
-  assert proc.returncode == 0, proc.stderr
+  # `python -m fkjax.pretrained NAME --workdir=...`'s main, in this process
+  assert pretrained.main(["tiny/table1/resnet20_none/seed0",
+                          f"--workdir={target}",
+                          f"--results={results}"]) == 0
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={target}",
        "--config.progress=False"], cwd=REPO, capture_output=True, text=True,
@@ -355,7 +386,6 @@ def jax_leaves(tree):
 
 
 def test_unknown_or_unpublished_names_are_one_clear_error(session):
-  from fkjax import pretrained  # pylint: disable=C0415
   results = str(session["reference"] / "results")
   with pytest.raises(pretrained.PretrainedError, match="is not <scale>"):
     pretrained.load("table1/resnet20_none", results)
@@ -365,18 +395,16 @@ def test_unknown_or_unpublished_names_are_one_clear_error(session):
     pretrained.load("tiny/table1/resnet99/seed0", results)
 
 
-def test_a_dry_run_writes_nothing(session, tmp_path):
+def test_a_dry_run_writes_nothing(session, tmp_path, capsys):
   home = session["home"]
   before = _tree_digest(home / "results")
   root = tmp_path / "w"
-  proc = subprocess.run(
-      [sys.executable, "-m", "fkjax.reproduce", "table5", "--scale=tiny",
-       "--rows=resnet20_skip", "--dry-run", f"--root={root}",
-       f"--results={home / 'results'}"], cwd=REPO, capture_output=True,
-      text=True, timeout=300)
-  assert proc.returncode == 0, proc.stderr
+  capsys.readouterr()
+  assert reproduce_main.main(
+      ["table5", "--scale=tiny", "--rows=resnet20_skip", "--dry-run",
+       f"--root={root}", f"--results={home / 'results'}"]) == 0
   assert "resnet20_skip seed 0 (shared: table1/resnet20_none): done" in (
-      proc.stdout)
+      capsys.readouterr().out)
   assert not root.exists()
   assert _tree_digest(home / "results") == before
 

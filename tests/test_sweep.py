@@ -413,7 +413,7 @@ def test_a_run_one_save_behind_is_caught_up(whole):
 
 
 def test_runner_groups_a_figures_lambdas_and_seeds():
-  from fkjax.reproduce import runner, scales, tables  # pylint: disable=C0415
+  from reproduce import runner, scales, tables  # pylint: disable=C0415
   runs = runner.plan(tables.TABLES["fig45"], scales.SCALES["tiny"], seeds=2,
                      root="/nonexistent")
   groups = [[r.key for r in g] for g in runner.sweep_groups(runs)]
@@ -428,7 +428,7 @@ def test_runner_groups_a_figures_lambdas_and_seeds():
 
 
 def test_runner_trains_rows_as_one_sweep(tmp_path):
-  from fkjax.reproduce import runner, scales, tables  # pylint: disable=C0415
+  from reproduce import runner, scales, tables  # pylint: disable=C0415
   runs = runner.plan(tables.TABLES["fig45"], scales.SCALES["tiny"], seeds=1,
                      rows=["resnet38_rgsm_l0.02", "resnet38_rgsm_l0.2"],
                      root=str(tmp_path))

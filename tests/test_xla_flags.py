@@ -111,9 +111,9 @@ def test_a_plugin_in_jaxs_plugin_namespace_is_found(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module,runs,argv", [
-    ("fkjax.reproduce.__main__", "fkjax.reproduce.runner.execute",
+    ("reproduce.__main__", "reproduce.runner.execute",
      ["table5", "--scale=tiny", "--seeds=1", "--rows=resnet20_noskip"]),
-    ("fkjax.reproduce.pilot", "fkjax.reproduce.pilot.run",
+    ("reproduce.pilot", "reproduce.pilot.run",
      ["rgsm_m8"]),
 ])
 def test_the_reproduction_runners_set_the_flags_before_a_run(

@@ -6,8 +6,8 @@ official tar.gz). This packs it losslessly into parts that each fit a
 call, to be staged in a folder that persists while the machine stays warm
 (``benchmarks/gpu_reproduce.sh``, docs/reproduction.md)::
 
-  python -m fkjax.reproduce.datapack pack $FKJAX_DATA_DIR .datapack_all --part-mib=40
-  python -m fkjax.reproduce.datapack unpack STAGE DEST   # on the machine
+  python -m reproduce.datapack pack $FKJAX_DATA_DIR .datapack_all --part-mib=40
+  python -m reproduce.datapack unpack STAGE DEST   # on the machine
 
 Each image file is split into its label bytes and its pixel planes (the
 release stores an image as 1 label byte then 1024 red, 1024 green, 1024
@@ -27,6 +27,8 @@ import os
 import sys
 
 import numpy as np
+
+from fkjax import atomic
 
 MANIFEST = "cifar10.json"
 PART = "cifar10.xz.part-{:02d}"
@@ -77,14 +79,13 @@ def pack(source: str, out: str, part_bytes: int) -> dict:
   for i in range(0, len(blob), part_bytes):
     chunk = blob[i:i + part_bytes]
     name = PART.format(i // part_bytes)
-    with open(os.path.join(out, name), "wb") as f:
-      f.write(chunk)
+    atomic.write_bytes(os.path.join(out, name), chunk)
     parts.append({"name": name, "bytes": len(chunk), "sha256": _sha(chunk)})
   manifest = {"files": entries, "parts": parts,
               "raw_bytes": sum(e["bytes"] for e in entries),
               "packed_bytes": len(blob)}
-  with open(os.path.join(out, MANIFEST), "w") as f:
-    json.dump(manifest, f, indent=1)
+  atomic.write_text(os.path.join(out, MANIFEST),
+                    json.dumps(manifest, indent=1))
   return manifest
 
 
@@ -134,15 +135,12 @@ def unpack(stage: str, dest: str) -> str:
     if _sha(raw) != entry["sha256"]:
       raise ValueError(f"{entry['name']} does not unpack to the packed "
                        "file (sha256)")
-    tmp = os.path.join(folder, f".{entry['name']}.tmp")
-    with open(tmp, "wb") as f:
-      f.write(raw)
-    os.replace(tmp, os.path.join(folder, entry["name"]))
+    atomic.write_bytes(os.path.join(folder, entry["name"]), raw)
   return folder
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m fkjax.reproduce.datapack",
+  p = argparse.ArgumentParser(prog="python -m reproduce.datapack",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("action", choices=("pack", "unpack"))
   p.add_argument("source", help="pack: the data folder; unpack: the stage")

@@ -17,6 +17,8 @@ import io
 import os
 import tarfile
 
+from fkjax import atomic
+
 CARRY_DIR = "carry"
 SUFFIX = ".tar.xz"
 # Never carried: another process's lock, orbax's unfinished writes, logs
@@ -74,11 +76,10 @@ def pack(workdir: str, path: str) -> int:
       rel = os.path.relpath(full, workdir)
       if _wanted(rel, steps):
         names.append(rel)
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.tmp{os.getpid()}"
   # preset 6: a ResNet20's checkpoint in seconds; float32 weights hardly
   # compress further at 9.
-  with tarfile.open(tmp, "w:xz", preset=6) as tar:
+  with atomic.replacing(path, "wb") as f, tarfile.open(
+      fileobj=f, mode="w:xz", preset=6) as tar:
     for rel in names:
       info = tar.gettarinfo(os.path.join(workdir, rel), arcname=rel)
       # Byte-identical archives for identical states: no owner, no time.
@@ -87,7 +88,6 @@ def pack(workdir: str, path: str) -> int:
       info.mtime = 0
       with open(os.path.join(workdir, rel), "rb") as f:
         tar.addfile(info, io.BytesIO(f.read()))
-  os.replace(tmp, path)
   return os.path.getsize(path)
 
 

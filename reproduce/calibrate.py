@@ -1,8 +1,8 @@
 """This machine's training speed, measured, for ``--dry-run --calibrate``.
 
-The runner's time estimates (:func:`fkjax.reproduce.runner.estimate_seconds`)
+The runner's time estimates (:func:`reproduce.runner.estimate_seconds`)
 are built from the step times of one reference machine
-(:data:`fkjax.reproduce.runner.REFERENCE_STEP_TIMES`: 2 idle vCPUs of an
+(:data:`reproduce.runner.REFERENCE_STEP_TIMES`: 2 idle vCPUs of an
 AMD EPYC with AVX-512); CPUs of the same size differ from it by 2-3x (one
 without AVX-512 trained En2ResNet20 at 0.28-0.37 steps/s against
 0.73-0.81). :func:`measure` times this machine's ResNet20 training step at
@@ -18,7 +18,7 @@ import numpy as np
 from configs import default as default_config
 from fkjax import experiment
 from fkjax import train
-from fkjax.reproduce import runner as runner_lib
+from reproduce import runner as runner_lib
 
 
 def _step_seconds(config, repeats: int) -> float:

@@ -26,9 +26,9 @@ import jax
 import ml_collections
 import numpy as np
 
+from fkjax import atomic
 from fkjax import experiment as experiment_lib
 from fkjax import sparsity
-from fkjax.reproduce.files import atomic_json
 
 ANALYSIS_JSON = "analysis.json"
 ANALYSIS_NPZ = "analysis.npz"
@@ -141,19 +141,14 @@ def analyze_run(config: ml_collections.ConfigDict, workdir: str,
       state["params"], u, group=config.sparsity.group,
       layout=experiment_lib.kernel_layout(config))
   summary.update(checkpoint=config.eval.checkpoint, step=int(step))
-  _atomic_npz(os.path.join(workdir, ANALYSIS_NPZ), arrays)
-  atomic_json(os.path.join(workdir, ANALYSIS_JSON), summary)
+  with atomic.replacing(os.path.join(workdir, ANALYSIS_NPZ), "wb") as f:
+    np.savez_compressed(f, **arrays)
+  atomic.write_json(os.path.join(workdir, ANALYSIS_JSON), summary)
   return summary
 
 
-def _atomic_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
-  tmp = path + ".tmp.npz"
-  np.savez_compressed(tmp, **arrays)
-  os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
-  """``python -m fkjax.reproduce.analysis --workdir=W``: analyses a run
+  """``python -m reproduce.analysis --workdir=W``: analyses a run
   with its own ``config.json`` (as ``eval.py`` evaluates it)."""
   import argparse  # pylint: disable=import-outside-toplevel
   from fkjax import cli  # pylint: disable=import-outside-toplevel

@@ -1,8 +1,8 @@
-"""The short pilots that calibrated the ``cpu`` scale (docs/reproduction.md).
+"""Pilots: single cpu-scale training runs under other rescalings of decay.
 
-    python -m fkjax.reproduce.pilot rgsm_m4_x2 [--root=workdirs/pilots]
-    python -m fkjax.reproduce.pilot --summary
-    python -m fkjax.reproduce.pilot --plot=results/pilots/rgsm_curves.png
+    python -m reproduce.pilot rgsm_m4_x2 [--root=workdirs/pilots]
+    python -m reproduce.pilot --summary
+    python -m reproduce.pilot --plot=results/pilots/rgsm_curves.png
 
 Each pilot is one training run (ResNet20 on the real CIFAR-10) with the
 ``cpu`` scale's data, attack and schedule, shortened to its high learning
@@ -10,7 +10,8 @@ rate phase where the shrinkage happens, under one of the ways of rescaling
 weight decay and the sparsifier's hyperparameters. It writes
 ``results/pilots/<name>.json``: the settings, wall time, validation and test
 natural accuracy, sparsity and the weight statistics of
-:mod:`fkjax.reproduce.analysis`.
+:mod:`reproduce.analysis`. What the committed pilots measured:
+docs/notes/calibration.md.
 """
 from __future__ import annotations
 
@@ -24,18 +25,18 @@ from typing import Any
 # Figure, not pyplot: it draws PNGs without choosing a global backend.
 from matplotlib.figure import Figure
 
+from fkjax import atomic
 from fkjax import kernels
-from fkjax.reproduce import analysis
-from fkjax.reproduce import files
-from fkjax.reproduce import scales as scales_lib
+from reproduce import analysis
+from reproduce import scales as scales_lib
 
 
 def _pilots() -> dict[str, dict[str, Any]]:
   """name -> {presets, overrides, epochs, multiplier}."""
-  rgsm = {"sparsity.lamb1": 0.1}   # the paper's ResNet20: 25.33% channels
-  rvsm = {"sparsity.beta": 0.1}    # the paper's ResNet20: 56.88% weights
+  rgsm = {"sparsity.lamb1": 0.1}
+  rvsm = {"sparsity.beta": 0.1}
   out = {
-      # weight decay x k (58.9) with the paper's thresholds: the first try
+      # weight decay x k with the paper's thresholds
       "rgsm_wd": dict(presets="resnet20,rgsm", overrides=rgsm, epochs=3,
                       multiplier="k", scale_thresholds=False),
   }
@@ -51,10 +52,8 @@ def _pilots() -> dict[str, dict[str, Any]]:
     # the whole cpu schedule: final accuracy and sparsity
     out[f"rgsm_m{m}_full"] = dict(presets="resnet20,rgsm", overrides=rgsm,
                                   epochs=None, multiplier=m)
-  # The cpu schedule doubled (the `long` variant: 10 epochs, decays after
-  # 4, 6, 8) at m = 4: the same summed decay as the scale's m = 8, with half
-  # its per-step pull, and twice the steps for the accuracy the scale falls
-  # short of (>= 55%).
+  # The `long` variant's schedule (10 epochs, decays after 4, 6, 8) at
+  # m = 4: the cpu scale's summed decay (m = 8 over 5 epochs).
   out["rgsm_m4_x2"] = dict(presets="resnet20,rgsm", overrides=rgsm,
                            epochs=None, multiplier=4, variant="long")
   out["at_m4_x2"] = dict(presets="resnet20,none", overrides={}, epochs=None,
@@ -75,7 +74,7 @@ def pilot_config(name: str):
   config = scales_lib.build_config(p["presets"], p["overrides"], scale,
                                    seed=0)
   if not p.get("scale_thresholds", True):
-    # the first try scaled weight decay (and lamb2) only
+    # weight decay (and lamb2) scaled, the thresholds left at the paper's
     paper = scales_lib.build_config(p["presets"], p["overrides"],
                                     scales_lib.SCALES["paper"], seed=0)
     config.sparsity.lamb1 = paper.sparsity.lamb1
@@ -120,7 +119,7 @@ def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
       "analysis": stats,
   }
   os.makedirs(results_dir, exist_ok=True)
-  files.atomic_json(os.path.join(results_dir, f"{name}.json"), out)
+  atomic.write_json(os.path.join(results_dir, f"{name}.json"), out)
   return out
 
 
@@ -149,7 +148,7 @@ def summary(results_dir: str) -> str:
     epochs = out["epochs"]
     q = a["w"]["channel_norm_quantiles"]
     steps = sum(1 for _ in epochs)
-    # pilots before the doubled schedule measured natural accuracy only
+    # a result without "test_accuracy" measured natural accuracy only
     a3 = out.get("test_accuracy", {}).get("ifgsm20")
     lines.append(
         f"| {out['pilot']} | {out['settings']['presets']} | "
@@ -179,7 +178,7 @@ def _epoch_records(results_dir: str, name: str) -> list[dict[str, Any]]:
 def rgsm_curves(results_dir: str) -> dict[str, list[dict[str, Any]]]:
   """label -> per-epoch records of the ResNet20 RGSM pilots found in
   ``results_dir`` (the rescalings m the cpu scale chose between), by m."""
-  # by m (the first try, "rgsm_wd", has none: left out)
+  # by m ("rgsm_wd", scaled by k, has none: left out)
   chosen = sorted(((p["multiplier"], name, p) for name, p in PILOTS.items()
                    if p["presets"] == "resnet20,rgsm"
                    and isinstance(p["multiplier"], int)))
@@ -225,7 +224,7 @@ def plot_rgsm_curves(results_dir: str, path: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m fkjax.reproduce.pilot",
+  parser = argparse.ArgumentParser(prog="python -m reproduce.pilot",
                                    description=__doc__.splitlines()[0])
   parser.add_argument("names", nargs="*", choices=sorted(PILOTS) + [[]])
   parser.add_argument("--root", default="workdirs/pilots")

@@ -2,9 +2,9 @@
 
 On the lent machine (``benchmarks/gpu_reproduce.sh`` with no arguments)::
 
-  python -m fkjax.reproduce.lease prepare --jobs=2   # one line per job
+  python -m reproduce.lease prepare --jobs=2   # one line per job
   ... the jobs run until the deadline ...
-  python -m fkjax.reproduce.lease pack --out=$OUT --since=MARK
+  python -m reproduce.lease pack --out=$OUT --since=MARK
 
 ``prepare`` unpacks the committed state of the next units' carried runs
 into their workdirs and prints the jobs: the next units dealt round-robin,
@@ -17,7 +17,7 @@ into parts (``lease.tar.part-NN``) with a manifest (``lease.json``).
 
 At home, in the repository root::
 
-  python -m fkjax.reproduce unpack <the folder the files came back to>
+  python -m reproduce unpack <the folder the files came back to>
 
 checks the parts against the manifest, puts the runs under ``results/``,
 removes the carried state of runs that finished, rewrites the tables they
@@ -34,11 +34,12 @@ import sys
 import tarfile
 from typing import Any, Sequence
 
-from fkjax.reproduce import archive
-from fkjax.reproduce import carry
-from fkjax.reproduce import files
-from fkjax.reproduce import queue as queue_lib
-from fkjax.reproduce import tables as tables_lib
+from fkjax import atomic
+from reproduce import archive
+from reproduce import carry
+from reproduce import files
+from reproduce import queue as queue_lib
+from reproduce import tables as tables_lib
 
 MANIFEST = "lease.json"
 TAR = "lease.tar"
@@ -135,8 +136,7 @@ def write_parts(manifest: dict[str, Any], out: str, base: str,
   parts = []
   for i in range(0, max(len(blob), 1), part_bytes):
     name = f"{TAR}.part-{i // part_bytes:02d}"
-    with open(os.path.join(out, name), "wb") as f:
-      f.write(blob[i:i + part_bytes])
+    atomic.write_bytes(os.path.join(out, name), blob[i:i + part_bytes])
     parts.append(name)
   manifest = {**manifest,
               "files": [os.path.relpath(p, base) for p in manifest["files"]],
@@ -144,7 +144,7 @@ def write_parts(manifest: dict[str, Any], out: str, base: str,
                           for p in manifest["removed"]],
               "parts": parts, "tar_bytes": len(blob),
               "sha256": hashlib.sha256(blob).hexdigest()}
-  files.atomic_json(os.path.join(out, MANIFEST), manifest)
+  atomic.write_json(os.path.join(out, MANIFEST), manifest)
   return parts
 
 
@@ -200,7 +200,7 @@ def touched_tables(names: Sequence[str]) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m fkjax.reproduce.lease",
+  p = argparse.ArgumentParser(prog="python -m reproduce.lease",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("action", choices=("prepare", "pack"))
   p.add_argument("--queue", default=DEFAULT_QUEUE)

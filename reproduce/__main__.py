@@ -1,14 +1,14 @@
-"""``python -m fkjax.reproduce <table|all|list> --scale=cpu|gpu|paper|tiny``.
+"""``python -m reproduce <table|all|list> --scale=cpu|gpu|paper|tiny``.
 
-  python -m fkjax.reproduce list
-  python -m fkjax.reproduce table1 --scale=cpu --dry-run
-  python -m fkjax.reproduce table1 --scale=cpu --rows=resnet20_none --seeds=1
-  python -m fkjax.reproduce all --scale=paper --dry-run
-  python -m fkjax.reproduce table2 --scale=cpu --report-only
-  python -m fkjax.reproduce claims --scale=cpu
-  python -m fkjax.reproduce overview --scale=cpu
-  python -m fkjax.reproduce queue            # the GPU queue's state
-  python -m fkjax.reproduce unpack <folder>  # what a lease brought back
+  python -m reproduce list
+  python -m reproduce table1 --scale=cpu --dry-run
+  python -m reproduce table1 --scale=cpu --rows=resnet20_none --seeds=1
+  python -m reproduce all --scale=paper --dry-run
+  python -m reproduce table2 --scale=cpu --report-only
+  python -m reproduce claims --scale=cpu
+  python -m reproduce overview --scale=cpu
+  python -m reproduce queue            # the GPU queue's state
+  python -m reproduce unpack <folder>  # what a lease brought back
 
 Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
@@ -42,24 +42,25 @@ from typing import Any
 # Every module the runner uses is imported here, at its start, not when the
 # first run finishes: a run takes an hour, and a checkout edited meanwhile
 # would otherwise mix old modules in memory with new ones from disk.
+from fkjax import atomic
 from fkjax import cli
 from fkjax import kernels
 from fkjax.data.types import DataError
-from fkjax.reproduce import claims
-from fkjax.reproduce import figures
-from fkjax.reproduce import files
-from fkjax.reproduce import lease
-from fkjax.reproduce import overview
-from fkjax.reproduce import queue as queue_lib
-from fkjax.reproduce import report
-from fkjax.reproduce import runner as runner_lib
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
+from reproduce import claims
+from reproduce import figures
+from reproduce import lease
+from reproduce import overview
+from reproduce import queue as queue_lib
+from reproduce import report
+from reproduce import runner as runner_lib
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
+from reproduce import weights
 
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog="python -m fkjax.reproduce",
+      prog="python -m reproduce",
       description="Reproduce the paper's tables (docs/reproduction.md).")
   p.add_argument("table", help="a table name, 'all', 'list', 'claims' or "
                       "'overview'")
@@ -151,7 +152,7 @@ def _write_summary(name: str, results: str, scale: str) -> str:
 
 def _queue_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
-      prog="python -m fkjax.reproduce queue|unpack",
+      prog="python -m reproduce queue|unpack",
       description="The queue a lent GPU advances (docs/reproduction.md, "
                   "\"The queue\").")
   p.add_argument("action", choices=("queue", "unpack"))
@@ -191,9 +192,91 @@ def _queue_main(argv: list[str]) -> int:
               "--report-only", f"--results={args.results}",
               f"--root={args.root}"])
   text = queue_lib.summary(entries, args.results)
-  files.atomic_text(os.path.join(args.results, "queue.md"), text)
+  atomic.write_text(os.path.join(args.results, "queue.md"), text)
+  # What fkjax.pretrained resolves the published runs' names with.
+  weights.write_names(args.results)
   print(text, end="")
   return 0
+
+
+class _UsageError(ValueError):
+  """A command line that names something wrong: one error line, exit 2."""
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+  for flag, value in (("--seeds", args.seeds),
+                      ("--sweep-max-runs", args.sweep_max_runs)):
+    if value is not None and value < 1:
+      raise _UsageError(f"{flag} must be >= 1, got {value}")
+  for flag, path in (("--root", args.root), ("--results", args.results)):
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise _UsageError(f"{flag}={path} is a file, not a folder")
+  if args.calibrate and not args.dry_run:
+    raise _UsageError("--calibrate goes with --dry-run (it scales the dry "
+                      "run's estimates)")
+
+
+def _summary_command(args: argparse.Namespace) -> int:
+  """``claims`` or ``overview``: rewrites and prints it from the tables."""
+  scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
+  if not os.path.isdir(os.path.join(args.results, scale_name)):
+    raise _UsageError(
+        f"no result tables in {args.results}/{scale_name} yet: run one "
+        f"first (python -m reproduce table1 "
+        f"{scales_lib.command_flags(scale_name)})")
+  with open(_write_summary(args.table, args.results, scale_name)) as f:
+    print(f.read(), end="")
+  return 0
+
+
+def _table_names(args: argparse.Namespace) -> list[str]:
+  names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
+  unknown = [n for n in names if n not in tables_lib.TABLES]
+  if unknown:
+    raise _UsageError(
+        f"unknown table {unknown[0]!r}; one of {sorted(tables_lib.TABLES)}, "
+        "'all', 'list', 'claims' or 'overview'")
+  return names
+
+
+def _tables_and_rows(args: argparse.Namespace, names: list[str]
+                     ) -> dict[str, list[str]]:
+  """The tables the command runs, each with its rows asked for (none: all)."""
+  rows = list(dict.fromkeys(r for r in args.rows.split(",") if r))
+  if not (rows and args.table == "all"):
+    return {n: rows for n in names}
+  # Each table runs the rows it has; a name no table has is an error.
+  named = {n: set(tables_lib.TABLES[n].row_names) for n in names}
+  missing = [r for r in rows if not any(r in named[n] for n in names)]
+  if missing:
+    raise _UsageError(f"no table has a row {missing[0]!r}; "
+                      "python -m reproduce list names them")
+  table_rows = {n: [r for r in rows if r in named[n]] for n in names}
+  return {n: r for n, r in table_rows.items() if r}
+
+
+def _scale(args: argparse.Namespace) -> scales_lib.Scale:
+  scale = scales_lib.SCALES[args.scale]
+  if not args.variant:
+    return scale
+  try:
+    return scales_lib.with_variant(scale, args.variant)
+  except ValueError as e:
+    raise _UsageError(str(e)) from e
+
+
+def _plans(args: argparse.Namespace, scale: scales_lib.Scale,
+           table_rows: dict[str, list[str]], environment: dict[str, Any]
+           ) -> dict[str, list[runner_lib.Run]]:
+  try:
+    return {name: runner_lib.plan(
+        tables_lib.TABLES[name], scale, root=args.root,
+        rows=rows or None, seeds=args.seeds, environment=environment,
+        results=args.results, restore=not args.no_restore,
+        sync=not args.dry_run) for name, rows in table_rows.items()}
+  except (KeyError, ValueError) as e:
+    # str() of a KeyError is its message in quotes.
+    raise _UsageError(e.args[0] if e.args else str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,160 +284,70 @@ def main(argv: list[str] | None = None) -> int:
   if argv and argv[0] in ("queue", "unpack"):
     return _queue_main(argv)
   args = _parser().parse_args(argv)
-  for flag, value in (("--seeds", args.seeds),
-                      ("--sweep-max-runs", args.sweep_max_runs)):
-    if value is not None and value < 1:
-      print(f"error: {flag} must be >= 1, got {value}", file=sys.stderr)
-      return 2
-  for flag, path in (("--root", args.root), ("--results", args.results)):
-    if os.path.exists(path) and not os.path.isdir(path):
-      print(f"error: {flag}={path} is a file, not a folder", file=sys.stderr)
-      return 2
-  if args.calibrate and not args.dry_run:
-    print("error: --calibrate goes with --dry-run (it scales the dry run's "
-          "estimates)", file=sys.stderr)
-    return 2
-  if args.table == "list":
-    _list()
-    return 0
-  if args.table in _SUMMARIES:
-    scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
-    if not os.path.isdir(os.path.join(args.results, scale_name)):
-      print(f"error: no result tables in {args.results}/{scale_name} yet: "
-            f"run one first (python -m fkjax.reproduce table1 "
-            f"{scales_lib.command_flags(scale_name)})", file=sys.stderr)
-      return 2
-    with open(_write_summary(args.table, args.results, scale_name)) as f:
-      print(f.read(), end="")
-    return 0
-  names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
-  unknown = [n for n in names if n not in tables_lib.TABLES]
-  if unknown:
-    print(f"error: unknown table {unknown[0]!r}; one of "
-          f"{sorted(tables_lib.TABLES)}, 'all', 'list', 'claims' or "
-          "'overview'",
-          file=sys.stderr)
-    return 2
-  scale = scales_lib.SCALES[args.scale]
-  if args.variant:
-    try:
-      scale = scales_lib.with_variant(scale, args.variant)
-    except ValueError as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
-  environment = {"dataset.data_dir": args.data_dir} if args.data_dir else {}
-  rows = list(dict.fromkeys(r for r in args.rows.split(",") if r))
-  table_rows = {n: rows for n in names}
-  if rows and args.table == "all":
-    # Each table runs the rows it has; a name no table has is an error.
-    named = {n: set(tables_lib.TABLES[n].row_names) for n in names}
-    table_rows = {n: [r for r in rows if r in named[n]] for n in names}
-    missing = [r for r in rows if not any(r in named[n] for n in names)]
-    if missing:
-      print(f"error: no table has a row {missing[0]!r}; "
-            "python -m fkjax.reproduce list names them", file=sys.stderr)
-      return 2
-    names = [n for n in names if table_rows[n]]
-  plans = {}
   try:
-    for name in names:
-      table = tables_lib.TABLES[name]
-      plans[name] = runner_lib.plan(
-          table, scale, root=args.root, rows=table_rows[name] or None,
-          seeds=args.seeds,
-          environment=environment, results=args.results,
-          restore=not args.no_restore, sync=not args.dry_run)
-  except (KeyError, ValueError) as e:
-    # str() of a KeyError is its message in quotes.
-    print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
+    _check_flags(args)
+    if args.table == "list":
+      _list()
+      return 0
+    if args.table in _SUMMARIES:
+      return _summary_command(args)
+    names = _table_names(args)
+    scale = _scale(args)
+    table_rows = _tables_and_rows(args, names)
+    environment = ({"dataset.data_dir": args.data_dir} if args.data_dir
+                   else {})
+    plans = _plans(args, scale, table_rows, environment)
+  except _UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
     return 2
-
   if args.dry_run:
     step_times = None
     if args.calibrate:
       # Timed as the runs would train: with fkjax's CPU flags.
       kernels.apply_xla_flags()
       # Only this needs JAX and the nets before a run: imported when asked.
-      from fkjax.reproduce import calibrate  # pylint: disable=import-outside-toplevel
+      from reproduce import calibrate  # pylint: disable=import-outside-toplevel
       step_times = calibrate.measure()
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,
                     extra_evals=not args.defer_extra_evals)
+  return _run_tables(args, scale, plans, environment)
 
+
+def _run_tables(args: argparse.Namespace, scale: scales_lib.Scale,
+                plans: dict[str, list[runner_lib.Run]],
+                environment: dict[str, Any]) -> int:
+  """Runs what is left of each table, rewriting it as runs finish."""
   # --no-restore: the runs asked for train again; the rest of each table
   # is reported as usual.
   not_restored = ({r.workdir for runs in plans.values() for r in runs}
                   if args.no_restore else True)
-  failed = not_started = 0
   if not args.report_only:
     # As train.py and eval.py: the runs train and attack in this process.
     kernels.apply_xla_flags()
     from absl import logging  # pylint: disable=import-outside-toplevel
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
+  failed = not_started = 0
   for name, runs in plans.items():
     table = tables_lib.TABLES[name]
-    stale = True   # whether the table on disk lacks what has happened since
     # The table always shows all its rows, whatever --rows ran.
     reported = runner_lib.plan_report(table, scale, root=args.root,
                                       seeds=args.seeds,
                                       environment=environment,
                                       results=args.results,
                                       restore=not_restored)
+    stale = True   # whether the table on disk lacks what has happened since
     if not args.report_only:
-      todo = []
-      for r in runs:
-        if runner_lib.status_of(r) == "done" or (
-            args.defer_extra_evals and runner_lib.finished(r)):
-          continue
-        if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
-          # Restored from results/ without checkpoints: reported as it is.
-          pending = ", ".join(f"eval_{e.protocol}"
-                              for e in runner_lib.pending_evals(r))
-          runner_lib.log(
-              f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
-              "and its workdir has no checkpoint to evaluate (restored "
-              f"from results/); to train it again, remove {r.workdir} and "
-              "rerun with --no-restore")
-          continue
-        todo.append(r)
+      todo = _todo(name, runs, args.defer_extra_evals)
       runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
                      f"{len(runs) - len(todo)} done, {len(todo)} to run")
       if args.sweep and todo:
         runner_lib.train_in_sweeps(todo, max_runs=args.sweep_max_runs)
-      for i, run in enumerate(todo, 1):
-        runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                       f"{run.seed} ({runner_lib.status_of(run)})")
-        try:
-          record = runner_lib.execute(
-              run, extra_evals=not args.defer_extra_evals)
-        except Exception as e:  # pylint: disable=broad-except
-          # One failed run (a diverged training, say) must not stop the
-          # table: it is reported as failed and rerun next time.
-          failed += 1
-          stale = True
-          runner_lib.record_failure(run, e)
-          runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                         f"{run.seed} FAILED: {type(e).__name__}: "
-                         f"{cli.one_line(e)}")
-          # A user's mistake (missing data, a workdir in use) is said in
-          # that one line; a bug also shows where it happened.
-          if not cli.is_user_error(e):
-            traceback.print_exc()
-          if isinstance(e, DataError) and i < len(todo):
-            # Every run of a table reads the same data: all would fail so.
-            runner_lib.log(f"{name}: its {len(todo) - i} other run(s) to "
-                           "run read the same data: not started")
-            not_started += len(todo) - i
-            break
-          continue
-        metrics = ", ".join(f"{k} {v:.2f}" for k, v in
-                            record["metrics"].items() if k in table.metrics)
-        runner_lib.log(
-            f"[{name} {i}/{len(todo)}] {run.row.name} seed {run.seed} done "
-            f"in {runner_lib.format_seconds(record['wall_seconds'])}: "
-            f"{metrics}")
-        _write_table(table, scale, reported, args.results)
-        stale = False
+      stale, table_failed, table_not_started = _execute(
+          name, todo, args.defer_extra_evals,
+          lambda: _write_table(table, scale, reported, args.results))
+      failed += table_failed
+      not_started += table_not_started
     if stale:
       _write_table(table, scale, reported, args.results)
   if failed:
@@ -365,24 +358,79 @@ def main(argv: list[str] | None = None) -> int:
   return 0
 
 
+def _todo(name: str, runs: list[runner_lib.Run], defer_extra_evals: bool
+          ) -> list[runner_lib.Run]:
+  """The runs of table ``name`` left to run."""
+  todo = []
+  for r in runs:
+    if runner_lib.status_of(r) == "done" or (
+        defer_extra_evals and runner_lib.finished(r)):
+      continue
+    if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
+      # Restored from results/ without checkpoints: reported as it is.
+      pending = ", ".join(f"eval_{e.protocol}"
+                          for e in runner_lib.pending_evals(r))
+      runner_lib.log(
+          f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
+          "and its workdir has no checkpoint to evaluate (restored "
+          f"from results/); to train it again, remove {r.workdir} and "
+          "rerun with --no-restore")
+      continue
+    todo.append(r)
+  return todo
+
+
+def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
+             write_table: Callable[[], Any]) -> tuple[int, int, int]:
+  """Runs ``todo`` in turn, rewriting the table after each run that
+  finishes; returns whether the table on disk lacks the last run's outcome
+  (a failure, or no run at all), and how many runs failed and were not
+  started."""
+  stale = True
+  failed = 0
+  for i, run in enumerate(todo, 1):
+    runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                   f"{run.seed} ({runner_lib.status_of(run)})")
+    try:
+      record = runner_lib.execute(run, extra_evals=not defer_extra_evals)
+    except Exception as e:  # pylint: disable=broad-except
+      # One failed run (a diverged training, say) must not stop the
+      # table: it is reported as failed and rerun next time.
+      failed += 1
+      runner_lib.record_failure(run, e)
+      runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+                     f"{run.seed} FAILED: {type(e).__name__}: "
+                     f"{cli.one_line(e)}")
+      # A user's mistake (missing data, a workdir in use) is said in
+      # that one line; a bug also shows where it happened.
+      if not cli.is_user_error(e):
+        traceback.print_exc()
+      if isinstance(e, DataError) and i < len(todo):
+        # Every run of a table reads the same data: all would fail so.
+        runner_lib.log(f"{name}: its {len(todo) - i} other run(s) to "
+                       "run read the same data: not started")
+        return True, failed, len(todo) - i
+      stale = True
+      continue
+    metrics = ", ".join(f"{k} {v:.2f}" for k, v in record["metrics"].items()
+                        if k in tables_lib.TABLES[name].metrics)
+    runner_lib.log(
+        f"[{name} {i}/{len(todo)}] {run.row.name} seed {run.seed} done "
+        f"in {runner_lib.format_seconds(record['wall_seconds'])}: {metrics}")
+    write_table()
+    stale = False
+  return stale, failed, 0
+
+
 def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
              max_runs: int | None = None,
              step_times: runner_lib.StepTimes | None = None,
              extra_evals: bool = True) -> int:
-  reference = runner_lib.REFERENCE_STEP_TIMES
   where = "on 2 idle CPU cores"
   if step_times is not None:
     where = "on this machine"
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    print(f"# this machine's ResNet20 steps at batch 128: "
-          f"{step_times.clean_step:.3f} s clean, "
-          f"+{step_times.attack_iteration:.3f} s per attack iteration "
-          f"(the reference machine, 2 idle CPU cores: "
-          f"{reference.clean_step:.3f} s, +{reference.attack_iteration:.3f} "
-          "s); the estimates below are scaled to them"
-          + (f" (load average {load:.1f} while timing: on an idle machine "
-             "they would be shorter)" if load > 0.5 else "") + "\n")
-  step_times = step_times or reference
+    _print_step_times(step_times)
+  step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
   total = 0.0
   seen = set()
   for name, runs in plans.items():
@@ -394,25 +442,7 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
                 + ", ".join(r.key for r in group))
     table_total = 0.0
     for run in runs:
-      # A finished run kept under results/ but not in its workdir is read
-      # there: a dry run copies nothing.
-      view = runner_lib.status_view(run)
-      status = runner_lib.status_of(view)
-      if not runner_lib.finished(view):
-        estimate = runner_lib.estimate_seconds(
-            run if extra_evals else dataclasses.replace(run, extra_evals=[]),
-            epochs_done=runner_lib.trained_epochs(run) or 0,
-            step_times=step_times)
-      elif not extra_evals:
-        estimate = 0.0
-        status = "done" if status == "done" else f"{status} (deferred)"
-      elif runner_lib.has_checkpoint(run):
-        estimate = runner_lib.estimate_seconds(
-            run, only=runner_lib.pending_evals(view), step_times=step_times)
-      else:
-        estimate = 0.0
-        if status != "done":
-          status += " (no checkpoint here: reported without it)"
+      status, estimate = _status_and_estimate(run, step_times, extra_evals)
       new = run.key not in seen and status != "done"
       seen.add(run.key)
       if new:
@@ -431,6 +461,42 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
   if len(plans) > 1:
     print(f"# total: ~{runner_lib.format_seconds(total)} {where}")
   return 0
+
+
+def _print_step_times(step_times: runner_lib.StepTimes) -> None:
+  reference = runner_lib.REFERENCE_STEP_TIMES
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+  print(f"# this machine's ResNet20 steps at batch 128: "
+        f"{step_times.clean_step:.3f} s clean, "
+        f"+{step_times.attack_iteration:.3f} s per attack iteration "
+        f"(the reference machine, 2 idle CPU cores: "
+        f"{reference.clean_step:.3f} s, +{reference.attack_iteration:.3f} "
+        "s); the estimates below are scaled to them"
+        + (f" (load average {load:.1f} while timing: on an idle machine "
+           "they would be shorter)" if load > 0.5 else "") + "\n")
+
+
+def _status_and_estimate(run: runner_lib.Run,
+                         step_times: runner_lib.StepTimes,
+                         extra_evals: bool) -> tuple[str, float]:
+  """Where ``run`` stands, and the seconds left to run it."""
+  # A finished run kept under results/ but not in its workdir is read
+  # there: a dry run copies nothing.
+  view = runner_lib.status_view(run)
+  status = runner_lib.status_of(view)
+  if not runner_lib.finished(view):
+    return status, runner_lib.estimate_seconds(
+        run if extra_evals else dataclasses.replace(run, extra_evals=[]),
+        epochs_done=runner_lib.trained_epochs(run) or 0,
+        step_times=step_times)
+  if not extra_evals:
+    return ("done" if status == "done" else f"{status} (deferred)"), 0.0
+  if runner_lib.has_checkpoint(run):
+    return status, runner_lib.estimate_seconds(
+        run, only=runner_lib.pending_evals(view), step_times=step_times)
+  if status != "done":
+    status += " (no checkpoint here: reported without it)"
+  return status, 0.0
 
 
 def _run_cli() -> int:

@@ -28,8 +28,8 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from fkjax import metric_logging
-from fkjax.reproduce import files
-from fkjax.reproduce import runner as runner_lib
+from reproduce import files
+from reproduce import runner as runner_lib
 
 # Every figure draws a run's single seeds alike: small open circles in the
 # colour of the row's mean, so the mean stays the eye's first reading.

@@ -18,9 +18,11 @@ import os
 import shutil
 from typing import Iterable
 
-from fkjax.reproduce import files
+from fkjax import atomic
+from fkjax import pretrained
+from reproduce import files
 
-RUN_RECORD = "reproduce_run.json"
+RUN_RECORD = pretrained.RUN_RECORD
 PROGRESS_FILE = "reproduce_progress.json"
 # Everything a finished run reports from, and nothing it can be rebuilt from.
 KEPT = (RUN_RECORD, PROGRESS_FILE, "config.json", "metrics.jsonl",
@@ -31,8 +33,9 @@ KEPT = (RUN_RECORD, PROGRESS_FILE, "config.json", "metrics.jsonl",
 
 def archive_dir(results: str, scale: str, table: str, row: str,
                 seed: int) -> str:
-  """Where a run's files are kept: ``<results>/<scale>/runs/<table>/...``."""
-  return os.path.join(results, scale, "runs", table, f"{row}_seed{seed}")
+  """Where a run's files are kept: ``<results>/<scale>/runs/<table>/...``,
+  where :mod:`fkjax.pretrained` finds them."""
+  return pretrained.run_folder(results, scale, table, row, seed)
 
 
 def _kept_files(directory: str) -> list[str]:
@@ -43,12 +46,10 @@ def _kept_files(directory: str) -> list[str]:
 
 
 def _copy(sources: Iterable[str], directory: str) -> None:
-  os.makedirs(directory, exist_ok=True)
   for src in sources:
-    dst = os.path.join(directory, os.path.basename(src))
-    tmp = f"{dst}.tmp{os.getpid()}"
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+    with open(src, "rb") as f, atomic.replacing(
+        os.path.join(directory, os.path.basename(src)), "wb") as out:
+      shutil.copyfileobj(f, out)
 
 
 def save(workdir: str, archive: str) -> None:

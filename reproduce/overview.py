@@ -1,6 +1,6 @@
 """Every row run at a scale in one table: ``results/<scale>/overview.md``.
 
-Read from the tables' JSON beside it (what :mod:`fkjax.reproduce.report`
+Read from the tables' JSON beside it (what :mod:`reproduce.report`
 writes), nothing else: a row's A1-A4 and the sparsities of the net it
 evaluates, mean +- sample std over its finished seeds, the paper's number in
 brackets, then its seeds, the epochs of the checkpoints it evaluated and the
@@ -19,11 +19,12 @@ from typing import Any, Mapping
 from matplotlib.figure import Figure
 import numpy as np
 
-from fkjax.reproduce import figures
-from fkjax.reproduce import files
-from fkjax.reproduce import report
-from fkjax.reproduce import runner as runner_lib
-from fkjax.reproduce import scales as scales_lib
+from fkjax import atomic
+from reproduce import figures
+from reproduce import files
+from reproduce import report
+from reproduce import runner as runner_lib
+from reproduce import scales as scales_lib
 
 FILE = "overview.md"
 PLOT_FILE = "overview.png"
@@ -297,7 +298,7 @@ def markdown(tables: Mapping[str, Mapping[str, Any]], scale: str) -> str:
       f"# Every row run at the `{scale}` scale",
       "",
       "From the result tables beside this file, by `python -m "
-      f"fkjax.reproduce overview {scales_lib.command_flags(scale)}` (also "
+      f"reproduce overview {scales_lib.command_flags(scale)}` (also "
       "rewritten with "
       "every table). Percentages; fkjax's mean ± sample std over the "
       "finished seeds, the paper's number in brackets where it gives one. "
@@ -320,6 +321,6 @@ def write(results_dir: str, scale: str) -> str:
   os.makedirs(folder, exist_ok=True)
   path = os.path.join(folder, FILE)
   tables = load(results_dir, scale)
-  files.atomic_text(path, markdown(tables, scale))
+  atomic.write_text(path, markdown(tables, scale))
   figure(tables, scale, os.path.join(folder, PLOT_FILE))
   return path

@@ -15,12 +15,13 @@ from typing import Any, Iterable
 
 import ml_collections
 
+from fkjax import atomic
 from fkjax import host
 from fkjax import workdir as workdir_lib
-from fkjax.reproduce import files
-from fkjax.reproduce import runner as runner_lib
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
+from reproduce import files
+from reproduce import runner as runner_lib
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
 
 NOT_RUN = "not yet run"
 
@@ -260,7 +261,7 @@ def markdown(data: dict[str, Any]) -> str:
             f"{data['git_commit'] or '(unknown commit)'}"
             f"{' with uncommitted changes' if data.get('git_dirty') else ''}"
             " by "
-            f"`python -m fkjax.reproduce {data['table']} "
+            f"`python -m reproduce {data['table']} "
             f"{scales_lib.command_flags(data['scale'])}`.", ""]
   return "\n".join(lines)
 
@@ -299,6 +300,6 @@ def write(data: dict[str, Any], results_dir: str) -> tuple[str, str]:
   os.makedirs(folder, exist_ok=True)
   json_path = os.path.join(folder, f"{data['table']}.json")
   md_path = os.path.join(folder, f"{data['table']}.md")
-  files.atomic_json(json_path, data)
-  files.atomic_text(md_path, markdown(data))
+  atomic.write_json(json_path, data)
+  atomic.write_text(md_path, markdown(data))
   return json_path, md_path

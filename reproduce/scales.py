@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from configs import default as default_config
+from fkjax import config_keys
 from fkjax import run_config
 from fkjax.data import batching
 
@@ -59,7 +60,7 @@ class Scale:
     base: the scale a variant derives from (``cpu`` for ``cpu-authors``);
       empty for the scales themselves.
     publish_weights: a finished run also keeps its evaluated weights
-      (``weights.npz``, :mod:`fkjax.reproduce.weights`) under ``results/``,
+      (``weights.npz``, :mod:`reproduce.weights`) under ``results/``,
       loadable with :func:`fkjax.pretrained.load`.
   """
 
@@ -300,29 +301,6 @@ def flat(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return out
 
 
-def set_key(config: ml_collections.ConfigDict, dotted: str, value: Any
-            ) -> None:
-  """Sets an existing dotted key (a typo is an error, not a new key)."""
-  *parents, leaf = dotted.split(".")
-  node = config
-  for part in parents:
-    if part not in node:
-      raise KeyError(f"config has no section {part!r} (key {dotted!r})")
-    node = node[part]
-  if leaf not in node:
-    raise KeyError(f"config has no key {dotted!r}")
-  node[leaf] = value
-
-
-def has_key(config: ml_collections.ConfigDict, dotted: str) -> bool:
-  node: Any = config
-  for part in dotted.split("."):
-    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-      return False
-    node = node[part]
-  return True
-
-
 def train_size(config: ml_collections.ConfigDict) -> int:
   """Training images per epoch, from the config alone (no data read)."""
   d = config.dataset
@@ -439,12 +417,12 @@ def build_config(presets: str, overrides: Mapping[str, Any], scale: Scale,
   """
   config = default_config.get_config(row_presets(presets, scale))
   for key, value in scale.overrides.items():
-    set_key(config, key, value)
+    config_keys.set_value(config, key, value, must_exist=True)
   for key, value in scale.dataset_overrides.get(config.dataset.name,
                                                 {}).items():
-    set_key(config, key, value)
+    config_keys.set_value(config, key, value, must_exist=True)
   for key, value in overrides.items():
-    set_key(config, key, value)
+    config_keys.set_value(config, key, value, must_exist=True)
   if "eval.attacks" in scale.overrides:
     extra = [a for a in OPTIONAL_ATTACKS if attack_available(a)
              and a not in config.eval.attacks.split(",")]
@@ -455,7 +433,7 @@ def build_config(presets: str, overrides: Mapping[str, Any], scale: Scale,
     if not run_config.is_environment_key(key):
       raise ValueError(f"{key} changes what a run computes; not an "
                        "environment key")
-    set_key(config, key, value)
+    config_keys.set_value(config, key, value, must_exist=True)
   return config
 
 

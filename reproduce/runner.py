@@ -8,9 +8,9 @@ workdir). A run goes through stages, each skipped when its result exists:
    checkpoint after a kill; ends with train.py's own ``final_eval.json``);
 2. ``eval``: ``fkjax.eval_run.evaluate_checkpoint`` (``eval_paper.json``);
 3. one stage per extra evaluation of the table (``eval_<protocol>.json``);
-4. ``analysis``: weight statistics (:mod:`fkjax.reproduce.analysis`);
+4. ``analysis``: weight statistics (:mod:`reproduce.analysis`);
 5. ``publish`` (scales that publish weights): the evaluated weights,
-   ``weights.npz`` (:mod:`fkjax.reproduce.weights`).
+   ``weights.npz`` (:mod:`reproduce.weights`).
 
 Then ``reproduce_run.json`` records the run: the exact equivalent
 ``train.py`` / ``eval.py`` commands, the wall time of each stage (kept across
@@ -32,14 +32,16 @@ from typing import Any, Callable, Collection, Iterable, Mapping
 
 import ml_collections
 
+from fkjax import atomic
+from fkjax import config_keys
 from fkjax import eval_journal
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
-from fkjax.reproduce import archive as archive_lib
-from fkjax.reproduce import files
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
-from fkjax.reproduce import weights as weights_lib
+from reproduce import archive as archive_lib
+from reproduce import files
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
+from reproduce import weights as weights_lib
 
 RUN_RECORD = archive_lib.RUN_RECORD
 PROGRESS_FILE = archive_lib.PROGRESS_FILE
@@ -116,7 +118,7 @@ class Run:
   eval_result: str
   extra_evals: list[ExtraEvalRun]
   # <results>/<scale>/runs/<table>/<row>_seed<k>: where the finished run's
-  # files are kept (fkjax.reproduce.archive); None: not kept.
+  # files are kept (reproduce.archive); None: not kept.
   archive: str | None = None
   # keep its evaluated weights (weights.npz) with its results: the scale's
   # publish_weights
@@ -163,64 +165,71 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
   """The runs of ``table`` at ``scale`` (only ``rows`` if given).
 
   With ``results`` (the results directory), each run is kept in step with
-  its copy there (:mod:`fkjax.reproduce.archive`): a finished run missing
+  its copy there (:mod:`reproduce.archive`): a finished run missing
   from its workdir (a fresh checkout) is restored from it (unless
   ``restore`` is False, or a collection of workdirs that holds its own: it
   then trains again), and a finished run not yet copied there is copied.
   ``sync=False`` copies nothing either way (a dry run writes nothing:
   :func:`status_view` reads a run's copy where its workdir is empty).
   """
-  wanted = list(rows) if rows else table.row_names
   runs = []
-  for name in wanted:
+  for name in list(rows) if rows else table.row_names:
     row = table.row(name)
-    if row.shared:
-      owner_table, owner = tables_lib.resolve_shared(row)
-      owner_name = owner_table.name
-    else:
-      owner_name, owner = table.name, row
     for seed in range(num_seeds(table, row, scale, seeds)):
-      config = scales_lib.build_config(owner.presets, owner.overrides, scale,
-                                       seed, environment)
-      if row.shared:
-        mine = scales_lib.build_config(row.presets, row.overrides, scale,
-                                       seed, environment)
-        diffs = run_config.differences(run_config.as_dict(config),
-                                       run_config.as_dict(mine),
-                                       ignore_environment=False)
-        if diffs:
-          raise ValueError(f"{table.name}/{row.name} shares {row.shared} "
-                           f"but their configs differ: {diffs[:3]}")
-      workdir = workdir_of(root, scale.name, owner_name, owner.name, seed)
-      presets = scales_lib.row_presets(owner.presets, scale)
-      flags = scales_lib.config_flags(config, presets)
-      train_cmd = _command("train.py", [
-          f"--config=configs/default.py:{presets}", *flags,
-          f"--workdir={workdir}"])
-      eval_cmd = _command("eval.py", [f"--workdir={workdir}"])
-      from_eval_run = _result_file(config)
-      extra = []
-      for spec in table.extra_evals:
-        if seed >= spec.max_seeds.get(scale.settings_key, 1 << 30):
-          continue
-        overrides = dict(spec.overrides.get(scale.settings_key, {}))
-        overrides.setdefault("eval.protocol", spec.protocol)
-        extra.append(_extra_eval_run(spec.protocol, overrides, config,
-                                     workdir))
-      run = Run(table, row, owner_name, owner, seed, workdir, config,
-                train_cmd, eval_cmd, from_eval_run, extra,
-                publish=scale.publish_weights)
+      run = _planned_run(table, row, scale, seed, root, environment)
       if results is not None:
-        run.archive = archive_lib.archive_dir(results, scale.name, owner_name,
-                                              owner.name, seed)
+        run.archive = archive_lib.archive_dir(
+            results, scale.name, run.owner_table, run.owner_row.name, seed)
         if sync:
           sync_archive(run, restore if isinstance(restore, bool)
-                       else workdir not in restore)
+                       else run.workdir not in restore)
       if sync:   # a dry run writes nothing
-        for cfg in [config] + [_with(config, e.overrides) for e in extra]:
-          workdir_lib.adopt_subset_result(workdir, cfg)  # named before _n<N>
+        for cfg in [run.config] + [_with(run.config, e.overrides)
+                                   for e in run.extra_evals]:
+          # named before _n<N>
+          workdir_lib.adopt_subset_result(run.workdir, cfg)
       runs.append(run)
   return runs
+
+
+def _planned_run(table: tables_lib.Table, row: tables_lib.Row,
+                 scale: scales_lib.Scale, seed: int, root: str,
+                 environment: Mapping[str, Any] | None) -> Run:
+  """One seed of ``row``: its config (its owner's, for a shared row),
+  workdir, commands and extra evaluations."""
+  if row.shared:
+    owner_table, owner = tables_lib.resolve_shared(row)
+    owner_name = owner_table.name
+  else:
+    owner_name, owner = table.name, row
+  config = scales_lib.build_config(owner.presets, owner.overrides, scale,
+                                   seed, environment)
+  if row.shared:
+    mine = scales_lib.build_config(row.presets, row.overrides, scale,
+                                   seed, environment)
+    diffs = run_config.differences(run_config.as_dict(config),
+                                   run_config.as_dict(mine),
+                                   ignore_environment=False)
+    if diffs:
+      raise ValueError(f"{table.name}/{row.name} shares {row.shared} "
+                       f"but their configs differ: {diffs[:3]}")
+  workdir = workdir_of(root, scale.name, owner_name, owner.name, seed)
+  presets = scales_lib.row_presets(owner.presets, scale)
+  flags = scales_lib.config_flags(config, presets)
+  train_cmd = _command("train.py", [
+      f"--config=configs/default.py:{presets}", *flags,
+      f"--workdir={workdir}"])
+  eval_cmd = _command("eval.py", [f"--workdir={workdir}"])
+  extra = []
+  for spec in table.extra_evals:
+    if seed >= spec.max_seeds.get(scale.settings_key, 1 << 30):
+      continue
+    overrides = dict(spec.overrides.get(scale.settings_key, {}))
+    overrides.setdefault("eval.protocol", spec.protocol)
+    extra.append(_extra_eval_run(spec.protocol, overrides, config, workdir))
+  return Run(table, row, owner_name, owner, seed, workdir, config,
+             train_cmd, eval_cmd, _result_file(config), extra,
+             publish=scale.publish_weights)
 
 
 def sync_archive(run: Run, restore: bool = True) -> None:
@@ -280,7 +289,7 @@ def _with(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
           ) -> ml_collections.ConfigDict:
   new = ml_collections.ConfigDict(run_config.as_dict(config))
   for key, value in overrides.items():
-    scales_lib.set_key(new, key, value)
+    config_keys.set_value(new, key, value, must_exist=True)
   return new
 
 
@@ -321,7 +330,7 @@ class Progress:
 
   def _save(self) -> None:
     with self._lock:
-      files.atomic_json(self.path, self.data)
+      atomic.write_json(self.path, self.data)
 
   def timed(self, name: str, fingerprint: str, fn: Callable[[], Any]) -> Any:
     """Runs ``fn`` as stage ``name``, accounting its wall time."""
@@ -404,8 +413,6 @@ def execute(run: Run, *, show_progress: bool = True,
   import jax  # pylint: disable=import-outside-toplevel
   from fkjax import eval_run  # pylint: disable=import-outside-toplevel
   from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import analysis  # pylint: disable=C0415
 
   config = _with(run.config, {"progress": show_progress})
   check_workdir(run)
@@ -414,7 +421,6 @@ def execute(run: Run, *, show_progress: bool = True,
   progress.data.pop("error", None)
   experiment.enable_compilation_cache(config)
   fps = fingerprints(run)
-  train_fp, eval_fp = fps["train"], fps["eval"]
   exp_cache: dict[str, Any] = {}
 
   def exp():
@@ -423,24 +429,7 @@ def execute(run: Run, *, show_progress: bool = True,
     return exp_cache["exp"]
 
   what = f"{run.table.name}/{run.row.name} seed {run.seed}"
-  if not (progress.done("train", train_fp) and _train_done(run)):
-    log(f"{what}: training in {run.workdir}")
-    progress.timed("train", train_fp,
-                   lambda: train.train_and_evaluate(config, run.workdir))
-  main_path = os.path.join(run.workdir, run.eval_result)
-  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
-    log(f"{what}: evaluating ({config.eval.attacks})")
-    progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
-        config, run.workdir, exp=exp()))
-  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
-  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
-    progress.timed("analysis", eval_fp,
-                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
-  wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
-  if run.publish and not (progress.done("publish", eval_fp)
-                          and os.path.exists(wpath)):
-    progress.timed("publish", eval_fp,
-                   lambda: weights_lib.publish(config, run.workdir, exp=exp()))
+  _core_stages(run, config, progress, fps, exp, what)
   # The run is reportable from here on, its extra evaluations pending; the
   # record is written again after each of them, so a run stopped during
   # the last one (an hour on a CPU) keeps the columns of those before it.
@@ -459,6 +448,35 @@ def execute(run: Run, *, show_progress: bool = True,
   exp_cache.clear()
   jax.clear_caches()
   return record
+
+
+def _core_stages(run: Run, config: ml_collections.ConfigDict,
+                 progress: Progress, fps: Mapping[str, str],
+                 exp: Callable[[], Any], what: str) -> None:
+  """Trains, evaluates (A1-A4), analyses and publishes ``run``: each stage
+  not done with its current fingerprint."""
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from reproduce import analysis  # pylint: disable=C0415
+  train_fp, eval_fp = fps["train"], fps["eval"]
+  if not (progress.done("train", train_fp) and _train_done(run)):
+    log(f"{what}: training in {run.workdir}")
+    progress.timed("train", train_fp,
+                   lambda: train.train_and_evaluate(config, run.workdir))
+  main_path = os.path.join(run.workdir, run.eval_result)
+  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
+    log(f"{what}: evaluating ({config.eval.attacks})")
+    progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
+        config, run.workdir, exp=exp()))
+  apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
+  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
+    progress.timed("analysis", eval_fp,
+                   lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
+  wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
+  if run.publish and not (progress.done("publish", eval_fp)
+                          and os.path.exists(wpath)):
+    progress.timed("publish", eval_fp,
+                   lambda: weights_lib.publish(config, run.workdir, exp=exp()))
 
 
 # --------------------------------------------------------------------------
@@ -623,7 +641,7 @@ def commands_of(run: Run) -> dict[str, str]:
   (the analysis and the extra evaluations do not depend on each other)."""
   return {"train": run.train_command, "eval": run.eval_command,
           **{f"eval_{e.protocol}": e.command for e in run.extra_evals},
-          "analysis": ("python -m fkjax.reproduce.analysis "
+          "analysis": ("python -m reproduce.analysis "
                        f"--workdir={shlex.quote(run.workdir)}")}
 
 
@@ -664,7 +682,7 @@ def make_record(run: Run, progress: Progress) -> dict[str, Any]:
 def _save_record(run: Run, progress: Progress) -> dict[str, Any]:
   """Writes the run's record, then its copy under ``results/``."""
   record = make_record(run, progress)
-  files.atomic_json(os.path.join(run.workdir, RUN_RECORD), record)
+  atomic.write_json(os.path.join(run.workdir, RUN_RECORD), record)
   if run.archive is not None:
     archive_lib.save(run.workdir, run.archive)
   return record
@@ -761,7 +779,7 @@ class StepTimes:
 # a clean step, one attack iteration; per image of one evaluation attack
 # iteration; multipliers per ensemble size measured for PGD-10 steps (En2
 # 4.07 s, En5 12.2 s vs ResNet20 1.73 s). Another machine's step times
-# (fkjax.reproduce.calibrate) scale the estimates.
+# (reproduce.calibrate) scale the estimates.
 REFERENCE_STEP_TIMES = StepTimes(clean_step=0.303, attack_iteration=0.1424)
 _EVAL_ITER_PER_IMAGE = 10.08 / 500 / 21
 _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}

@@ -1,12 +1,9 @@
-"""A finished run's evaluated weights as one compressed file, ``weights.npz``.
+"""Publishing a finished run's evaluated weights, and what it costs.
 
-What ``eval.py`` evaluates: the sparse ``u`` of the checkpoint
-``config.eval.checkpoint`` (``w`` itself without a sparsifier) and the
-BatchNorm statistics, float32, each array under its path in the variables
-(``params/Block_0/Conv_0/kernel``). ``np.savez_compressed`` stores them
-losslessly: a pruned net's zeros cost next to nothing. The file is kept with
-the run under ``results/`` (:mod:`fkjax.reproduce.archive`) and read back by
-:func:`fkjax.pretrained.load`.
+The file's format is the library's (:mod:`fkjax.weights_file`); it is kept
+with the run under ``results/`` (:mod:`reproduce.archive`) and read back by
+:func:`fkjax.pretrained.load`, which finds a row that another table trains
+through ``results/run_names.json`` (:func:`write_names`).
 """
 from __future__ import annotations
 
@@ -15,51 +12,31 @@ from typing import Any, Mapping
 
 import numpy as np
 
-WEIGHTS_FILE = "weights.npz"
-_SEP = "/"
+from fkjax import atomic
+from fkjax import weights_file
+from fkjax.weights_file import WEIGHTS_FILE, flatten, unflatten
+from reproduce import tables
 
 
-def flatten(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """``{"params/a/kernel": array, ...}`` from nested variables."""
-  out: dict[str, np.ndarray] = {}
-
-  def walk(node, prefix):
-    for key in sorted(node):
-      if _SEP in str(key):
-        raise ValueError(f"variable name {key!r} holds {_SEP!r}")
-      value = node[key]
-      path = f"{prefix}{_SEP}{key}" if prefix else str(key)
-      if isinstance(value, Mapping):
-        walk(value, path)
-      else:
-        out[path] = np.asarray(value)
-  walk(variables, "")
+def names() -> dict[str, dict[str, str]]:
+  """Every table's rows, each with the ``"<table>/<row>"`` that trains its
+  runs: what :data:`fkjax.weights_file.NAMES_FILE` holds."""
+  out: dict[str, dict[str, str]] = {}
+  for table in tables.TABLES.values():
+    out[table.name] = {}
+    for row in table.rows:
+      owner_table, owner = (tables.resolve_shared(row) if row.shared
+                            else (table, row))
+      out[table.name][row.name] = f"{owner_table.name}/{owner.name}"
   return out
 
 
-def unflatten(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
-  """The nested variables of :func:`flatten`'s output."""
-  out: dict[str, Any] = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split(_SEP)
-    node = out
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = value
-  return out
-
-
-def save(path: str, variables: Mapping[str, Any]) -> None:
-  """Writes ``variables`` to ``path`` (whole or not at all after a kill)."""
-  tmp = f"{path}.tmp{os.getpid()}.npz"
-  np.savez_compressed(tmp, **flatten(variables))
-  os.replace(tmp, path)
-
-
-def load(path: str) -> dict[str, Any]:
-  """The nested variables saved in ``path``, as numpy arrays."""
-  with np.load(path, allow_pickle=False) as data:
-    return unflatten({k: data[k] for k in data.files})
+def write_names(results: str) -> str:
+  """Writes :func:`names` to ``<results>/run_names.json`` (for
+  :func:`fkjax.pretrained.load`); returns its path."""
+  path = os.path.join(results, weights_file.NAMES_FILE)
+  atomic.write_json(path, names())
+  return path
 
 
 def publish(config: Any, workdir: str, exp: Any = None) -> str:
@@ -70,16 +47,16 @@ def publish(config: Any, workdir: str, exp: Any = None) -> str:
   _, _, state = experiment.restore_checkpoint(workdir, config, exp)
   variables = jax.device_get(experiment.eval_variables(state, config))
   path = os.path.join(workdir, WEIGHTS_FILE)
-  save(path, variables)
+  weights_file.save(path, variables)
   return path
 
 
 # --------------------------------------------------------------------------
-# What publishing costs: ``python -m fkjax.reproduce.weights``.
+# What publishing costs: ``python -m reproduce.weights``.
 
 
 def compressed_bytes(variables: Mapping[str, Any]) -> int:
-  """The size of ``variables`` as :func:`save` writes them."""
+  """The size of ``variables`` as :func:`fkjax.weights_file.save` writes them."""
   import io  # pylint: disable=import-outside-toplevel
   buffer = io.BytesIO()
   np.savez_compressed(buffer, **flatten(variables))
@@ -123,9 +100,8 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
 def main() -> int:
   """Prints what a published run costs per net, and the queue's total."""
   import collections  # pylint: disable=import-outside-toplevel
-  from fkjax.reproduce import queue as queue_lib  # pylint: disable=C0415
-  from fkjax.reproduce import scales  # pylint: disable=C0415
-  from fkjax.reproduce import tables  # pylint: disable=C0415
+  from reproduce import queue as queue_lib  # pylint: disable=C0415
+  from reproduce import scales  # pylint: disable=C0415
   nets = collections.Counter()
   for e in queue_lib.default_entries():
     row = tables.TABLES[e.table].row(e.row)

@@ -5,13 +5,13 @@ The queue is a list of runs in order, each ``{"scale", "table", "row",
 Where each run stands is read from ``results/``, never stored in the queue:
 
 * ``done``: its record is kept under ``results/<scale>/runs/`` (finished,
-  :mod:`fkjax.reproduce.archive`);
+  :mod:`reproduce.archive`);
 * ``carried``: its last checkpoint is committed under
-  ``results/<scale>/carry/`` (:mod:`fkjax.reproduce.carry`): the next lease
+  ``results/<scale>/carry/`` (:mod:`reproduce.carry`): the next lease
   resumes it;
 * ``pending``: not started.
 
-Consecutive runs of one row form a *unit*: ``python -m fkjax.reproduce
+Consecutive runs of one row form a *unit*: ``python -m reproduce
 <table> --scale=<scale> --rows=<row> --seeds=<n> --sweep`` trains its seeds
 as one program and skips those finished.
 """
@@ -22,12 +22,13 @@ import json
 import os
 from typing import Iterable, Sequence
 
-from fkjax.reproduce import archive
-from fkjax.reproduce import carry
-from fkjax.reproduce import files
-from fkjax.reproduce import scales as scales_lib
-from fkjax.reproduce import tables as tables_lib
-from fkjax.reproduce import weights
+from fkjax import atomic
+from reproduce import archive
+from reproduce import carry
+from reproduce import files
+from reproduce import scales as scales_lib
+from reproduce import tables as tables_lib
+from reproduce import weights
 
 QUEUE_FILE = "queue.json"
 # What the published weights may take in the repository, in all.
@@ -75,7 +76,7 @@ class Unit:
   seeds: tuple[int, ...]
 
   def runner_args(self) -> list[str]:
-    """The ``python -m fkjax.reproduce`` arguments that run it (its seeds
+    """The ``python -m reproduce`` arguments that run it (its seeds
     from 0; finished ones are skipped)."""
     return [self.table, *scales_lib.command_flags(self.scale).split(),
             f"--rows={self.row}", f"--seeds={max(self.seeds) + 1}",
@@ -130,7 +131,7 @@ def write(path: str, entries: Sequence[Entry], note: str = "") -> None:
   data = {"note": note} if note else {}
   data["runs"] = [dataclasses.asdict(e) for e in entries]
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  files.atomic_text(path, json.dumps(data, indent=1) + "\n")
+  atomic.write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def scale_of(name: str) -> scales_lib.Scale:
@@ -143,7 +144,7 @@ def scale_of(name: str) -> scales_lib.Scale:
 def pending_evals(entry: Entry, results: str) -> list[str]:
   """The extra evaluations (A5, the strong protocol) the kept run lacks:
   its record is written before them, so a lease can end between."""
-  from fkjax.reproduce import runner  # pylint: disable=import-outside-toplevel
+  from reproduce import runner  # pylint: disable=import-outside-toplevel
   run = runner.plan(tables_lib.TABLES[entry.table], scale_of(entry.scale),
                     root="", rows=[entry.row], seeds=entry.seed + 1)[-1]
   view = dataclasses.replace(run, workdir=entry.archive(results))
@@ -195,7 +196,7 @@ def summary(entries: Sequence[Entry], results: str) -> str:
            f"{len(entries)} runs: {counts[DONE]} done, {counts[CARRIED]} "
            f"carried (a checkpoint committed, resumed by the next lease), "
            f"{counts[PENDING]} pending. Written by `python -m "
-           "fkjax.reproduce queue`; the order is `results/queue.json`'s "
+           "reproduce queue`; the order is `results/queue.json`'s "
            "(docs/reproduction.md, \"The queue\").", "",
            f"Published weights: {len(published)} run(s), "
            f"{sum(published) / 1e6:.1f} MB of the {WEIGHTS_BUDGET_MB} MB "

@@ -91,7 +91,7 @@ class Table:
     metrics: the metric columns (keys of :data:`METRICS`).
     seeds: number of seeds per scale (default: the scale's).
     extra_evals: evaluations beyond the main one.
-    figures: figure kinds drawn for it (see :mod:`fkjax.reproduce.figures`).
+    figures: figure kinds drawn for it (see :mod:`reproduce.figures`).
     notes: anything a reader of the results must know (paper typos, what
       a column is).
   """
