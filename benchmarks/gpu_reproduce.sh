@@ -56,7 +56,7 @@
 # ml-collections and tensorboardX, which such machines may lack, are
 # installed from ./.whl if it holds wheels (e.g. `pip download --no-deps
 # --only-binary=:all: -d .whl ml-collections==1.1.0 tensorboardX==2.6.5`).
-# docs/reproduction.md ("Many rows on one GPU") has what one such run gave.
+# benchmarks/results/h200_2026-11-27_reproduce/ has what one such run gave.
 set -u
 OUT=${OUT:-/tmp/fkjax_gpu_reproduce}
 SCALE=${SCALE:-cpu}

@@ -2,7 +2,8 @@
 
 XLA:CPU compiles for the CPU it runs on, so a CPU run's speed and the last
 digits of its numbers depend on it (2 vCPUs without AVX-512 trained the cpu
-scale's En2ResNet20 2-3x slower than 2 with it: docs/reproduction.md).
+scale's En2ResNet20 2-3x slower than 2 with it: docs/performance.md,
+"CPUs without AVX-512").
 Results name it beside the JAX devices
 (:func:`fkjax.experiment.describe_devices`).
 """

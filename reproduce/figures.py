@@ -178,7 +178,7 @@ def _sweep_figure(data: dict[str, Any], param: str, x_label: str,
   an early one, the point shows that epoch's net, not the last one's. It
   also draws the paper's sparsities where the paper gives them (hollow
   markers, dashed); the accuracies' panels leave them out, being on another
-  scale (docs/reproduction.md has them).
+  scale (the tables' Markdown files have them).
   """
   series: dict[str, list[tuple[float, dict[str, Any], list[int],
                                list[dict[str, float]]]]] = {}

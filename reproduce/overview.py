@@ -282,7 +282,7 @@ def _rows(n: int) -> str:
 
 
 def table_markdown(lines: list[list[str]]) -> str:
-  """The Markdown table alone (what docs/reproduction.md shows)."""
+  """The Markdown table alone (the head of overview.md)."""
   header = (["table: row"] + [h for _, _, h in COLUMNS] +
             ["seeds done", "checkpoint epochs", "machine"])
   out = ["| " + " | ".join(header) + " |",

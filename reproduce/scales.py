@@ -11,7 +11,7 @@ schedule is shorter than the paper's (:func:`shrinkage_factor`).
   (decays at the paper's 40/60/80%), for a GPU lent minutes at a time
   (docs/reproduction.md: its sizing and cost).
 * ``cpu``: the paper's nets and attack budget on 2 CPU cores in hours, not
-  weeks (docs/reproduction.md gives the reasoning and the pilots).
+  weeks (results/pilots/README.md: the pilots that sized it).
 * ``tiny``: seconds per row on synthetic data (the tests).
 """
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""One-off CPU experiments behind docs/performance.md ("what was tried")."""
+"""One-off CPU experiments behind benchmarks/results/cpu_alternatives/."""

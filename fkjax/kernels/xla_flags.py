@@ -3,7 +3,7 @@
 XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend (lazily, at
 the first computation), so :func:`apply_xla_flags` must run before that:
 ``train.py``, ``eval.py`` and the reproduction runner
-(``python -m fkjax.reproduce``, its pilots) call it first thing; library
+(``python -m reproduce``, its pilots) call it first thing; library
 users who want the flags call it themselves. Importing fkjax sets nothing.
 
 Defaults (each measured on XLA:CPU, see ``docs/performance.md``):
