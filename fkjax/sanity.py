@@ -41,7 +41,8 @@ import numpy as np
 
 from fkjax import attacks as attacks_lib
 from fkjax import eval_journal
-from fkjax import evaluate
+from fkjax import eval_loop
+from fkjax import eval_suites
 
 SWEEP_EPSILONS = tuple(e / 255 for e in (0, 2, 4, 8, 16, 32, 64))
 
@@ -135,7 +136,7 @@ def detectable_points(n: int, *, z: float = 2.0,
 
 def _pgd(epsilon, num_steps, eot_samples, check_draws):
   if epsilon == 0:
-    return evaluate.natural
+    return eval_suites.natural
   return functools.partial(
       attacks_lib.pgd, epsilon=epsilon,
       step_size=attacks_lib.sweep_step_size(epsilon, num_steps),
@@ -146,7 +147,7 @@ def _pgd(epsilon, num_steps, eot_samples, check_draws):
 
 def _apgd(epsilon, num_iters, n_restarts, eot_samples, check_draws):
   if epsilon == 0:
-    return evaluate.natural
+    return eval_suites.natural
   return functools.partial(
       attacks_lib.apgd, epsilon=epsilon, num_iters=num_iters,
       n_restarts=n_restarts, loss="ce", eot_samples=eot_samples,
@@ -183,7 +184,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
   ``more_eot`` PGD with best-so-far tracking from a random start, step
   ``2.5 * eps / steps`` (so that every run can cross its ball); the black-box
   attack is NAttack (the paper's variant). The white-box attacks use
-  ``eot_samples`` draws per gradient (defaults as ``evaluate.strong_attacks``).
+  ``eot_samples`` draws per gradient (defaults as ``eval_suites.strong_attacks``).
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``.
@@ -218,7 +219,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     A ``SanityReport``; ``report.format()`` prints it and
     ``report.to_dict()`` stores it.
   """
-  eot_samples, check_draws = evaluate.strong_settings(
+  eot_samples, check_draws = eval_suites.strong_settings(
       stochastic=stochastic, eot_samples=eot_samples, check_draws=check_draws)
   sweep = sorted(float(e) for e in sweep_epsilons)
   if len(sweep) < 2:
@@ -229,7 +230,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
                      f"{steps}")
   # One attack per distinct configuration: equal ones are run once.
   configs: dict[tuple, str] = {}
-  suite: dict[str, evaluate.Attack] = {}
+  suite: dict[str, eval_suites.Attack] = {}
 
   def add(name, config, attack):
     if config in configs:
@@ -261,7 +262,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       max_iters=nattack_iters, chunk=nattack_chunk,
       image_chunk=nattack_image_chunk))
 
-  results = evaluate.robust_accuracy(
+  results = eval_loop.robust_accuracy(
       apply_fn, variables, batches, suite, key,
       num_noise_draws=num_noise_draws, progress=progress, per_image=True,
       journal=journal)

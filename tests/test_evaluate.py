@@ -120,8 +120,9 @@ def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
   assert "Sparsity" not in evaluate.format_table(results)
 
   path = tmp_path / "sub" / "results.json"
-  evaluate.save_json(results, path)
-  assert json.loads(path.read_text()) == results
+  workdir_lib.write_results(path, results, {})
+  loaded = json.loads(path.read_text())
+  assert loaded.pop("metadata") == {} and loaded == results
 
 
 def test_predict_probs_averages_softmax_over_noise_draws(setup):
@@ -323,7 +324,7 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert "sanity checks" in text
 
   path = tmp_path / "strong.json"
-  evaluate.save_json(results, path)
+  workdir_lib.write_results(path, results, {})
   loaded = json.loads(path.read_text())
   assert loaded["per_image"]["apgd_ce"] == results["per_image"][
       "apgd_ce"].tolist()
