@@ -387,3 +387,69 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
                                   every["per_image"][name])
   with pytest.raises(ValueError, match="survivors_only"):
     evaluate.Evaluator(_linear, suite, survivors_only=["nope"])
+
+
+def test_attack_names_are_defined_once_and_the_rest_derived():
+  from configs import cpu  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  names = eval_names.ATTACK_NAMES
+  assert names == (*eval_names.PAPER_COLUMNS, *eval_names.AUTHORS_COLUMNS)
+  assert list(eval_suites.default_attacks()) == list(eval_names.PAPER_COLUMNS)
+  assert (list(eval_suites.authors_attacks())
+          == list(eval_names.AUTHORS_COLUMNS))
+  assert set(eval_suites.strong_attacks()) < set(eval_names.STRONG_COLUMNS)
+  assert run_config._ATTACK_NAMES is names  # pylint: disable=protected-access
+  config = cpu.get_config()
+  assert tuple(eval_run.attack_suite(",".join(names), config)) == names
+  assert tuple(eval_run.attack_costs(list(names), config)) == names
+  # A name that exists nowhere is refused with the names that do.
+  with pytest.raises(run_config.ConfigError,
+                     match=r"unknown attacks \['fgsm_authors'\]; choose from "
+                     r"\['natural', .*'cw_authors'\]"):
+    eval_run.attack_suite("natural,fgsm_authors", config)
+
+
+def test_suites_and_protocols_are_registered_by_name():
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  assert {"paper", "authors", "strong"} <= set(eval_suites.SUITES)
+  assert list(eval_suites.suite("strong", targeted=False)) == [
+      "natural", "apgd_ce", "apgd_dlr"]
+  assert list(eval_suites.suite("paper", eot_samples=3)) == list(
+      evaluate.PAPER_COLUMNS)
+  with pytest.raises(ValueError, match="unknown attack suite 'nope'"):
+    eval_suites.suite("nope")
+  with pytest.raises(ValueError, match="'paper' is registered twice"):
+    eval_suites.register("paper")(dict)
+  assert set(eval_run.PROTOCOLS) == {"paper", "strong"}
+
+
+def test_a_tally_resumes_and_gives_the_result():
+  from fkjax import eval_loop  # pylint: disable=import-outside-toplevel
+  tally = eval_loop.Tally.resume(["natural", "fgsm"], True, None)
+  tally.add_batch({"natural": (np.array([True, True, False]), 1.0),
+                   "fgsm": (np.array([True, False, False]), 2.0)})
+  state = tally.journal_state()
+  assert state["num_examples"] == 3
+  earlier = {**state, "batches_done": 1,
+             "partial": {"batch_index": 1,
+                         "attacks": {"natural": (np.array([True]), 0.5)}}}
+  resumed = eval_loop.Tally.resume(["natural", "fgsm"], True, earlier)
+  assert resumed.resumed_seconds == 3.5
+  resumed.add_batch({"natural": (np.array([True]), 0.5),
+                     "fgsm": (np.array([False]), 0.25)})
+  result = resumed.result(2, {"natural": 1, "fgsm": 1})
+  assert result["num_examples"] == 4 and result["num_noise_draws"] == 2
+  assert result["attacks"]["natural"]["accuracy"] == 75.0
+  assert result["attacks"]["fgsm"]["correct"] == 1
+  assert result["attacks"]["fgsm"]["seconds"] == 2.25
+  np.testing.assert_array_equal(result["per_image"]["fgsm"],
+                                [True, False, False, False])
+  assert result["resumed_seconds"] == 3.5
+  empty = eval_loop.Tally.resume(["natural"], False, None).result(
+      1, {"natural": 0})
+  assert np.isnan(empty["attacks"]["natural"]["accuracy"])
+  assert "per_image" not in empty
