@@ -363,31 +363,35 @@ def _sweep_reaches_zero(seen: _Seen, sweep: Sequence[float],
       {"accuracy": top, "threshold": zero_threshold})
 
 
+def _paired(seen: _Seen, name: str, stronger: str, weaker: str,
+            stronger_label: str, weaker_label: str, *,
+            detectable: bool = False) -> Check:
+  """Check ``name``: attack ``stronger`` leaves no more images robust than
+  ``weaker`` beyond noise (``paired_excess``)."""
+  result = seen.compare(seen.robust[stronger], seen.robust[weaker])
+  return Check(
+      name, not result["flagged"],
+      f"{stronger_label} {seen.accuracy[stronger]:.1f}% vs {weaker_label} "
+      f"{seen.accuracy[weaker]:.1f}% (excess {result['excess_points']:+.1f}, "
+      f"tolerance {result['tolerance_points']:.1f}"
+      + (f", can fail from {result['detectable_points']:.1f} points)"
+         if detectable else " points)"), result)
+
+
 def _apgd_converged(seen: _Seen, roles: _Roles,
                     apgd_budget: tuple[int, int]) -> Check:
   """3. The reported APGD has converged: twice its budget breaks no more."""
   iters, restarts = apgd_budget
-  result = seen.compare(seen.robust[roles.apgd], seen.robust[roles.apgd_more])
-  return Check(
-      "apgd_converged", not result["flagged"],
-      f"APGD-CE {iters} it. x {restarts} {seen.accuracy[roles.apgd]:.1f}% vs "
-      f"{2 * iters} it. x {2 * restarts} "
-      f"{seen.accuracy[roles.apgd_more]:.1f}% "
-      f"(excess {result['excess_points']:+.1f}, tolerance "
-      f"{result['tolerance_points']:.1f}, can fail from "
-      f"{result['detectable_points']:.1f} points)", result)
+  return _paired(seen, "apgd_converged", roles.apgd, roles.apgd_more,
+                 f"APGD-CE {iters} it. x {restarts}",
+                 f"{2 * iters} it. x {2 * restarts}", detectable=True)
 
 
 def _more_steps(seen: _Seen, roles: _Roles, steps: tuple[int, int]) -> Check:
   """4. More steps do not help the model."""
   few, many = steps
-  result = seen.compare(seen.robust[roles.many], seen.robust[roles.few])
-  return Check(
-      "more_steps", not result["flagged"],
-      f"PGD-{many} {seen.accuracy[roles.many]:.1f}% vs PGD-{few} "
-      f"{seen.accuracy[roles.few]:.1f}% (excess "
-      f"{result['excess_points']:+.1f}, "
-      f"tolerance {result['tolerance_points']:.1f} points)", result)
+  return _paired(seen, "more_steps", roles.many, roles.few, f"PGD-{many}",
+                 f"PGD-{few}")
 
 
 def _more_eot(seen: _Seen, roles: _Roles, few: int, stochastic: bool,
@@ -398,13 +402,8 @@ def _more_eot(seen: _Seen, roles: _Roles, few: int, stochastic: bool,
         "more_eot", None,
         "deterministic model: EOT changes nothing" if not stochastic else
         "eot_samples is 1: nothing to compare")
-  result = seen.compare(seen.robust[roles.few], seen.robust[roles.single])
-  return Check(
-      "more_eot", not result["flagged"],
-      f"PGD-{few} EOT-{eot_samples} {seen.accuracy[roles.few]:.1f}% vs EOT-1 "
-      f"{seen.accuracy[roles.single]:.1f}% (excess "
-      f"{result['excess_points']:+.1f}, tolerance "
-      f"{result['tolerance_points']:.1f} points)", result)
+  return _paired(seen, "more_eot", roles.few, roles.single,
+                 f"PGD-{few} EOT-{eot_samples}", "EOT-1")
 
 
 def _blackbox_weaker(seen: _Seen, roles: _Roles, suite: Sequence[str],
