@@ -100,7 +100,7 @@ def attack_costs(names: list[str], config: ml_collections.ConfigDict
   per_step = _GRADIENT_COST * eot + check
   costs = {"natural": 1, "fgsm": _GRADIENT_COST * eot + 1,
            "ifgsm20": steps * per_step + 1, "cw": steps * per_step + 1,
-           "cw_authors": steps * _GRADIENT_COST + 1,
+           "cw_authors": eval_suites.AUTHORS_CW_STEPS * _GRADIENT_COST + 1,
            "nattack": e.nattack_iters * (e.nattack_population
                                          + e.nattack_success_draws) + 1}
   return {name: costs[name] for name in names}

@@ -130,12 +130,17 @@ def default_attacks(eot_samples: int = 1,
   }
 
 
+# The authors' C&W takes 50 Adam steps (their script's).
+AUTHORS_CW_STEPS = 50
+
+
 @register("authors")
 def authors_attacks() -> dict[str, Attack]:
   """The authors' variants of the paper's attacks (their attack script's),
   keyed by ``fkjax.eval_names.AUTHORS_COLUMNS``: ``cw_authors``, C&W as
-  published (``fkjax.attacks.cw_authors``)."""
-  return {"cw_authors": attacks_lib.cw_authors}
+  published (``fkjax.attacks.cw_authors``, ``AUTHORS_CW_STEPS`` steps)."""
+  return {"cw_authors": functools.partial(attacks_lib.cw_authors,
+                                          num_steps=AUTHORS_CW_STEPS)}
 
 
 # --------------------------------------------------------------------------

@@ -184,7 +184,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
   ``more_eot`` PGD with best-so-far tracking from a random start, step
   ``2.5 * eps / steps`` (so that every run can cross its ball); the black-box
   attack is NAttack (the paper's variant). The white-box attacks use
-  ``eot_samples`` draws per gradient (defaults as ``eval_suites.strong_attacks``).
+  ``eot_samples`` draws per gradient (defaults as
+  ``eval_suites.strong_attacks``).
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``.

@@ -341,6 +341,9 @@ def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
   assert costs["nattack"] == 20 * 53 + 1
   # IFGSM^20 on the noisy net: 20 gradients (3 each) and 20 check draws.
   assert costs["ifgsm20"] == 20 * 4 + 1
+  # The authors' C&W: 50 gradients, whatever the paper's attacks' steps.
+  assert eval_run.attack_costs(["cw_authors"], config)["cw_authors"] == (
+      50 * 3 + 1)
   text = eval_run.cost_summary(names, config, 250)
   assert "250 test images in batches of 50" in text
   assert "nattack is most of the time" in text
