@@ -298,6 +298,10 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
       _noisy_linear, params, batches[:2], jax.random.key(8), epsilon=0.1,
       stochastic=True, eot_samples=2, check_draws=1, num_noise_draws=2,
       num_iters=3, num_seeds=2, num_targets=2, sanity_batches=batches[:1],
+      # APGD-T on every image: compiled once, not once per survivors'
+      # bucket size (3 here); test_an_attack_on_survivors_... and the
+      # journal's strong tests run the survivors' path.
+      targeted_on_survivors=False,
       # sweep_steps=1 makes the sweep at 0.1 the PGD-1 attack (run once).
       sanity_options=dict(sweep_epsilons=(0.0, 0.1), sweep_steps=1,
                           steps=(1, 2), nattack_population=4,
@@ -311,6 +315,8 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert results["worst_case"]["attacks"] == ["natural", "apgd_ce",
                                               "apgd_dlr", "apgd_t"]
   assert results["settings"]["num_targets"] == 2
+  assert results["settings"]["targeted_on_survivors"] is False
+  assert "left robust" not in results["description"]
   assert results["num_examples"] == 16
   sanity = results["sanity"]
   assert {c["name"] for c in sanity["checks"]} == {
