@@ -1,4 +1,4 @@
-"""What each attack of the strong protocol costs (``fkjax.evaluate``).
+"""What each attack of the strong protocol costs (``fkjax.eval_suites``).
 
 Usage (from the repository root):
 
@@ -6,7 +6,7 @@ Usage (from the repository root):
   python -m benchmarks.bench_strong --models en2resnet8 --images 16 \
       --iters 10 --json strong.json
 
-Times APGD-CE, APGD-DLR and APGD-T (``evaluate.strong_attacks`` with the
+Times APGD-CE, APGD-DLR and APGD-T (``eval_suites.strong_attacks`` with the
 defaults of ``configs/default.py``: EOT 20 and 3 check draws on a noisy
 model) on ``--images`` random CIFAR-shaped images of a freshly initialised
 ``configs/default.py`` preset. The labels are the model's own clean
@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax import evaluate
+from fkjax import eval_names
+from fkjax import eval_suites
 from fkjax import experiment
 from fkjax import kernels
 
@@ -47,7 +48,7 @@ def bench_model(model_name: str, images: int, iters: int,
                "batch_stats": variables["batch_stats"]}
   labels = jnp.argmax(apply_fn(variables, x, jax.random.key(1)), -1)
   stochastic = bool(config.model.noise_coef)
-  suite = evaluate.strong_attacks(1e-6, stochastic=stochastic,
+  suite = eval_suites.strong_attacks(1e-6, stochastic=stochastic,
                                   num_iters=iters, include_natural=False)
   rows = []
   for name, attack in suite.items():
@@ -82,7 +83,7 @@ def format_markdown(rows: list[dict]) -> str:
              if r["seconds"] and base.get(r["model"]) else "-")
     run = f"{r['seconds']:.2f}" if r["seconds"] is not None else "-"
     lines.append(
-        f"| {r['model']} | {evaluate.STRONG_COLUMNS[r['attack']]} | "
+        f"| {r['model']} | {eval_names.STRONG_COLUMNS[r['attack']]} | "
         f"{r['images']} | {r['iters']} | {r['eot_samples']} | "
         f"{r['check_draws']} | {r['compile_s']:.1f} | {run} | {ratio} |")
   return "\n".join(lines)

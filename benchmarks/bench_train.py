@@ -14,7 +14,7 @@ Benches (each for every model):
               mode during the attack (the authors' choice, fkjax's default)
   pgd_bneval  the same with config.attack.bn_mode="eval"
   ifgsm       IFGSM^``--eval-steps`` evaluation of one ``--eval-batch`` batch
-              plus the prediction (fkjax.evaluate.Evaluator)
+              plus the prediction (fkjax.eval_loop.Evaluator)
 
 The fkjax side is ``fkjax.train.make_train_step`` jitted exactly as
 ``train_and_evaluate`` jits it (state donated) with ``configs/default.py``
@@ -57,7 +57,7 @@ import numpy as np
 
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax import evaluate
+from fkjax import eval_loop
 from fkjax import eval_run
 from fkjax import experiment
 from fkjax import kernels
@@ -249,7 +249,7 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
     eval_apply, _ = experiment.model_fns(model)
     attack = eval_run.validation_attacks(config)
     attack = {name: fn for name, fn in attack.items() if name != "natural"}
-    evaluator = evaluate.Evaluator(eval_apply, attack)
+    evaluator = eval_loop.Evaluator(eval_apply, attack)
     variables = {"params": state["params"],
                  "batch_stats": state["batch_stats"]}
     run = lambda: evaluator(variables, [host], key)

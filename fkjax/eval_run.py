@@ -18,9 +18,10 @@ file is written.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import ml_collections
@@ -28,7 +29,11 @@ import ml_collections
 from fkjax import attacks
 from fkjax import data as data_lib
 from fkjax import eval_journal
-from fkjax import evaluate
+from fkjax import eval_loop
+from fkjax import eval_names
+from fkjax import eval_strong
+from fkjax import eval_suites
+from fkjax import eval_tables
 from fkjax import experiment as experiment_lib
 from fkjax import metric_logging
 from fkjax import parallel
@@ -55,11 +60,18 @@ def sharded_eval_batches(split: data_lib.Split, batch_size: int,
 
 
 def attack_suite(names: str, config: ml_collections.ConfigDict
-                 ) -> dict[str, evaluate.Attack]:
-  """The attacks named in a comma-separated string, from the eval config."""
+                 ) -> dict[str, eval_suites.Attack]:
+  """The attacks named in a comma-separated string (of
+  ``eval_names.ATTACK_NAMES``), from the eval config."""
+  wanted = [n.strip() for n in names.split(",") if n.strip()]
+  unknown = sorted(set(wanted) - set(eval_names.ATTACK_NAMES))
+  if unknown:
+    raise run_config.ConfigError(
+        f"unknown attacks {unknown}; choose from "
+        f"{list(eval_names.ATTACK_NAMES)}")
   e = config.eval
-  every = evaluate.default_attacks(
-      eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
+  every = {**eval_suites.suite(
+      "paper", eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
       epsilon=config.attack.epsilon, step_size=config.attack.step_size,
       nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
       nattack_image_chunk=e.nattack_image_chunk,
@@ -67,13 +79,8 @@ def attack_suite(names: str, config: ml_collections.ConfigDict
       # a deterministic model needs no fresh draw to check an iterate
       check_draws=1 if config.model.noise_coef else 0,
       nattack_variant=e.nattack_variant,
-      nattack_success_draws=e.nattack_success_draws)
-  every["cw_authors"] = attacks.cw_authors
-  wanted = [n.strip() for n in names.split(",") if n.strip()]
-  unknown = sorted(set(wanted) - set(every))
-  if unknown:
-    raise run_config.ConfigError(
-        f"unknown attacks {unknown}; choose from {list(every)}")
+      nattack_success_draws=e.nattack_success_draws),
+           **eval_suites.suite("authors")}
   return {name: every[name] for name in wanted}
 
 
@@ -93,7 +100,7 @@ def attack_costs(names: list[str], config: ml_collections.ConfigDict
   per_step = _GRADIENT_COST * eot + check
   costs = {"natural": 1, "fgsm": _GRADIENT_COST * eot + 1,
            "ifgsm20": steps * per_step + 1, "cw": steps * per_step + 1,
-           "cw_authors": steps * _GRADIENT_COST + 1,
+           "cw_authors": eval_suites.AUTHORS_CW_STEPS * _GRADIENT_COST + 1,
            "nattack": e.nattack_iters * (e.nattack_population
                                          + e.nattack_success_draws) + 1}
   return {name: costs[name] for name in names}
@@ -127,9 +134,9 @@ def cost_summary(names: list[str], config: ml_collections.ConfigDict,
 
 
 def validation_attacks(config: ml_collections.ConfigDict
-                       ) -> dict[str, evaluate.Attack]:
+                       ) -> dict[str, eval_suites.Attack]:
   """Natural accuracy and, if configured, PGD-k accuracy on validation."""
-  suite = {"natural": evaluate.natural}
+  suite = {"natural": eval_suites.natural}
   steps = config.validation.attack_steps
   if steps:
     suite[f"pgd{steps}"] = functools.partial(
@@ -173,23 +180,72 @@ def _say(text: str, logger) -> None:
     print(text, flush=True)
 
 
-def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
-            ) -> dict[str, Any]:
+@dataclasses.dataclass
+class Restored:
+  """What an evaluation evaluates: the checkpoint restored, and how."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  exp: experiment_lib.Experiment
+  step: int
+  state: Any
+  variables: Any   # the evaluated ones (ADMM's projected u)
+  eval_apply: Callable[..., Any]
+  test: data_lib.Split
+  final: bool
+  logger: metric_logging.MetricLogger | None
+
+  def batches(self) -> Iterator[dict[str, jax.Array]]:
+    """The test batches, placed on the mesh."""
+    return sharded_eval_batches(self.test, self.config.eval.batch_size,
+                                self.exp.mesh)
+
+  def num_batches(self) -> int:
+    return data_lib.num_eval_batches(len(self.test.labels),
+                                     self.config.eval.batch_size)
+
+  def key(self) -> jax.Array:
+    return experiment_lib.prng_key(self.config.seed, "test")
+
+  def say(self, text: str) -> None:
+    _say(text, self.logger)
+
+  def write(self, path: str, results: dict[str, Any], protocol: str) -> None:
+    """Writes the self-describing result file (process 0 only)."""
+    if jax.process_index() == 0:
+      workdir_lib.write_results(path, results, workdir_lib.results_metadata(
+          self.config, step=self.step, data=self.exp.dataset.description,
+          checkpoint=self.config.eval.checkpoint, protocol=protocol,
+          devices=experiment_lib.describe_devices(self.exp.mesh.size)))
+
+
+def restore(config: ml_collections.ConfigDict, workdir: str, *,
+            exp: experiment_lib.Experiment | None = None, final: bool = False,
+            logger: metric_logging.MetricLogger | None = None) -> Restored:
+  """Restores the run's checkpoint for evaluation on its test images."""
+  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
+  eval_apply, _ = experiment_lib.model_fns(exp.model)
+  return Restored(config, workdir, exp, step, state,
+                  experiment_lib.eval_variables(state, config), eval_apply,
+                  limit(exp.dataset.test, config.eval.num_examples), final,
+                  logger)
+
+
+def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
   """The strong protocol (``config.eval.protocol="strong"``)."""
+  del unused
+  config = r.config
   st = config.eval.strong
   stochastic = bool(config.model.noise_coef)
-  batch_size = config.eval.batch_size
-  sanity = (list(sharded_eval_batches(limit(test, st.sanity_examples),
-                                      batch_size, exp.mesh))
+  sanity = (list(sharded_eval_batches(limit(r.test, st.sanity_examples),
+                                      config.eval.batch_size, r.exp.mesh))
             if st.sanity_examples else None)
-  path = workdir_lib.eval_result_path(workdir, config)
+  path = workdir_lib.eval_result_path(r.workdir, config)
   parts = [f"seed{s}" for s in range(st.num_seeds)] + (
       ["sanity"] if sanity else [])
-  journal = _journal(config, workdir, step, exp, path, parts, logger)
-  results = evaluate.strong_evaluation(
-      eval_apply, variables,
-      lambda: sharded_eval_batches(test, batch_size, exp.mesh),
-      experiment_lib.prng_key(config.seed, "test"),
+  journal = _journal(config, r.workdir, r.step, r.exp, path, parts,
+                     r.logger)
+  results = eval_strong.strong_evaluation(
+      r.eval_apply, r.variables, r.batches, r.key(),
       epsilon=config.attack.epsilon,
       stochastic=stochastic,
       # Draws of a deterministic model would all give the same gradient.
@@ -200,22 +256,17 @@ def _strong(config, workdir, exp, step, eval_apply, variables, test, logger
       sanity_batches=sanity,
       sanity_options={"nattack_chunk": config.eval.nattack_chunk,
                       "nattack_image_chunk": config.eval.nattack_image_chunk},
-      progress=config.progress,
-      num_batches=data_lib.num_eval_batches(len(test.labels), batch_size),
+      progress=config.progress, num_batches=r.num_batches(),
       journal=journal)
-  report = experiment_lib.sparsity_report(variables["params"], config)
-  results.update(step=step, weight_sparsity=report.weight_sparsity,
+  report = experiment_lib.sparsity_report(r.variables["params"], config)
+  results.update(step=r.step, weight_sparsity=report.weight_sparsity,
                  channel_sparsity=report.channel_sparsity)
-  if jax.process_index() == 0:
-    workdir_lib.write_results(path, results, workdir_lib.results_metadata(
-        config, step=step, data=exp.dataset.description,
-        checkpoint=config.eval.checkpoint, protocol="strong",
-        devices=experiment_lib.describe_devices(exp.mesh.size)))
+  r.write(path, results, "strong")
   _forget(journal, parts)
-  _say(f"strong evaluation of the {config.eval.checkpoint} checkpoint "
-       f"(step {step}, {results['num_examples']} images, "
-       f"{exp.dataset.description}):\n{evaluate.format_strong(results)}\n"
-       f"written to {path}", logger)
+  r.say(f"strong evaluation of the {config.eval.checkpoint} checkpoint "
+        f"(step {r.step}, {results['num_examples']} images, "
+        f"{r.exp.dataset.description}):\n"
+        f"{eval_tables.format_strong(results)}\nwritten to {path}")
   return results
 
 
@@ -232,78 +283,45 @@ def _forget(journal: eval_journal.Journal | None, parts: list[str]) -> None:
     pass   # not empty: another evaluation's journal is there
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
-                        exp: experiment_lib.Experiment | None = None,
-                        attacks_csv: str | None = None,
-                        plots: bool | None = None,
-                        final: bool = False,
-                        logger: metric_logging.MetricLogger | None = None
-                        ) -> dict[str, Any]:
-  """Restores a checkpoint and measures A1..A5 and sparsity on the test set.
-
-  Writes ``fkjax.workdir.eval_result_path(workdir, config, final)`` (and PNG
-  plots if asked).
-  ``final`` marks train.py's own short evaluation.
-  """
-  from fkjax import plots as plots_lib  # matplotlib only when needed
-
-  workdir_lib.adopt_subset_result(workdir, config)
-  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
-  variables = experiment_lib.eval_variables(state, config)
-  eval_apply, _ = experiment_lib.model_fns(exp.model)
-  test = limit(exp.dataset.test, config.eval.num_examples)
-  if config.eval.protocol == "strong" and not final:
-    return _strong(config, workdir, exp, step, eval_apply, variables, test,
-                   logger)
-  suite = attack_suite(attacks_csv or config.eval.attacks, config)
-  num_batches = data_lib.num_eval_batches(len(test.labels),
-                                          config.eval.batch_size)
-  path = workdir_lib.eval_result_path(workdir, config, final)
-  if not final:
-    _say(cost_summary(list(suite), config, len(test.labels)), logger)
-  dense_part = (["dense_w"] if config.sparsity.method == "admm" and not final
-                else [])
-  # train.py's short final evaluation is not worth a journal.
-  journal = (None if final else
-             _journal(config, workdir, step, exp, path, dense_part, logger))
-  results = evaluate.robust_accuracy(
-      eval_apply, variables,
-      sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
-      experiment_lib.prng_key(config.seed, "test"),
-      num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-      per_image=True, num_batches=num_batches, journal=journal,
+def _paper_accuracy(r: Restored, variables: Any,
+                    suite: dict[str, eval_suites.Attack],
+                    journal: eval_journal.Journal | None,
+                    per_image: bool) -> dict[str, Any]:
+  """``robust_accuracy`` of ``variables`` on the test batches."""
+  return eval_loop.robust_accuracy(
+      r.eval_apply, variables, r.batches(), suite, r.key(),
+      num_noise_draws=r.config.eval.num_noise_draws,
+      progress=r.config.progress, per_image=per_image,
+      num_batches=r.num_batches(), journal=journal,
       # The progress in forward passes: NAttack's calls cost more.
-      work_per_image=attack_costs(list(suite), config))
-  # Which images each attack left right: nets evaluated on the same images
-  # compare image by image (a paired test, fkjax.reproduce.claims).
-  results["correct_per_image"] = {
-      name: workdir_lib.encode_correct(v)
-      for name, v in results.pop("per_image").items()}
-  results["correct_per_image_encoding"] = workdir_lib.CORRECT_ENCODING
-  report = experiment_lib.sparsity_report(variables["params"], config)
-  results["near_zero"] = experiment_lib.near_zero_shares(variables["params"],
-                                                         config)
-  if dense_part:
-    # The paper's ADMM figures are neither reading exactly: report both the
-    # projected u (evaluated above) and the dense w (docs/protocol.md).
-    dense = {"params": state["params"], "batch_stats": state["batch_stats"]}
-    dense_results = evaluate.robust_accuracy(
-        eval_apply, dense,
-        sharded_eval_batches(test, config.eval.batch_size, exp.mesh), suite,
-        experiment_lib.prng_key(config.seed, "test"),
-        num_noise_draws=config.eval.num_noise_draws, progress=config.progress,
-        num_batches=num_batches,
-        journal=journal.scoped("dense_w") if journal is not None else None)
-    dense_report = experiment_lib.sparsity_report(dense["params"], config)
-    results["admm_dense_w"] = {
-        "attacks": {k: {"accuracy": v["accuracy"]}
-                    for k, v in dense_results["attacks"].items()},
-        "weight_sparsity": dense_report.weight_sparsity,
-        "channel_sparsity": dense_report.channel_sparsity,
-        "near_zero": experiment_lib.near_zero_shares(dense["params"], config)}
-  results.update(
-      protocol=workdir_lib.FINAL if final else config.eval.protocol,
-      step=step, eot_samples=config.eval.eot_samples,
+      work_per_image=attack_costs(list(suite), r.config))
+
+
+def _admm_dense_w(r: Restored, suite: dict[str, eval_suites.Attack],
+                  journal: eval_journal.Journal | None) -> dict[str, Any]:
+  """The paper's ADMM figures are neither reading exactly: besides the
+  projected u, the dense w's accuracies and sparsity (docs/protocol.md)."""
+  dense = {"params": r.state["params"],
+           "batch_stats": r.state["batch_stats"]}
+  results = _paper_accuracy(
+      r, dense, suite,
+      journal.scoped("dense_w") if journal is not None else None,
+      per_image=False)
+  report = experiment_lib.sparsity_report(dense["params"], r.config)
+  return {"attacks": {k: {"accuracy": v["accuracy"]}
+                      for k, v in results["attacks"].items()},
+          "weight_sparsity": report.weight_sparsity,
+          "channel_sparsity": report.channel_sparsity,
+          "near_zero": experiment_lib.near_zero_shares(dense["params"],
+                                                       r.config)}
+
+
+def _paper_record(r: Restored, report: Any) -> dict[str, Any]:
+  """The settings and sparsity a paper-protocol result file records."""
+  config = r.config
+  return dict(
+      protocol=workdir_lib.FINAL if r.final else config.eval.protocol,
+      step=r.step, eot_samples=config.eval.eot_samples,
       attack_settings={
           "epsilon": config.attack.epsilon,
           "step_size": config.attack.step_size,
@@ -314,22 +332,18 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
       weight_sparsity=report.weight_sparsity,
       total_weight_sparsity=report.total_weight_sparsity,
       channel_sparsity=report.channel_sparsity)
-  table = evaluate.format_table(results, sparsity=report.weight_sparsity,
-                                channel_sparsity=report.channel_sparsity)
-  if jax.process_index() == 0:
-    workdir_lib.write_results(path, results, workdir_lib.results_metadata(
-        config, step=step, data=exp.dataset.description,
-        checkpoint=config.eval.checkpoint, protocol=results["protocol"],
-        devices=experiment_lib.describe_devices(exp.mesh.size)))
-  _forget(journal, dense_part)
-  if plots if plots is not None else config.eval.plots:
-    results["plots"] = plots_lib.save_all(
-        variables["params"], report, os.path.join(workdir, "plots"),
-        layout=experiment_lib.kernel_layout(config))
+
+
+def _paper_text(r: Restored, results: dict[str, Any], report: Any,
+                path: str) -> str:
+  """What a paper-protocol evaluation prints: its row, the sparsity."""
+  table = eval_tables.format_table(results, sparsity=report.weight_sparsity,
+                                   channel_sparsity=report.channel_sparsity)
   near = results["near_zero"]
-  text = (f"test evaluation of the {config.eval.checkpoint} checkpoint "
-          f"(step {step}, {results['num_examples']} images, "
-          f"{exp.dataset.description}):\n{table}\n{report.format_table()}\n"
+  text = (f"test evaluation of the {r.config.eval.checkpoint} checkpoint "
+          f"(step {r.step}, {results['num_examples']} images, "
+          f"{r.exp.dataset.description}):\n{table}\n"
+          f"{report.format_table()}\n"
           f"|w| < 1e-3: {near['weights_below_1e-3']:.2f}% of conv weights, "
           f"{near['channels_below_1e-3']:.2f}% of channels")
   if "admm_dense_w" in results:
@@ -340,5 +354,73 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
              f"{d['channel_sparsity']:.2f}% of channels; |w| < 1e-3: "
              f"{d['near_zero']['weights_below_1e-3']:.2f}% of weights, "
              f"{d['near_zero']['channels_below_1e-3']:.2f}% of channels")
-  _say(text + f"\nwritten to {path}", logger)
+  return text + f"\nwritten to {path}"
+
+
+def _paper(r: Restored, *, attacks_csv: str | None = None,
+           plots: bool | None = None) -> dict[str, Any]:
+  """The paper's protocol (A1..A5, or ``config.eval.attacks``), and
+  train.py's short final evaluation."""
+  from fkjax import plots as plots_lib  # matplotlib only when needed
+
+  config = r.config
+  suite = attack_suite(attacks_csv or config.eval.attacks, config)
+  path = workdir_lib.eval_result_path(r.workdir, config, r.final)
+  if not r.final:
+    r.say(cost_summary(list(suite), config, len(r.test.labels)))
+  dense_part = (["dense_w"] if config.sparsity.method == "admm"
+                and not r.final else [])
+  # train.py's short final evaluation is not worth a journal.
+  journal = (None if r.final else _journal(
+      config, r.workdir, r.step, r.exp, path, dense_part, r.logger))
+  results = _paper_accuracy(r, r.variables, suite, journal, per_image=True)
+  # Which images each attack left right: nets evaluated on the same images
+  # compare image by image (a paired test, the reproduction's claims).
+  results["correct_per_image"] = {
+      name: workdir_lib.encode_correct(v)
+      for name, v in results.pop("per_image").items()}
+  results["correct_per_image_encoding"] = workdir_lib.CORRECT_ENCODING
+  report = experiment_lib.sparsity_report(r.variables["params"], config)
+  results["near_zero"] = experiment_lib.near_zero_shares(
+      r.variables["params"], config)
+  if dense_part:
+    results["admm_dense_w"] = _admm_dense_w(r, suite, journal)
+  results.update(_paper_record(r, report))
+  r.write(path, results, results["protocol"])
+  _forget(journal, dense_part)
+  if plots if plots is not None else config.eval.plots:
+    results["plots"] = plots_lib.save_all(
+        r.variables["params"], report, os.path.join(r.workdir, "plots"),
+        layout=experiment_lib.kernel_layout(config))
+  r.say(_paper_text(r, results, report, path))
   return results
+
+
+# Protocol name -> how it evaluates a restored checkpoint. A name not
+# registered is a further paper-protocol evaluation kept in its own file
+# (``fkjax.run_config``'s rule for ``eval.protocol``).
+PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
+    "paper": _paper,
+    "strong": _strong,
+}
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
+                        exp: experiment_lib.Experiment | None = None,
+                        attacks_csv: str | None = None,
+                        plots: bool | None = None,
+                        final: bool = False,
+                        logger: metric_logging.MetricLogger | None = None
+                        ) -> dict[str, Any]:
+  """Restores a checkpoint and evaluates it under ``config.eval.protocol``
+  (``PROTOCOLS``; the paper's A1..A5 and sparsity by default).
+
+  Writes ``fkjax.workdir.eval_result_path(workdir, config, final)`` (and PNG
+  plots if asked). ``final`` marks train.py's own short evaluation (the
+  paper's protocol, whatever ``config.eval.protocol`` says).
+  """
+  workdir_lib.adopt_subset_result(workdir, config)
+  restored = restore(config, workdir, exp=exp, final=final, logger=logger)
+  protocol = "paper" if final else config.eval.protocol
+  run = PROTOCOLS.get(protocol, PROTOCOLS["paper"])
+  return run(restored, attacks_csv=attacks_csv, plots=plots)

@@ -41,7 +41,7 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------
 # Validation.
 
-_ATTACK_NAMES = ("natural", "fgsm", "ifgsm20", "cw", "nattack", "cw_authors")
+from fkjax.eval_names import ATTACK_NAMES as _ATTACK_NAMES  # pylint: disable=wrong-import-position
 
 
 def validate(config: ml_collections.ConfigDict,

@@ -41,7 +41,8 @@ import numpy as np
 
 from fkjax import attacks as attacks_lib
 from fkjax import eval_journal
-from fkjax import evaluate
+from fkjax import eval_loop
+from fkjax import eval_suites
 
 SWEEP_EPSILONS = tuple(e / 255 for e in (0, 2, 4, 8, 16, 32, 64))
 
@@ -135,7 +136,7 @@ def detectable_points(n: int, *, z: float = 2.0,
 
 def _pgd(epsilon, num_steps, eot_samples, check_draws):
   if epsilon == 0:
-    return evaluate.natural
+    return eval_suites.natural
   return functools.partial(
       attacks_lib.pgd, epsilon=epsilon,
       step_size=attacks_lib.sweep_step_size(epsilon, num_steps),
@@ -146,7 +147,7 @@ def _pgd(epsilon, num_steps, eot_samples, check_draws):
 
 def _apgd(epsilon, num_iters, n_restarts, eot_samples, check_draws):
   if epsilon == 0:
-    return evaluate.natural
+    return eval_suites.natural
   return functools.partial(
       attacks_lib.apgd, epsilon=epsilon, num_iters=num_iters,
       n_restarts=n_restarts, loss="ce", eot_samples=eot_samples,
@@ -183,7 +184,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
   ``more_eot`` PGD with best-so-far tracking from a random start, step
   ``2.5 * eps / steps`` (so that every run can cross its ball); the black-box
   attack is NAttack (the paper's variant). The white-box attacks use
-  ``eot_samples`` draws per gradient (defaults as ``evaluate.strong_attacks``).
+  ``eot_samples`` draws per gradient (defaults as
+  ``eval_suites.strong_attacks``).
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``.
@@ -218,7 +220,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     A ``SanityReport``; ``report.format()`` prints it and
     ``report.to_dict()`` stores it.
   """
-  eot_samples, check_draws = evaluate.strong_settings(
+  eot_samples, check_draws = eval_suites.strong_settings(
       stochastic=stochastic, eot_samples=eot_samples, check_draws=check_draws)
   sweep = sorted(float(e) for e in sweep_epsilons)
   if len(sweep) < 2:
@@ -227,128 +229,35 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
   if not 0 < few < many:
     raise ValueError(f"steps must be (few, many) with 0 < few < many, got "
                      f"{steps}")
-  # One attack per distinct configuration: equal ones are run once.
-  configs: dict[tuple, str] = {}
-  suite: dict[str, evaluate.Attack] = {}
-
-  def add(name, config, attack):
-    if config in configs:
-      return configs[config]
-    configs[config] = name
-    suite[name] = attack
-    return name
-
-  sweep_names = [
-      add(f"sweep_{e * 255:g}", ("apgd", e, sweep_steps, 1),
-          _apgd(e, sweep_steps, 1, eot_samples, check_draws)) for e in sweep]
-  iters, restarts = apgd_budget
-  apgd_name = add(f"apgd{iters}x{restarts}", ("apgd", epsilon, iters, restarts),
-                  _apgd(epsilon, iters, restarts, eot_samples, check_draws))
-  apgd_more_name = add(
-      f"apgd{2 * iters}x{2 * restarts}",
-      ("apgd", epsilon, 2 * iters, 2 * restarts),
-      _apgd(epsilon, 2 * iters, 2 * restarts, eot_samples, check_draws))
-  few_name = add(f"pgd{few}", ("pgd", epsilon, few, eot_samples),
-                 _pgd(epsilon, few, eot_samples, check_draws))
-  many_name = add(f"pgd{many}", ("pgd", epsilon, many, eot_samples),
-                  _pgd(epsilon, many, eot_samples, check_draws))
-  single_name = None
-  if stochastic and eot_samples > 1:
-    single_name = add(f"pgd{few}_eot1", ("pgd", epsilon, few, 1),
-                      _pgd(epsilon, few, 1, check_draws))
-  nattack_name = add("nattack", ("nattack",), functools.partial(
-      attacks_lib.nattack, epsilon=epsilon, population=nattack_population,
-      max_iters=nattack_iters, chunk=nattack_chunk,
-      image_chunk=nattack_image_chunk))
-
-  results = evaluate.robust_accuracy(
-      apply_fn, variables, batches, suite, key,
+  plan = _Plan()
+  roles = _Roles(
+      sweep=[plan.add(f"sweep_{e * 255:g}", ("apgd", e, sweep_steps, 1),
+                      _apgd(e, sweep_steps, 1, eot_samples, check_draws))
+             for e in sweep],
+      **_at_epsilon(plan, epsilon, stochastic, eot_samples, check_draws,
+                    apgd_budget, steps),
+      nattack=plan.add("nattack", ("nattack",), functools.partial(
+          attacks_lib.nattack, epsilon=epsilon, population=nattack_population,
+          max_iters=nattack_iters, chunk=nattack_chunk,
+          image_chunk=nattack_image_chunk)))
+  results = eval_loop.robust_accuracy(
+      apply_fn, variables, batches, plan.suite, key,
       num_noise_draws=num_noise_draws, progress=progress, per_image=True,
       journal=journal)
-  robust = results["per_image"]
-  accuracy = {name: entry["accuracy"]
-              for name, entry in results["attacks"].items()}
-  n = results["num_examples"]
-  compare = functools.partial(paired_excess, z=z, min_points=min_points)
-  checks = []
-
-  # 1. Monotone in epsilon.
-  rises = []
-  for (e0, a), (e1, b) in zip(zip(sweep, sweep_names),
-                              zip(sweep[1:], sweep_names[1:])):
-    result = compare(robust[b], robust[a])
-    if result["flagged"]:
-      rises.append(f"{e0 * 255:g}->{e1 * 255:g}/255 "
-                   f"(+{result['excess_points']:.1f} points)")
-  curve = ", ".join(f"{e * 255:g}: {accuracy[name]:.1f}"
-                    for e, name in zip(sweep, sweep_names))
-  checks.append(Check(
-      "epsilon_sweep", not rises,
-      f"accuracy % at eps/255 {{{curve}}}" +
-      (f"; RISES at {'; '.join(rises)}" if rises else
-       "; never rises beyond noise"),
-      {"epsilons": sweep, "accuracy": [accuracy[nm] for nm in sweep_names],
-       "rises": rises, "attack": f"APGD-CE, {sweep_steps} iterations"}))
-
-  # 2. Reaches ~0 at the largest radius.
-  top = accuracy[sweep_names[-1]]
-  checks.append(Check(
-      "sweep_reaches_zero", top <= zero_threshold,
-      f"{top:.1f}% at eps={sweep[-1] * 255:g}/255 "
-      f"({'<=' if top <= zero_threshold else 'ABOVE'} {zero_threshold:g}%)",
-      {"accuracy": top, "threshold": zero_threshold}))
-
-  # 3. The reported APGD has converged: twice its budget breaks no more.
-  result = compare(robust[apgd_name], robust[apgd_more_name])
-  checks.append(Check(
-      "apgd_converged", not result["flagged"],
-      f"APGD-CE {iters} it. x {restarts} {accuracy[apgd_name]:.1f}% vs "
-      f"{2 * iters} it. x {2 * restarts} {accuracy[apgd_more_name]:.1f}% "
-      f"(excess {result['excess_points']:+.1f}, tolerance "
-      f"{result['tolerance_points']:.1f}, can fail from "
-      f"{result['detectable_points']:.1f} points)", result))
-
-  # 4. More steps do not help the model.
-  result = compare(robust[many_name], robust[few_name])
-  checks.append(Check(
-      "more_steps", not result["flagged"],
-      f"PGD-{many} {accuracy[many_name]:.1f}% vs PGD-{few} "
-      f"{accuracy[few_name]:.1f}% (excess {result['excess_points']:+.1f}, "
-      f"tolerance {result['tolerance_points']:.1f} points)", result))
-
-  # 5. More EOT samples do not help the model.
-  if single_name is None:
-    checks.append(Check(
-        "more_eot", None,
-        "deterministic model: EOT changes nothing" if not stochastic else
-        "eot_samples is 1: nothing to compare"))
-  else:
-    result = compare(robust[few_name], robust[single_name])
-    checks.append(Check(
-        "more_eot", not result["flagged"],
-        f"PGD-{few} EOT-{eot_samples} {accuracy[few_name]:.1f}% vs EOT-1 "
-        f"{accuracy[single_name]:.1f}% (excess "
-        f"{result['excess_points']:+.1f}, tolerance "
-        f"{result['tolerance_points']:.1f} points)", result))
-
-  # 6. The black-box attack is not stronger than the white-box ones.
-  white = [name for name in suite
-           if name not in (nattack_name,) and not name.startswith("sweep_")]
-  at_eps = [nm for e, nm in zip(sweep, sweep_names) if e == epsilon]
-  white = list(dict.fromkeys(white + at_eps))
-  white_robust = np.logical_and.reduce([robust[nm] for nm in white])
-  result = compare(white_robust, robust[nattack_name])
-  white_accuracy = 100.0 * float(white_robust.mean()) if n else float("nan")
-  checks.append(Check(
-      "blackbox_weaker", not result["flagged"],
-      f"NAttack {accuracy[nattack_name]:.1f}% vs white-box worst case "
-      f"{white_accuracy:.1f}% over {', '.join(white)} (excess "
-      f"{result['excess_points']:+.1f}, tolerance "
-      f"{result['tolerance_points']:.1f}, can fail from "
-      f"{result['detectable_points']:.1f} points)",
-      {**result, "white_box": white, "white_box_accuracy": white_accuracy}))
-
-  settings = {"num_examples": n, "epsilon": epsilon, "stochastic": stochastic,
+  seen = _Seen(results["per_image"],
+               {name: entry["accuracy"]
+                for name, entry in results["attacks"].items()},
+               functools.partial(paired_excess, z=z, min_points=min_points))
+  checks = [
+      _epsilon_sweep(seen, sweep, roles.sweep, sweep_steps),
+      _sweep_reaches_zero(seen, sweep, roles.sweep, zero_threshold),
+      _apgd_converged(seen, roles, apgd_budget),
+      _more_steps(seen, roles, steps),
+      _more_eot(seen, roles, few, stochastic, eot_samples),
+      _blackbox_weaker(seen, roles, plan.suite, sweep, epsilon),
+  ]
+  settings = {"num_examples": results["num_examples"], "epsilon": epsilon,
+              "stochastic": stochastic,
               "eot_samples": eot_samples, "check_draws": check_draws,
               "num_noise_draws": num_noise_draws, "sweep_steps": sweep_steps,
               "steps": list(steps), "apgd_budget": list(apgd_budget),
@@ -357,4 +266,164 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
               "min_points": min_points, "zero_threshold": zero_threshold,
               "seconds": {name: e["seconds"]
                           for name, e in results["attacks"].items()}}
-  return SanityReport(checks, settings, accuracy)
+  return SanityReport(checks, settings, seen.accuracy)
+
+
+class _Plan:
+  """The attacks the checks need, one per distinct configuration: equal
+  ones (the sweep's at the evaluation's radius, say) are run once."""
+
+  def __init__(self):
+    self.suite: dict[str, eval_suites.Attack] = {}
+    self._names: dict[tuple, str] = {}
+
+  def add(self, name: str, config: tuple, attack: eval_suites.Attack) -> str:
+    """The name the attack of ``config`` runs under (``name`` if new)."""
+    if config not in self._names:
+      self._names[config] = name
+      self.suite[name] = attack
+    return self._names[config]
+
+
+@dataclasses.dataclass
+class _Roles:
+  """Which attack of the plan plays which part in the checks."""
+  sweep: list[str]
+  apgd: str
+  apgd_more: str
+  few: str
+  many: str
+  single: str | None
+  nattack: str
+
+
+def _at_epsilon(plan: _Plan, epsilon: float, stochastic: bool,
+                eot_samples: int, check_draws: int,
+                apgd_budget: tuple[int, int], steps: tuple[int, int]
+                ) -> dict[str, str | None]:
+  """Adds the white-box attacks at the evaluation's radius; their roles."""
+  iters, restarts = apgd_budget
+  few, many = steps
+  return dict(
+      apgd=plan.add(f"apgd{iters}x{restarts}",
+                    ("apgd", epsilon, iters, restarts),
+                    _apgd(epsilon, iters, restarts, eot_samples,
+                          check_draws)),
+      apgd_more=plan.add(
+          f"apgd{2 * iters}x{2 * restarts}",
+          ("apgd", epsilon, 2 * iters, 2 * restarts),
+          _apgd(epsilon, 2 * iters, 2 * restarts, eot_samples, check_draws)),
+      few=plan.add(f"pgd{few}", ("pgd", epsilon, few, eot_samples),
+                   _pgd(epsilon, few, eot_samples, check_draws)),
+      many=plan.add(f"pgd{many}", ("pgd", epsilon, many, eot_samples),
+                    _pgd(epsilon, many, eot_samples, check_draws)),
+      single=(plan.add(f"pgd{few}_eot1", ("pgd", epsilon, few, 1),
+                       _pgd(epsilon, few, 1, check_draws))
+              if stochastic and eot_samples > 1 else None))
+
+
+@dataclasses.dataclass
+class _Seen:
+  """What the attacks did: per attack, which images stayed robust, and its
+  accuracy (%); ``compare`` is ``paired_excess`` at the checks' noise."""
+  robust: Mapping[str, np.ndarray]
+  accuracy: dict[str, float]
+  compare: Any
+
+
+def _epsilon_sweep(seen: _Seen, sweep: Sequence[float], names: Sequence[str],
+                   sweep_steps: int) -> Check:
+  """1. Accuracy never rises (beyond noise) as epsilon grows."""
+  rises = []
+  for (e0, a), (e1, b) in zip(zip(sweep, names), zip(sweep[1:], names[1:])):
+    result = seen.compare(seen.robust[b], seen.robust[a])
+    if result["flagged"]:
+      rises.append(f"{e0 * 255:g}->{e1 * 255:g}/255 "
+                   f"(+{result['excess_points']:.1f} points)")
+  curve = ", ".join(f"{e * 255:g}: {seen.accuracy[name]:.1f}"
+                    for e, name in zip(sweep, names))
+  return Check(
+      "epsilon_sweep", not rises,
+      f"accuracy % at eps/255 {{{curve}}}" +
+      (f"; RISES at {'; '.join(rises)}" if rises else
+       "; never rises beyond noise"),
+      {"epsilons": list(sweep),
+       "accuracy": [seen.accuracy[nm] for nm in names],
+       "rises": rises, "attack": f"APGD-CE, {sweep_steps} iterations"})
+
+
+def _sweep_reaches_zero(seen: _Seen, sweep: Sequence[float],
+                        names: Sequence[str], zero_threshold: float
+                        ) -> Check:
+  """2. The accuracy reaches ~0 at the largest radius."""
+  top = seen.accuracy[names[-1]]
+  return Check(
+      "sweep_reaches_zero", top <= zero_threshold,
+      f"{top:.1f}% at eps={sweep[-1] * 255:g}/255 "
+      f"({'<=' if top <= zero_threshold else 'ABOVE'} {zero_threshold:g}%)",
+      {"accuracy": top, "threshold": zero_threshold})
+
+
+def _paired(seen: _Seen, name: str, stronger: str, weaker: str,
+            stronger_label: str, weaker_label: str, *,
+            detectable: bool = False) -> Check:
+  """Check ``name``: attack ``stronger`` leaves no more images robust than
+  ``weaker`` beyond noise (``paired_excess``)."""
+  result = seen.compare(seen.robust[stronger], seen.robust[weaker])
+  return Check(
+      name, not result["flagged"],
+      f"{stronger_label} {seen.accuracy[stronger]:.1f}% vs {weaker_label} "
+      f"{seen.accuracy[weaker]:.1f}% (excess {result['excess_points']:+.1f}, "
+      f"tolerance {result['tolerance_points']:.1f}"
+      + (f", can fail from {result['detectable_points']:.1f} points)"
+         if detectable else " points)"), result)
+
+
+def _apgd_converged(seen: _Seen, roles: _Roles,
+                    apgd_budget: tuple[int, int]) -> Check:
+  """3. The reported APGD has converged: twice its budget breaks no more."""
+  iters, restarts = apgd_budget
+  return _paired(seen, "apgd_converged", roles.apgd, roles.apgd_more,
+                 f"APGD-CE {iters} it. x {restarts}",
+                 f"{2 * iters} it. x {2 * restarts}", detectable=True)
+
+
+def _more_steps(seen: _Seen, roles: _Roles, steps: tuple[int, int]) -> Check:
+  """4. More steps do not help the model."""
+  few, many = steps
+  return _paired(seen, "more_steps", roles.many, roles.few, f"PGD-{many}",
+                 f"PGD-{few}")
+
+
+def _more_eot(seen: _Seen, roles: _Roles, few: int, stochastic: bool,
+              eot_samples: int) -> Check:
+  """5. More EOT samples do not help the model."""
+  if roles.single is None:
+    return Check(
+        "more_eot", None,
+        "deterministic model: EOT changes nothing" if not stochastic else
+        "eot_samples is 1: nothing to compare")
+  return _paired(seen, "more_eot", roles.few, roles.single,
+                 f"PGD-{few} EOT-{eot_samples}", "EOT-1")
+
+
+def _blackbox_weaker(seen: _Seen, roles: _Roles, suite: Sequence[str],
+                     sweep: Sequence[float], epsilon: float) -> Check:
+  """6. The black-box attack is not stronger than the white-box ones (the
+  sweep's attack at the evaluation's radius among them)."""
+  white = [name for name in suite
+           if name != roles.nattack and not name.startswith("sweep_")]
+  at_eps = [nm for e, nm in zip(sweep, roles.sweep) if e == epsilon]
+  white = list(dict.fromkeys(white + at_eps))
+  white_robust = np.logical_and.reduce([seen.robust[nm] for nm in white])
+  result = seen.compare(white_robust, seen.robust[roles.nattack])
+  white_accuracy = (100.0 * float(white_robust.mean()) if white_robust.size
+                    else float("nan"))
+  return Check(
+      "blackbox_weaker", not result["flagged"],
+      f"NAttack {seen.accuracy[roles.nattack]:.1f}% vs white-box worst case "
+      f"{white_accuracy:.1f}% over {', '.join(white)} (excess "
+      f"{result['excess_points']:+.1f}, tolerance "
+      f"{result['tolerance_points']:.1f}, can fail from "
+      f"{result['detectable_points']:.1f} points)",
+      {**result, "white_box": white, "white_box_accuracy": white_accuracy})

@@ -120,8 +120,9 @@ def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
   assert "Sparsity" not in evaluate.format_table(results)
 
   path = tmp_path / "sub" / "results.json"
-  evaluate.save_json(results, path)
-  assert json.loads(path.read_text()) == results
+  workdir_lib.write_results(path, results, {})
+  loaded = json.loads(path.read_text())
+  assert loaded.pop("metadata") == {} and loaded == results
 
 
 def test_predict_probs_averages_softmax_over_noise_draws(setup):
@@ -297,6 +298,10 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
       _noisy_linear, params, batches[:2], jax.random.key(8), epsilon=0.1,
       stochastic=True, eot_samples=2, check_draws=1, num_noise_draws=2,
       num_iters=3, num_seeds=2, num_targets=2, sanity_batches=batches[:1],
+      # APGD-T on every image: compiled once, not once per survivors'
+      # bucket size (3 here); test_an_attack_on_survivors_... and the
+      # journal's strong tests run the survivors' path.
+      targeted_on_survivors=False,
       # sweep_steps=1 makes the sweep at 0.1 the PGD-1 attack (run once).
       sanity_options=dict(sweep_epsilons=(0.0, 0.1), sweep_steps=1,
                           steps=(1, 2), nattack_population=4,
@@ -310,6 +315,8 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert results["worst_case"]["attacks"] == ["natural", "apgd_ce",
                                               "apgd_dlr", "apgd_t"]
   assert results["settings"]["num_targets"] == 2
+  assert results["settings"]["targeted_on_survivors"] is False
+  assert "left robust" not in results["description"]
   assert results["num_examples"] == 16
   sanity = results["sanity"]
   assert {c["name"] for c in sanity["checks"]} == {
@@ -323,7 +330,7 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert "sanity checks" in text
 
   path = tmp_path / "strong.json"
-  evaluate.save_json(results, path)
+  workdir_lib.write_results(path, results, {})
   loaded = json.loads(path.read_text())
   assert loaded["per_image"]["apgd_ce"] == results["per_image"][
       "apgd_ce"].tolist()
@@ -340,6 +347,9 @@ def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
   assert costs["nattack"] == 20 * 53 + 1
   # IFGSM^20 on the noisy net: 20 gradients (3 each) and 20 check draws.
   assert costs["ifgsm20"] == 20 * 4 + 1
+  # The authors' C&W: 50 gradients, whatever the paper's attacks' steps.
+  assert eval_run.attack_costs(["cw_authors"], config)["cw_authors"] == (
+      50 * 3 + 1)
   text = eval_run.cost_summary(names, config, 250)
   assert "250 test images in batches of 50" in text
   assert "nattack is most of the time" in text
@@ -386,3 +396,69 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
                                   every["per_image"][name])
   with pytest.raises(ValueError, match="survivors_only"):
     evaluate.Evaluator(_linear, suite, survivors_only=["nope"])
+
+
+def test_attack_names_are_defined_once_and_the_rest_derived():
+  from configs import cpu  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  names = eval_names.ATTACK_NAMES
+  assert names == (*eval_names.PAPER_COLUMNS, *eval_names.AUTHORS_COLUMNS)
+  assert list(eval_suites.default_attacks()) == list(eval_names.PAPER_COLUMNS)
+  assert (list(eval_suites.authors_attacks())
+          == list(eval_names.AUTHORS_COLUMNS))
+  assert set(eval_suites.strong_attacks()) < set(eval_names.STRONG_COLUMNS)
+  assert run_config._ATTACK_NAMES is names  # pylint: disable=protected-access
+  config = cpu.get_config()
+  assert tuple(eval_run.attack_suite(",".join(names), config)) == names
+  assert tuple(eval_run.attack_costs(list(names), config)) == names
+  # A name that exists nowhere is refused with the names that do.
+  with pytest.raises(run_config.ConfigError,
+                     match=r"unknown attacks \['fgsm_authors'\]; choose from "
+                     r"\['natural', .*'cw_authors'\]"):
+    eval_run.attack_suite("natural,fgsm_authors", config)
+
+
+def test_suites_and_protocols_are_registered_by_name():
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  assert {"paper", "authors", "strong"} <= set(eval_suites.SUITES)
+  assert list(eval_suites.suite("strong", targeted=False)) == [
+      "natural", "apgd_ce", "apgd_dlr"]
+  assert list(eval_suites.suite("paper", eot_samples=3)) == list(
+      evaluate.PAPER_COLUMNS)
+  with pytest.raises(ValueError, match="unknown attack suite 'nope'"):
+    eval_suites.suite("nope")
+  with pytest.raises(ValueError, match="'paper' is registered twice"):
+    eval_suites.register("paper")(dict)
+  assert set(eval_run.PROTOCOLS) == {"paper", "strong"}
+
+
+def test_a_tally_resumes_and_gives_the_result():
+  from fkjax import eval_loop  # pylint: disable=import-outside-toplevel
+  tally = eval_loop.Tally.resume(["natural", "fgsm"], True, None)
+  tally.add_batch({"natural": (np.array([True, True, False]), 1.0),
+                   "fgsm": (np.array([True, False, False]), 2.0)})
+  state = tally.journal_state()
+  assert state["num_examples"] == 3
+  earlier = {**state, "batches_done": 1,
+             "partial": {"batch_index": 1,
+                         "attacks": {"natural": (np.array([True]), 0.5)}}}
+  resumed = eval_loop.Tally.resume(["natural", "fgsm"], True, earlier)
+  assert resumed.resumed_seconds == 3.5
+  resumed.add_batch({"natural": (np.array([True]), 0.5),
+                     "fgsm": (np.array([False]), 0.25)})
+  result = resumed.result(2, {"natural": 1, "fgsm": 1})
+  assert result["num_examples"] == 4 and result["num_noise_draws"] == 2
+  assert result["attacks"]["natural"]["accuracy"] == 75.0
+  assert result["attacks"]["fgsm"]["correct"] == 1
+  assert result["attacks"]["fgsm"]["seconds"] == 2.25
+  np.testing.assert_array_equal(result["per_image"]["fgsm"],
+                                [True, False, False, False])
+  assert result["resumed_seconds"] == 3.5
+  empty = eval_loop.Tally.resume(["natural"], False, None).result(
+      1, {"natural": 0})
+  assert np.isnan(empty["attacks"]["natural"]["accuracy"])
+  assert "per_image" not in empty

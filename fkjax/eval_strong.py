@@ -1,0 +1,318 @@
+"""The strong protocol: APGD suite, per-image worst case, seeds, sanity.
+
+``strong_evaluation`` runs ``fkjax.eval_suites.strong_attacks`` (APGD-CE
+and APGD-DLR, APGD-T on the images they leave robust, with EOT for a noisy
+model), counts an image as robust only if every attack fails on it under
+every seed (``worst_case``, ``worst_case_over_seeds``), repeats the
+evaluation over several seeds (``repeat_evaluation``) and runs the sanity
+checks of ``fkjax.sanity`` with it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from fkjax import attacks as attacks_lib
+from fkjax import eval_journal
+from fkjax import eval_suites
+from fkjax import sanity
+from fkjax import workdir as workdir_lib
+from fkjax.eval_loop import Evaluator
+from fkjax.eval_names import STRONG_COLUMNS
+
+
+def worst_case(results: Mapping[str, Any],
+               names: Sequence[str] | None = None) -> dict[str, Any]:
+  """Per-image worst case: an image is robust only if EVERY attack fails.
+
+  Args:
+    results: the output of ``robust_accuracy(..., per_image=True)``.
+    names: the attacks to combine (default: all of them, ``natural``
+      included, so an image misclassified when clean is never robust).
+
+  Returns:
+    ``{"accuracy": %, "correct": int, "num_examples": int, "attacks":
+    [names]}``; each image counts once however many attacks break it.
+  """
+  per_image = results["per_image"]
+  names = list(names) if names is not None else list(results["attacks"])
+  if not names:
+    raise ValueError("worst_case needs at least one attack")
+  robust = np.logical_and.reduce([np.asarray(per_image[n], bool)
+                                  for n in names])
+  n = int(robust.shape[0])
+  return {"accuracy": 100.0 * float(robust.mean()) if n else float("nan"),
+          "correct": int(robust.sum()), "num_examples": n,
+          "attacks": names}
+
+
+def _batch_source(batches: Callable[[], Iterable[Mapping[str, Any]]]
+                  | Sequence[Mapping[str, Any]]
+                  ) -> Callable[[], Iterable[Mapping[str, Any]]]:
+  if callable(batches):
+    return batches
+  if isinstance(batches, Sequence):
+    return lambda: batches
+  raise TypeError("batches must be a sequence of batches or a function "
+                  "returning a fresh iterable (an iterator can be read once)")
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+  values = [float(v) for v in values]
+  std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+  return {"mean": float(np.mean(values)), "std": std, "per_seed": values}
+
+
+def repeat_evaluation(evaluator: Evaluator,
+                      variables: Any,
+                      batches: Callable[[], Iterable[Mapping[str, Any]]]
+                      | Sequence[Mapping[str, Any]],
+                      key: jax.Array,
+                      *,
+                      num_seeds: int = 3,
+                      worst_case_of: Sequence[str] | None = None,
+                      progress: bool = False,
+                      num_batches: int | None = None,
+                      journal: eval_journal.Journal | None = None
+                      ) -> dict[str, Any]:
+  """Runs an evaluation with ``num_seeds`` keys: mean and spread per attack.
+
+  A noisy model's robust accuracy is itself random (the attacks' and the
+  prediction's noise draws), so a single number hides its spread. Seed
+  ``s`` uses ``jax.random.fold_in(key, s)``; the compiled attacks are
+  shared by all seeds.
+
+  Args:
+    evaluator: an ``Evaluator`` with the attacks.
+    variables: the model variables.
+    batches: a sequence of batches, or a function returning a fresh iterable
+      of them (read once per seed).
+    key: PRNG key.
+    num_seeds: evaluations to run (>= 1).
+    worst_case_of: attacks the per-image worst case combines (default: all
+      of the evaluator's); an empty sequence skips it.
+    progress: progress in model calls, one display per seed.
+    num_batches: batches per seed, for the progress total.
+    journal: where each seed's finished batches are kept
+      (``journal.scoped("seed<s>")``), so that a killed evaluation resumes.
+
+  Returns:
+    ``{"num_seeds", "num_examples", "num_noise_draws", "attacks": {name:
+    {"accuracy": mean %, "std": sample std over seeds (0 for one seed),
+    "per_seed": [%], "correct": int (seed 0), "seconds", "compile_seconds":
+    summed over seeds, "num_compiles"}}, "worst_case":
+    ``worst_case_over_seeds``'s dict (robust = under every attack and every
+    seed; the per-seed worst cases beside it),
+    "per_image": {name: bool ndarray} of seed 0,
+    "predict_compile_seconds", "resumed_seconds"}`` (both summed over
+    seeds).
+  """
+  if num_seeds < 1:
+    raise ValueError(f"num_seeds must be >= 1, got {num_seeds}.")
+  source = _batch_source(batches)
+  names = evaluator.names
+  combine = list(names) if worst_case_of is None else list(worst_case_of)
+  runs = []
+  for seed in range(num_seeds):
+    run = evaluator(variables, source(), jax.random.fold_in(key, seed),
+                    progress=progress, per_image=True,
+                    num_batches=num_batches,
+                    desc=f"seed {seed + 1}/{num_seeds}",
+                    journal=(journal.scoped(f"seed{seed}")
+                             if journal is not None else None))
+    runs.append(run)
+  results = _combine_seeds(runs, names)
+  if combine:
+    results["worst_case"] = worst_case_over_seeds(runs, combine)
+  return results
+
+
+def _combine_seeds(runs: Sequence[Mapping[str, Any]], names: Sequence[str]
+                   ) -> dict[str, Any]:
+  """``repeat_evaluation``'s result, but the worst case, from its runs."""
+  first = runs[0]
+  attacks_out = {}
+  for name in names:
+    entries = [r["attacks"][name] for r in runs]
+    spread = _spread([e["accuracy"] for e in entries])
+    attacks_out[name] = {
+        "accuracy": spread["mean"], "std": spread["std"],
+        "per_seed": spread["per_seed"], "correct": entries[0]["correct"],
+        "seconds": sum(e["seconds"] for e in entries),
+        "compile_seconds": sum(e["compile_seconds"] for e in entries),
+        "num_compiles": entries[-1]["num_compiles"],
+    }
+  return {
+      "num_seeds": len(runs),
+      "num_examples": first["num_examples"],
+      "num_noise_draws": first["num_noise_draws"],
+      "attacks": attacks_out,
+      "per_image": first["per_image"],
+      "predict_compile_seconds": sum(r["predict_compile_seconds"]
+                                     for r in runs),
+      "resumed_seconds": sum(r["resumed_seconds"] for r in runs),
+  }
+
+
+def worst_case_over_seeds(runs: Sequence[Mapping[str, Any]],
+                          names: Sequence[str]) -> dict[str, Any]:
+  """Per-image worst case over every attack AND every seed.
+
+  An image broken by any attack under any seed is broken: the seeds are
+  more tries of the attacker, not samples to average. The per-seed worst
+  cases are reported beside it as their spread.
+
+  Args:
+    runs: ``robust_accuracy(..., per_image=True)`` results of the same
+      images, one per seed.
+    names: the attacks to combine (``natural`` included, so that an image
+      misclassified when clean is never robust).
+
+  Returns:
+    ``{"accuracy": % robust under every attack and seed, "correct",
+    "num_examples", "attacks", "num_seeds", "correct_per_image": which
+    images are robust (``fkjax.workdir.encode_correct``; read back with
+    ``decode_correct(text, num_examples)``),
+    "per_seed": [% per seed], "mean_over_seeds", "std": sample std over
+    seeds (0 for one)}``.
+  """
+  per_seed = [worst_case(run, names) for run in runs]
+  robust = np.logical_and.reduce([
+      np.logical_and.reduce([np.asarray(run["per_image"][n], bool)
+                             for n in names]) for run in runs])
+  n = int(robust.shape[0])
+  spread = _spread([w["accuracy"] for w in per_seed])
+  return {"accuracy": 100.0 * float(robust.mean()) if n else float("nan"),
+          "correct": int(robust.sum()), "num_examples": n,
+          "attacks": list(names), "num_seeds": len(runs),
+          "correct_per_image": workdir_lib.encode_correct(robust),
+          "per_seed": spread["per_seed"],
+          "mean_over_seeds": spread["mean"], "std": spread["std"]}
+
+
+def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
+                      variables: Any,
+                      batches: Callable[[], Iterable[Mapping[str, Any]]]
+                      | Sequence[Mapping[str, Any]],
+                      key: jax.Array,
+                      *,
+                      epsilon: float = 8 / 255,
+                      stochastic: bool = False,
+                      eot_samples: int | None = None,
+                      check_draws: int | None = None,
+                      num_noise_draws: int = 1,
+                      num_iters: int = 100,
+                      n_restarts: int = 1,
+                      targeted: bool = True,
+                      num_targets: int = 9,
+                      targeted_on_survivors: bool = True,
+                      num_seeds: int = 3,
+                      sanity_batches: Sequence[Mapping[str, Any]]
+                      | None = None,
+                      sanity_options: Mapping[str, Any] | None = None,
+                      progress: bool = False,
+                      num_batches: int | None = None,
+                      journal: eval_journal.Journal | None = None
+                      ) -> dict[str, Any]:
+  """The strong protocol: APGD suite, per-image worst case, seeds, sanity.
+
+  Runs ``eval_suites.strong_attacks`` over the data ``num_seeds`` times
+  (``repeat_evaluation``), reports each attack's accuracy and the
+  per-image worst case over all of them (clean images included) as mean
+  and std over the seeds, and, given ``sanity_batches``, runs
+  ``fkjax.sanity.sanity_checks`` on them with the same settings.
+
+  Args:
+    apply_fn: ``apply_fn(variables, images, key) -> logits``.
+    variables: the model variables.
+    batches: a sequence of batches or a function returning a fresh iterable
+      (dicts with ``image``, ``label`` and optional ``mask``).
+    key: PRNG key.
+    epsilon, stochastic, eot_samples, check_draws, num_iters, n_restarts,
+      targeted, num_targets: see ``eval_suites.strong_attacks``.
+    num_noise_draws: noise draws the prediction that scores an adversarial
+      image averages its softmax over (recorded in the result).
+    targeted_on_survivors: APGD-T attacks only the images APGD-CE and
+      APGD-DLR left robust (AutoAttack's order; ``Evaluator``'s
+      ``survivors_only``), so its 9 runs cost what those images need; its
+      reported accuracy is then the worst case over the three. False: every
+      image, and APGD-T's own accuracy.
+    num_seeds: evaluation seeds (3 gives mean +- std; 1 for a quick run).
+    sanity_batches: batches for the sanity checks (a few hundred images;
+      None skips them).
+    sanity_options: extra keyword arguments of ``sanity.sanity_checks``.
+    progress: progress in model calls (see ``robust_accuracy``).
+    num_batches: batches of ``batches``, for the progress total.
+    journal: keeps the finished batches of the seeds
+      (``repeat_evaluation``) and of the sanity checks (``scoped("sanity")``).
+
+  Returns:
+    ``repeat_evaluation``'s dict plus ``"protocol": "strong"``,
+    ``"description"`` (one line), ``"settings"`` (every option above, the
+    resolved ``eot_samples`` and ``check_draws`` included), ``"seconds"``
+    (wall time of the whole evaluation, of every attempt when resumed from
+    ``journal``, sanity checks excluded) and, with
+    ``sanity_batches``, ``"sanity"`` (``SanityReport.to_dict()``: ``passed``,
+    ``checks``, ...) and ``"sanity_text"``.
+  """
+  eot_samples, check_draws = eval_suites.strong_settings(
+      stochastic=stochastic, eot_samples=eot_samples, check_draws=check_draws)
+  settings = {
+      "epsilon": epsilon, "stochastic": stochastic,
+      "eot_samples": eot_samples, "check_draws": check_draws,
+      "num_noise_draws": num_noise_draws, "num_iters": num_iters,
+      "n_restarts": n_restarts, "targeted": targeted,
+      "num_targets": num_targets if targeted else 0, "num_seeds": num_seeds,
+      "targeted_on_survivors": bool(targeted and targeted_on_survivors),
+  }
+  suite = eval_suites.strong_attacks(
+      epsilon, stochastic=stochastic, eot_samples=eot_samples,
+      check_draws=check_draws, num_iters=num_iters, n_restarts=n_restarts,
+      targeted=targeted, num_targets=num_targets)
+  start = time.perf_counter()
+  evaluator = Evaluator(
+      apply_fn, suite, num_noise_draws=num_noise_draws,
+      survivors_only=(["apgd_t"] if settings["targeted_on_survivors"]
+                      else []))
+  results = repeat_evaluation(evaluator, variables, batches, key,
+                              num_seeds=num_seeds, progress=progress,
+                              num_batches=num_batches, journal=journal)
+  # A resumed evaluation's seconds include what its earlier attempts spent.
+  seconds = time.perf_counter() - start + results["resumed_seconds"]
+  results = {"protocol": "strong", "description": describe(settings, suite),
+             "settings": settings, **results, "seconds": seconds}
+  if sanity_batches is not None:
+    options = dict(epsilon=epsilon, stochastic=stochastic,
+                   eot_samples=eot_samples, check_draws=check_draws,
+                   num_noise_draws=num_noise_draws,
+                   apgd_budget=(num_iters, n_restarts))
+    options.update(sanity_options or {})
+    report = sanity.sanity_checks(
+        apply_fn, variables, sanity_batches,
+        jax.random.fold_in(key, 1_000_003), progress=progress,
+        journal=journal.scoped("sanity") if journal is not None else None,
+        **options)
+    results["sanity"] = report.to_dict()
+    results["sanity_text"] = report.format()
+  return results
+
+
+def describe(settings: Mapping[str, Any], suite: Iterable[str]) -> str:
+  """One line saying what a strong evaluation with ``settings`` (the
+  result's ``"settings"``) and attacks ``suite`` measured."""
+  s = settings
+  labels = [STRONG_COLUMNS[n] for n in suite if n != "natural"]
+  return (
+      f"strong protocol: {' + '.join(labels)}, {s['num_iters']} iterations, "
+      f"{s['n_restarts']} restart(s), l_inf eps={s['epsilon'] * 255:g}/255, "
+      f"EOT {s['eot_samples']} sample(s) per gradient, success checked on "
+      f"{s['check_draws'] or 'the gradient pass'} fresh draw(s), adversarial "
+      f"images scored on {s['num_noise_draws']} noise draw(s); "
+      + ("APGD-T attacks only the images APGD-CE and APGD-DLR left robust; "
+         if s["targeted_on_survivors"] else "")
+      + f"each attack: "
+      f"mean +- std over {s['num_seeds']} seed(s); worst case: robust = every "
+      f"attack fails on the image under every seed")
