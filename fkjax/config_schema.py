@@ -21,6 +21,11 @@ from typing import Any, Callable, Mapping, Sequence, Tuple, Union
 
 from fkjax import config_keys
 
+
+class ConfigError(ValueError):
+  """A config value is invalid, or does not match the run in a workdir."""
+
+
 Problem = Union[None, str, Tuple[Any, str]]
 Check = Callable[[Any, Mapping[str, Any]], Problem]
 
@@ -278,7 +283,6 @@ def sparsifier(section: Any, _: Any) -> Problem:
   """``config.sparsity``: the sparsifier itself knows its hyperparameters
   and their ranges."""
   from fkjax import sparsity  # pylint: disable=import-outside-toplevel
-  from fkjax.run_config import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     sparsity.from_config(section)
   except (TypeError, ValueError) as e:
@@ -289,5 +293,4 @@ def sparsifier(section: Any, _: Any) -> Problem:
 
 def invalid(key: str, value: Any, rule: str) -> Exception:
   """The error that says ``config.KEY=VALUE`` breaks ``rule``."""
-  from fkjax.run_config import ConfigError  # pylint: disable=import-outside-toplevel
   return ConfigError(f"config.{key}={value!r} is invalid: {rule}")

@@ -34,8 +34,8 @@ ENVIRONMENT_KEYS: tuple[str, ...] = (
 )
 
 
-class ConfigError(ValueError):
-  """A config value is invalid, or does not match the run in a workdir."""
+# Defined beside the rules that raise it; callers keep naming it here.
+ConfigError = config_schema.ConfigError
 
 
 # --------------------------------------------------------------------------

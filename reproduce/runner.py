@@ -787,8 +787,10 @@ _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}
 # training multipliers say: En2ResNet20, 200 images, EOT 10 took 1,419 s of
 # APGD (eval_strong.json) against 1,007 s predicted without this factor.
 _NOISY_EOT_COST = 1.41
+# Attack iterations per image of each paper-protocol attack but NAttack
+# (costed by its queries below); keyed by fkjax.eval_names.ATTACK_NAMES.
 _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
-               "cw_authors": 51, "fgsm_authors": 2}
+               "cw_authors": 51}
 # One NAttack query (a forward pass of one population sample) per image, in
 # attack iterations: the cpu scale's A5 (100 images, population 50, 100
 # iterations) took 299 and 443 s on ResNet20 and 892 and 998 s on
@@ -843,7 +845,7 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
         total += (n * cfg.eval.nattack_iters * cfg.eval.nattack_population
                   * m * eval_iter_per_image * _NATTACK_QUERY_COST)
       else:
-        total += n * m * eval_iter_per_image * _EVAL_ITERS.get(name, 21)
+        total += n * m * eval_iter_per_image * _EVAL_ITERS[name]
     return total
   if only is not None:
     return sum(eval_cost(_with(c, e.overrides)) for e in only)

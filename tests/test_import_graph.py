@@ -88,13 +88,6 @@ def test_the_graph_sees_function_level_imports():
   assert "fkjax.attacks.common" in graph["fkjax.attacks.auto_pgd"]
 
 
-# Leaving the library for the repository's top-level reproduce/ (issue 54
-# point 1), whose weights -> queue -> runner -> weights cycle goes with it.
-_LEAVING = "fkjax.reproduce"
-
-
 def test_fkjax_has_no_import_cycle():
-  graph = {name: deps for name, deps in import_graph().items()
-           if not name.startswith(_LEAVING)}
-  cycle = find_cycle(graph)
+  cycle = find_cycle(import_graph())
   assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -1121,3 +1121,10 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
   if args.variant:
     scale = scales.with_variant(scale, args.variant)
   assert scale.name == name
+
+
+def test_the_runners_evaluation_costs_cover_exactly_the_attack_names():
+  from fkjax import eval_names  # pylint: disable=import-outside-toplevel
+  from reproduce import runner  # pylint: disable=import-outside-toplevel
+  costed = set(runner._EVAL_ITERS) | {"nattack"}  # pylint: disable=protected-access
+  assert costed == set(eval_names.ATTACK_NAMES)
