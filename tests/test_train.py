@@ -128,21 +128,23 @@ def _dp_equivalence(cache, *args):
       env=_env(cache), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert result["devices"] == [1, 4]
+  for kind in ("natural", "adversarial"):
+    assert result[kind]["devices"] == [1, 4], kind
   return result
 
 
 def test_one_and_four_devices_agree(runs):
   # A step from the same state and batch: equal to float rounding (1e-7
   # measured; momentum and the BatchNorm after the stem amplify it later).
-  natural = _dp_equivalence(runs["cache"], "1", "--natural")
+  both = _dp_equivalence(runs["cache"], "1")
+  natural = both["natural"]
   np.testing.assert_allclose(natural["losses_1"], natural["losses_4"],
                              rtol=1e-5)
   assert natural["max_param_diff"] < 1e-5
   # With PGD the rounding differences flip the sign of a few near-zero pixel
   # gradients, so a few pixels of x_adv differ by 2 * step_size: the loss
   # still agrees closely.
-  adversarial = _dp_equivalence(runs["cache"], "1")
+  adversarial = both["adversarial"]
   np.testing.assert_allclose(adversarial["losses_1"],
                              adversarial["losses_4"], rtol=1e-5)
   # Whole runs: rounding differences grow (PGD's sign steps, RVSM's hard
