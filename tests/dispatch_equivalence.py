@@ -4,8 +4,9 @@ and through fkjax.dispatch's step programs, for a single run and a 2-run
 sweep; prints one JSON line: every variant's largest difference from the
 loop's state and whether its per-step losses are the loop's.
 
-Run as a subprocess under train.py's XLA flags: the tests' fast-compile
-flags (tests/subprocess_env.py) compile programs that round differently.
+Run as a subprocess under train.py's XLA flags (plus, in the quick test,
+LLVM's optimisation off): the tests' fast-compile flags together
+(tests/subprocess_env.py) compile programs that round differently.
 """
 import json
 

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# A CPU run of the GPU session script, its rows at smoke size: minutes of
+# CPU for a script that only a lent GPU runs for real.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 FIELDS = ("device", "date", "commit", "resnet20_epoch_s",
           "en2resnet20_epoch_s", "resnet20_sweep8_speedup",

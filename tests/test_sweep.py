@@ -179,6 +179,7 @@ def test_resume_step_takes_runs_at_most_one_save_apart():
 # Several devices.
 
 
+@pytest.mark.slow   # a subprocess compiling the step three ways
 def test_runs_or_batch_sharded_over_four_devices_agree_with_one():
   proc = subprocess.run([sys.executable, "-m", "tests.sweep_devices"],
                         cwd=REPO, env=subprocess_env(devices=4),

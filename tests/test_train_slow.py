@@ -1,0 +1,91 @@
+"""The slow set's end-to-end runs of train.py / eval.py (``-m slow``; CI
+runs them, the README's quick command does not): a jax.distributed run of
+two processes, and eval.py's strong protocol. Both start from one
+uninterrupted 1-device run of the tiny config, made here as
+tests/test_train.py makes its own.
+"""
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.test_train import ONE_DEVICE
+from tests.test_train import REPO
+from tests.test_train import _cmd
+from tests.test_train import _env
+from tests.test_train import _run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """An uninterrupted 1-device run (tests/test_train.py's ``full``)."""
+  root = tmp_path_factory.mktemp("train_slow")
+  cache = root / "jax_cache"
+  out = {"root": root, "cache": cache, "full": root / "full"}
+  _run("train.py", out["full"], ONE_DEVICE, cache)
+  return out
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_process_run_on_localhost_matches_one_device(runs):
+  """jax.distributed on CPU: 2 processes, each with 1 device, one workdir."""
+  workdir = runs["root"] / "two_process"
+  address = f"127.0.0.1:{_free_port()}"
+  env = _env(runs["cache"])
+  env.pop("XLA_FLAGS")   # one CPU device per process
+  procs = [subprocess.Popen(
+      _cmd("train.py", workdir, [f"--coordinator_address={address}",
+                                 "--num_processes=2", f"--process_id={i}",
+                                 "--config.eval.final_attacks="]),
+      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for i in range(2)]
+  outputs = [p.communicate(timeout=600) for p in procs]
+  for p, (out, err) in zip(procs, outputs):
+    assert p.returncode == 0, err[-3000:]
+  assert "devices: 2 x cpu" in outputs[0][0]
+  losses = [[json.loads(line)["train_loss"]
+             for line in open(w / "metrics.jsonl")]
+            for w in (runs["full"], workdir)]
+  np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
+  assert (workdir / "checkpoints" / "12").is_dir()
+
+
+
+
+def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
+  workdir = tmp_path / "strong"
+  shutil.copytree(runs["full"], workdir)
+  paper = workdir / "eval_paper.json"
+  paper.write_text('{"kept": true}')
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={workdir}",
+       "--config.num_devices=1", "--config.eval.protocol=strong",
+       "--config.eval.strong.num_iters=3", "--config.eval.strong.num_seeds=2",
+       "--config.eval.strong.eot_samples=2",
+       "--config.eval.strong.num_targets=2",
+       "--config.eval.strong.sanity_examples=0"], cwd=REPO,
+      env=_env(runs["cache"]), capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr
+  result = json.loads((workdir / "eval_strong.json").read_text())
+  assert paper.read_text() == '{"kept": true}'   # the other protocol's
+  assert result["protocol"] == "strong"
+  assert result["metadata"]["protocol"] == "strong"
+  assert result["settings"]["eot_samples"] == 2   # a noisy model
+  attacks_ = result["attacks"]
+  assert {"natural", "apgd_ce", "apgd_dlr"} <= set(attacks_)
+  worst = result["worst_case"]
+  assert len(worst["per_seed"]) == 2
+  for seed, acc in enumerate(worst["per_seed"]):
+    assert acc <= min(attacks_[a]["per_seed"][seed] for a in attacks_)
+  assert "worst case" in proc.stdout
