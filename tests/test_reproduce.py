@@ -475,6 +475,7 @@ def test_rerun_skips_finished_rows(tiny):
   assert before == after
 
 
+@pytest.mark.slow   # a row killed and resumed in subprocesses, end to end
 def test_killed_row_resumes_to_the_uninterrupted_result(tiny):
   """SIGKILL mid-row, rerun: the same numbers as the run never killed."""
   root = tiny["root"] / "killed"
@@ -871,6 +872,7 @@ def test_analysis_of_an_ensemble_reads_its_member_stacked_kernels():
                                 stacked[0].astype(np.float32))
 
 
+@pytest.mark.slow   # an En2 row through every stage, end to end
 def test_an_ensemble_row_runs_every_stage(tiny, tmp_path, capsys):
   # En2ResNet20 under RGSM with Table 2's extra columns: NAttack (A5) and
   # the strong protocol with EOT over the noise; the analysis reads the

@@ -271,6 +271,7 @@ def session(tmp_path_factory):
           "carried_after_first": carried_after_first}
 
 
+@pytest.mark.slow   # the session fixture: two leases end to end
 def test_a_stopped_run_is_carried_home_and_resumed_elsewhere(session):
   out1 = json.loads((session["tmp"] / "out1" / lease.MANIFEST).read_text())
   assert out1["finished"] == [] and out1["carried"] == [ENTRY.name]
@@ -291,6 +292,7 @@ def test_a_stopped_run_is_carried_home_and_resumed_elsewhere(session):
   assert "resumed from step" in log
 
 
+@pytest.mark.slow   # the session fixture: two leases end to end
 def test_the_finished_run_equals_a_run_never_stopped(session):
   home, reference = session["home"], session["reference"]
   assert "1 done, 0 carried" in session["unpacked_second"]
@@ -320,6 +322,7 @@ def test_the_finished_run_equals_a_run_never_stopped(session):
   assert f"Published weights: 1 run(s), {size / 1e6:.1f} MB" in state
 
 
+@pytest.mark.slow   # the session fixture: two leases end to end
 def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
     session, tmp_path):
   clone = _clone(tmp_path / "again", results_from=session["home"])
@@ -343,6 +346,7 @@ def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
   assert "the queue has no run left" in log
 
 
+@pytest.mark.slow   # the session fixture: two leases end to end
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     session, tmp_path):
   from fkjax import experiment  # pylint: disable=C0415
@@ -385,6 +389,7 @@ def jax_leaves(tree):
   return jax.tree.leaves(tree)
 
 
+@pytest.mark.slow   # the session fixture: two leases end to end
 def test_unknown_or_unpublished_names_are_one_clear_error(session):
   results = str(session["reference"] / "results")
   with pytest.raises(pretrained.PretrainedError, match="is not <scale>"):
@@ -395,6 +400,7 @@ def test_unknown_or_unpublished_names_are_one_clear_error(session):
     pretrained.load("tiny/table1/resnet99/seed0", results)
 
 
+@pytest.mark.slow   # the session fixture: two leases end to end
 def test_a_dry_run_writes_nothing(session, tmp_path, capsys):
   home = session["home"]
   before = _tree_digest(home / "results")
