@@ -524,6 +524,7 @@ def _write_cifar100(folder):
     records.tofile(folder / name)
 
 
+@pytest.mark.slow   # Table 7 end to end on a CIFAR-100 release the test writes
 def test_table7_runs_on_a_cifar100_release(tiny):
   data_dir = tiny["root"] / "data"
   _write_cifar100(data_dir / "cifar-100-binary")

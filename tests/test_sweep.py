@@ -296,6 +296,7 @@ def whole(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow   # the whole-run fixture: a sweep through train.py, killed and resumed
 def test_each_run_of_the_sweep_equals_the_run_alone(whole):
   runs = _runs(whole["full"])
   assert len(runs) == 2
@@ -344,6 +345,7 @@ def test_each_run_of_the_sweep_equals_the_run_alone(whole):
   assert sweep_devices.compare(*firsts, 2e-3)["unexplained"] > 1000
 
 
+@pytest.mark.slow   # the whole-run fixture: a sweep through train.py, killed and resumed
 def test_a_sweep_ends_with_a_table_of_its_runs(whole):
   log = whole["full_log"]
   table = log[log.index("sweep of 2 runs:"):].splitlines()[1:5]
@@ -353,6 +355,7 @@ def test_a_sweep_ends_with_a_table_of_its_runs(whole):
       f"| {run.name}" for run in _runs(whole["full"])]
 
 
+@pytest.mark.slow   # the whole-run fixture: a sweep through train.py, killed and resumed
 def test_each_run_is_projected_with_its_own_hyperparameters(whole):
   for run in _runs(whole["full"]):
     config = run_config.config_for_eval(str(run), None, {}, False)
@@ -365,6 +368,7 @@ def test_each_run_is_projected_with_its_own_hyperparameters(whole):
     assert report.channel_sparsity > 0
 
 
+@pytest.mark.slow   # the whole-run fixture: a sweep through train.py, killed and resumed
 def test_a_run_of_the_sweep_is_a_single_run_for_eval(whole):
   run = _runs(whole["full"])[1]
   saved = json.loads((run / "config.json").read_text())
@@ -384,6 +388,7 @@ def test_a_run_of_the_sweep_is_a_single_run_for_eval(whole):
       "natural"]["accuracy"]
 
 
+@pytest.mark.slow   # the whole-run fixture: a sweep through train.py, killed and resumed
 def test_resume_after_kill_matches_uninterrupted_sweep(whole):
   assert whole["kill_returncode"] == -signal.SIGKILL
   for run in _runs(whole["full"]):
