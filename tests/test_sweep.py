@@ -398,6 +398,7 @@ def test_resume_after_kill_matches_uninterrupted_sweep(whole):
     assert (resumed / "final_eval.json").exists()
 
 
+@pytest.mark.slow   # the whole-run fixture: a sweep through train.py, killed and resumed
 def test_a_run_one_save_behind_is_caught_up(whole):
   assert "resumed 2 runs from step 2" in whole["behind_log"]
   runs = _runs(whole["full"])
