@@ -136,7 +136,6 @@ def unknown_override_field(argv: Sequence[str],
   # pylint: disable=import-outside-toplevel
   import ml_collections
   from ml_collections import config_flags
-  from fkjax import config_keys
   spec = _config_file_arg(argv, default_config_file)
   overrides = [a[len("--config."):].split("=", 1)[0]
                for a in argv[1:] if a.startswith("--config.")]
@@ -157,31 +156,29 @@ def unknown_override_field(argv: Sequence[str],
   if not isinstance(config, ml_collections.ConfigDict):
     return None
   for path in overrides:
-    if not config_keys.has(config, path):
-      return _missing_field(config, path)
+    problem = _missing_field(config, path)
+    if problem is not None:
+      return problem
   return None
 
 
-def _missing_field(config: Any, path: str) -> str:
-  """Where the dotted ``path`` leaves ``config``, and the fields there."""
-  # pylint: disable=import-outside-toplevel
-  import ml_collections
-  from fkjax import config_keys
-  parts = path.split(".")
-  # The longest prefix that exists ("" is the config itself) ends the walk.
-  known = max(i for i in range(len(parts))
-              if config_keys.has(config, ".".join(parts[:i])) or i == 0)
-  node = config_keys.get(config, ".".join(parts[:known])) if known else config
-  where = ".".join(["config", *parts[:known]])
-  if not isinstance(node, ml_collections.ConfigDict):
-    return (f"--config.{path}: {where} is a value "
-            f"({type(node).__name__}), not a section with fields")
-  fields = sorted(node.keys())
-  name = parts[known]
-  close = difflib.get_close_matches(name, fields, n=1)
-  hint = f"; did you mean {where}.{close[0]}?" if close else ""
-  return (f"--config.{path}: {where} has no field {name!r}{hint} "
-          f"(its fields: {', '.join(fields)})")
+def _missing_field(config: Any, path: str) -> str | None:
+  """Where the dotted ``path`` leaves ``config``, and the fields there
+  (None: ``config`` has ``path``)."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  node, where = config, "config"
+  for name in path.split("."):
+    if not isinstance(node, ml_collections.ConfigDict):
+      return (f"--config.{path}: {where} is a value "
+              f"({type(node).__name__}), not a section with fields")
+    if name not in node:
+      fields = sorted(node.keys())
+      close = difflib.get_close_matches(name, fields, n=1)
+      hint = f"; did you mean {where}.{close[0]}?" if close else ""
+      return (f"--config.{path}: {where} has no field {name!r}{hint} "
+              f"(its fields: {', '.join(fields)})")
+    node, where = node[name], f"{where}.{name}"
+  return None
 
 
 def _bad_override(argv: Sequence[str], exc: BaseException,
