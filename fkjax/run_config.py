@@ -20,6 +20,7 @@ import ml_collections
 from fkjax import atomic
 from fkjax import config_keys
 from fkjax import config_schema
+from fkjax.eval_names import ATTACK_NAMES as _ATTACK_NAMES
 
 CONFIG_FILE = "config.json"
 
@@ -40,8 +41,6 @@ ConfigError = config_schema.ConfigError
 
 # --------------------------------------------------------------------------
 # Validation.
-
-from fkjax.eval_names import ATTACK_NAMES as _ATTACK_NAMES  # pylint: disable=wrong-import-position
 
 
 def validate(config: ml_collections.ConfigDict,
