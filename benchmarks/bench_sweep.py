@@ -48,6 +48,7 @@ import jax
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
+from fkjax import config_keys
 from fkjax import experiment
 from fkjax import kernels
 from fkjax import parallel
@@ -72,8 +73,8 @@ def run_configs(model: str, num_runs: int, batch: int, pgd_steps: int,
     c.progress = False
     c.seed = i
     key = "sparsity.lamb1" if method == "rgsm" else "sparsity.lamb"
-    base = spec.get(c, key)
-    spec.set_value(c, key, base * (1.0 + 0.5 * i))
+    base = config_keys.get(c, key)
+    config_keys.set_value(c, key, base * (1.0 + 0.5 * i))
     configs.append(c)
   return spec.with_data_seed(configs, "shared")
 

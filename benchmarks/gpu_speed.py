@@ -113,6 +113,7 @@ def _existing(overrides: dict[str, Any], config) -> dict[str, Any]:
 def row_configs(row: Row) -> list[Any]:
   """The configs of ``row``'s runs (seeds 0..runs-1, one data order)."""
   from configs import default  # pylint: disable=import-outside-toplevel
+  from fkjax import config_keys  # pylint: disable=import-outside-toplevel
   from fkjax.sweep import spec  # pylint: disable=import-outside-toplevel
   base = default.get_config(row.model)
   steps = None if row.full else SHORT_STEPS
@@ -137,7 +138,7 @@ def row_configs(row: Row) -> list[Any]:
     overrides["precision"] = row.precision
   kept = _existing(overrides, base)
   for key, value in kept.items():
-    spec.set_value(base, key, value)
+    config_keys.set_value(base, key, value)
   if row.precision != "float32" and "precision" not in kept:
     raise RuntimeError("this fkjax has no config.precision")
   configs = []

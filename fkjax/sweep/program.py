@@ -20,6 +20,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from fkjax import config_keys
 from fkjax import dispatch
 from fkjax import eval_run
 from fkjax import evaluate
@@ -99,7 +100,7 @@ class Sweep:
           "multiple of the device count, config.num_devices, or "
           "shard='batch'")
     traced = tuple(k for k in varying if k in spec.TRACED_KEYS)
-    values = {k: np.asarray([float(spec.get(c, k)) for c in configs],
+    values = {k: np.asarray([float(config_keys.get(c, k)) for c in configs],
                             np.float32) for k in traced}
     shared = len({spec.effective_data_seed(c) for c in configs}) == 1
     return cls(configs, names, exps, varying, traced, values, shard, shared)
@@ -183,7 +184,7 @@ class Sweep:
     config = copy.deepcopy(self.template)
     for key, value in values.items():
       if key != "model.noise_coef":
-        spec.set_value(config, key, value)
+        config_keys.set_value(config, key, value)
     return config
 
   def run_model(self, config: ml_collections.ConfigDict,

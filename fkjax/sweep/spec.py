@@ -43,11 +43,6 @@ DATA_ORDERS = ("shared", "per_run")
 # The config section of a sweep (configs/sweep.py); no run records it.
 SECTION = "sweep"
 
-# Dotted keys, as the sweep's program and benchmarks read and set them.
-get = config_keys.get
-set_value = config_keys.set_value
-
-
 def without_section(config: ml_collections.ConfigDict
                     ) -> ml_collections.ConfigDict:
   """A copy of ``config`` without its ``sweep`` section: a run's config."""
@@ -65,7 +60,7 @@ def _flat(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def effective_data_seed(config: Mapping[str, Any]) -> int:
-  seed = get(config, "training.data_seed")
+  seed = config_keys.get(config, "training.data_seed")
   return config["seed"] if seed is None else seed
 
 
@@ -162,7 +157,7 @@ def with_data_seed(configs: Sequence[ml_collections.ConfigDict],
                       f"{list(DATA_ORDERS)}")
   out = [copy.deepcopy(c) for c in configs]
   if data_order == "shared" and out:
-    explicit = {get(c, "training.data_seed") for c in out} - {None}
+    explicit = {config_keys.get(c, "training.data_seed") for c in out} - {None}
     if len(explicit) > 1:
       raise ConfigError(
           "the runs set different config.training.data_seed values "
@@ -172,7 +167,7 @@ def with_data_seed(configs: Sequence[ml_collections.ConfigDict],
     shared = explicit.pop() if explicit else effective_data_seed(out[0])
     for c in out:
       if effective_data_seed(c) != shared:
-        set_value(c, "training.data_seed", shared)
+        config_keys.set_value(c, "training.data_seed", shared)
   return out
 
 
@@ -255,7 +250,7 @@ def expand(config: ml_collections.ConfigDict
     overrides = {**p_row, **z_row}
     run = copy.deepcopy(base)
     for key, value in list(overrides.items()):
-      current = get(run, key)
+      current = config_keys.get(run, key)
       if isinstance(current, float) and isinstance(value, int):
         value = float(value)
       if key in ("seed", "training.data_seed") and not (
@@ -264,7 +259,7 @@ def expand(config: ml_collections.ConfigDict
       if not isinstance(value, (int, float)) or (
           isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(f"config.sweep: {key}={value!r} is not a number")
-      set_value(run, key, value)
+      config_keys.set_value(run, key, value)
       overrides[key] = value
     name = run_name(i, overrides)
     same = next((n for n, o, _ in runs if o == overrides), None)
