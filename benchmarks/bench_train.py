@@ -255,8 +255,8 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
     run = lambda: evaluator(variables, [host], key)
     first = run()
     name = next(iter(attack))
-    compile_s = (first["attacks"][name]["compile_seconds"]
-                 + first["predict_compile_seconds"])
+    compile_s = (first.attacks[name].compile_seconds
+                 + first.predict_compile_seconds)
     memory = _memory_mb(evaluator.compiled_attacks(name)[0])
     return run, {"compile_s": compile_s, "num_params": num_params,
                  "memory_mb": memory}

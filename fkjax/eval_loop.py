@@ -6,8 +6,9 @@ attack, the real (non-padding) images it left classified right, with the
 seconds each attack took; ``robust_accuracy`` is one evaluation with a
 fresh ``Evaluator``. Its counts accumulate in a ``Tally``, which a
 ``fkjax.eval_journal.Journal`` keeps after every batch and attack so that a
-killed evaluation resumes, and which gives the result. Progress in model
-calls is the optional layer of ``fkjax.eval_progress``.
+killed evaluation resumes, and which gives the result (an
+``fkjax.eval_result.EvalResult``). Progress in model calls is the optional
+layer of ``fkjax.eval_progress``.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import numpy as np
 from fkjax import attacks as attacks_lib
 from fkjax import eval_journal
 from fkjax import eval_progress
+from fkjax import eval_result
 from fkjax.eval_suites import Attack
 
 
@@ -171,28 +173,19 @@ class Tally:
                            else None))
 
   def result(self, num_noise_draws: int,
-             num_compiles: Mapping[str, int]) -> dict[str, Any]:
-    """The result dict ``robust_accuracy`` documents."""
+             num_compiles: Mapping[str, int]) -> eval_result.EvalResult:
+    """The evaluation's result so far (``robust_accuracy``'s)."""
     n = self.num_examples
-    results = {
-        "num_examples": n,
-        "num_noise_draws": num_noise_draws,
-        "attacks": {
-            name: {
-                "accuracy": (100.0 * self.correct[name] / n if n
-                             else float("nan")),
-                "correct": self.correct[name],
-                "seconds": self.seconds[name],
-                "compile_seconds": self.compile_seconds[name],
-                "num_compiles": num_compiles[name],
-            } for name in self.names
-        },
-        "predict_compile_seconds": self.predict_compile_seconds,
-        "resumed_seconds": self.resumed_seconds,
-    }
-    if self.per_image:
-      results["per_image"] = self.per_image_vectors()
-    return results
+    return eval_result.EvalResult(
+        num_examples=n, num_noise_draws=num_noise_draws,
+        attacks={name: eval_result.AttackResult(
+            accuracy=(100.0 * self.correct[name] / n if n else float("nan")),
+            correct=self.correct[name], seconds=self.seconds[name],
+            compile_seconds=self.compile_seconds[name],
+            num_compiles=num_compiles[name]) for name in self.names},
+        predict_compile_seconds=self.predict_compile_seconds,
+        resumed_seconds=self.resumed_seconds,
+        per_image=self.per_image_vectors() if self.per_image else None)
 
 
 class Evaluator:
@@ -349,7 +342,7 @@ class Evaluator:
                per_image: bool = False, num_batches: int | None = None,
                desc: str = "robust accuracy",
                journal: eval_journal.Journal | None = None
-               ) -> dict[str, Any]:
+               ) -> eval_result.EvalResult:
     """See :func:`robust_accuracy`; ``compile_seconds`` counts this call's.
 
     ``num_batches`` (default ``len(batches)`` when it has one) gives the
@@ -358,7 +351,7 @@ class Evaluator:
     attempt of the same evaluation finished are taken from it instead of
     attacked again (:mod:`fkjax.eval_journal`; the result is the same, its
     seconds and compile seconds those of all attempts, ``num_compiles`` this
-    one's, ``"resumed_seconds"`` the part of the seconds earlier attempts
+    one's, ``resumed_seconds`` the part of the seconds earlier attempts
     spent).
     """
     counting = bool(progress)
@@ -415,7 +408,7 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
                     num_batches: int | None = None,
                     journal: eval_journal.Journal | None = None,
                     work_per_image: Mapping[str, float] | None = None
-                    ) -> dict[str, Any]:
+                    ) -> eval_result.EvalResult:
   """Accuracy (%) of the model under each attack, over a dataset.
 
   Each attack is compiled once per batch shape, ahead of time so that compile
@@ -450,15 +443,13 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
       ``Evaluator``); None: progress in model calls.
 
   Returns:
-    ``{"num_examples": int, "num_noise_draws": int (noise draws the
-    prediction that scores an adversarial image averages over), "attacks":
-    {name: {"accuracy": % correct, "correct": int, "seconds": wall time of
-    the attack and the prediction including compilation, "compile_seconds":
-    float, "num_compiles": int}}, "predict_compile_seconds": float,
-    "resumed_seconds": float (of the seconds, those of batches an earlier
-    attempt finished; 0 without a journal)}``, attacks in the order given;
-    with ``per_image``, also ``"per_image": {name: bool ndarray
-    [num_examples]}``.
+    An ``fkjax.eval_result.EvalResult``: per attack (in the order given)
+    the accuracy (%), the count, the seconds (attack and prediction,
+    compilation included), compile seconds and compilations; the
+    prediction's compile seconds; ``resumed_seconds`` (of the seconds,
+    those of batches an earlier attempt finished; 0 without a journal); with
+    ``per_image``, per attack a bool array ``[num_examples]``.
+    ``result.to_json()`` is the dict a result file holds.
   """
   evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws,
                         work_per_image=work_per_image)

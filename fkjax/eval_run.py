@@ -31,6 +31,7 @@ from fkjax import data as data_lib
 from fkjax import eval_journal
 from fkjax import eval_loop
 from fkjax import eval_names
+from fkjax import eval_result
 from fkjax import eval_strong
 from fkjax import eval_suites
 from fkjax import eval_tables
@@ -286,7 +287,7 @@ def _forget(journal: eval_journal.Journal | None, parts: list[str]) -> None:
 def _paper_accuracy(r: Restored, variables: Any,
                     suite: dict[str, eval_suites.Attack],
                     journal: eval_journal.Journal | None,
-                    per_image: bool) -> dict[str, Any]:
+                    per_image: bool) -> eval_result.EvalResult:
   """``robust_accuracy`` of ``variables`` on the test batches."""
   return eval_loop.robust_accuracy(
       r.eval_apply, variables, r.batches(), suite, r.key(),
@@ -308,8 +309,8 @@ def _admm_dense_w(r: Restored, suite: dict[str, eval_suites.Attack],
       journal.scoped("dense_w") if journal is not None else None,
       per_image=False)
   report = experiment_lib.sparsity_report(dense["params"], r.config)
-  return {"attacks": {k: {"accuracy": v["accuracy"]}
-                      for k, v in results["attacks"].items()},
+  return {"attacks": {k: {"accuracy": v}
+                      for k, v in results.accuracies().items()},
           "weight_sparsity": report.weight_sparsity,
           "channel_sparsity": report.channel_sparsity,
           "near_zero": experiment_lib.near_zero_shares(dense["params"],
@@ -334,10 +335,11 @@ def _paper_record(r: Restored, report: Any) -> dict[str, Any]:
       channel_sparsity=report.channel_sparsity)
 
 
-def _paper_text(r: Restored, results: dict[str, Any], report: Any,
-                path: str) -> str:
-  """What a paper-protocol evaluation prints: its row, the sparsity."""
-  table = eval_tables.format_table(results, sparsity=report.weight_sparsity,
+def _paper_text(r: Restored, result: eval_result.EvalResult,
+                results: dict[str, Any], report: Any, path: str) -> str:
+  """What a paper-protocol evaluation prints (``results``: its file's
+  content): its row, the sparsity."""
+  table = eval_tables.format_table(result, sparsity=report.weight_sparsity,
                                    channel_sparsity=report.channel_sparsity)
   near = results["near_zero"]
   text = (f"test evaluation of the {r.config.eval.checkpoint} checkpoint "
@@ -373,13 +375,11 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   # train.py's short final evaluation is not worth a journal.
   journal = (None if r.final else _journal(
       config, r.workdir, r.step, r.exp, path, dense_part, r.logger))
-  results = _paper_accuracy(r, r.variables, suite, journal, per_image=True)
-  # Which images each attack left right: nets evaluated on the same images
-  # compare image by image (a paired test, the reproduction's claims).
-  results["correct_per_image"] = {
-      name: workdir_lib.encode_correct(v)
-      for name, v in results.pop("per_image").items()}
-  results["correct_per_image_encoding"] = workdir_lib.CORRECT_ENCODING
+  result = _paper_accuracy(r, r.variables, suite, journal, per_image=True)
+  # Which images each attack left right (to_json's correct_per_image): nets
+  # evaluated on the same images compare image by image (a paired test, the
+  # reproduction's claims).
+  results = result.to_json()
   report = experiment_lib.sparsity_report(r.variables["params"], config)
   results["near_zero"] = experiment_lib.near_zero_shares(
       r.variables["params"], config)
@@ -392,7 +392,7 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
     results["plots"] = plots_lib.save_all(
         r.variables["params"], report, os.path.join(r.workdir, "plots"),
         layout=experiment_lib.kernel_layout(config))
-  r.say(_paper_text(r, results, report, path))
+  r.say(_paper_text(r, result, results, report, path))
   return results
 
 
@@ -418,6 +418,12 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
   Writes ``fkjax.workdir.eval_result_path(workdir, config, final)`` (and PNG
   plots if asked). ``final`` marks train.py's own short evaluation (the
   paper's protocol, whatever ``config.eval.protocol`` says).
+
+  Returns:
+    The file's content without its metadata: for the paper's protocol the
+    evaluation's ``EvalResult.to_json()`` (``EvalResult.from_json`` reads it
+    back) with the sparsity and settings beside it; for the strong
+    protocol ``eval_strong.strong_evaluation``'s dict.
   """
   workdir_lib.adopt_subset_result(workdir, config)
   restored = restore(config, workdir, exp=exp, final=final, logger=logger)

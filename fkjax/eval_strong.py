@@ -22,14 +22,15 @@ from fkjax import sanity
 from fkjax import workdir as workdir_lib
 from fkjax.eval_loop import Evaluator
 from fkjax.eval_names import STRONG_COLUMNS
+from fkjax.eval_result import EvalResult
 
 
-def worst_case(results: Mapping[str, Any],
+def worst_case(results: EvalResult,
                names: Sequence[str] | None = None) -> dict[str, Any]:
   """Per-image worst case: an image is robust only if EVERY attack fails.
 
   Args:
-    results: the output of ``robust_accuracy(..., per_image=True)``.
+    results: the result of ``robust_accuracy(..., per_image=True)``.
     names: the attacks to combine (default: all of them, ``natural``
       included, so an image misclassified when clean is never robust).
 
@@ -37,8 +38,8 @@ def worst_case(results: Mapping[str, Any],
     ``{"accuracy": %, "correct": int, "num_examples": int, "attacks":
     [names]}``; each image counts once however many attacks break it.
   """
-  per_image = results["per_image"]
-  names = list(names) if names is not None else list(results["attacks"])
+  per_image = results.per_image
+  names = list(names) if names is not None else results.names
   if not names:
     raise ValueError("worst_case needs at least one attack")
   robust = np.logical_and.reduce([np.asarray(per_image[n], bool)
@@ -130,34 +131,34 @@ def repeat_evaluation(evaluator: Evaluator,
   return results
 
 
-def _combine_seeds(runs: Sequence[Mapping[str, Any]], names: Sequence[str]
+def _combine_seeds(runs: Sequence[EvalResult], names: Sequence[str]
                    ) -> dict[str, Any]:
   """``repeat_evaluation``'s result, but the worst case, from its runs."""
   first = runs[0]
   attacks_out = {}
   for name in names:
-    entries = [r["attacks"][name] for r in runs]
-    spread = _spread([e["accuracy"] for e in entries])
+    entries = [r.attacks[name] for r in runs]
+    spread = _spread([e.accuracy for e in entries])
     attacks_out[name] = {
         "accuracy": spread["mean"], "std": spread["std"],
-        "per_seed": spread["per_seed"], "correct": entries[0]["correct"],
-        "seconds": sum(e["seconds"] for e in entries),
-        "compile_seconds": sum(e["compile_seconds"] for e in entries),
-        "num_compiles": entries[-1]["num_compiles"],
+        "per_seed": spread["per_seed"], "correct": entries[0].correct,
+        "seconds": sum(e.seconds for e in entries),
+        "compile_seconds": sum(e.compile_seconds for e in entries),
+        "num_compiles": entries[-1].num_compiles,
     }
   return {
       "num_seeds": len(runs),
-      "num_examples": first["num_examples"],
-      "num_noise_draws": first["num_noise_draws"],
+      "num_examples": first.num_examples,
+      "num_noise_draws": first.num_noise_draws,
       "attacks": attacks_out,
-      "per_image": first["per_image"],
-      "predict_compile_seconds": sum(r["predict_compile_seconds"]
+      "per_image": first.per_image,
+      "predict_compile_seconds": sum(r.predict_compile_seconds
                                      for r in runs),
-      "resumed_seconds": sum(r["resumed_seconds"] for r in runs),
+      "resumed_seconds": sum(r.resumed_seconds for r in runs),
   }
 
 
-def worst_case_over_seeds(runs: Sequence[Mapping[str, Any]],
+def worst_case_over_seeds(runs: Sequence[EvalResult],
                           names: Sequence[str]) -> dict[str, Any]:
   """Per-image worst case over every attack AND every seed.
 
@@ -181,7 +182,7 @@ def worst_case_over_seeds(runs: Sequence[Mapping[str, Any]],
   """
   per_seed = [worst_case(run, names) for run in runs]
   robust = np.logical_and.reduce([
-      np.logical_and.reduce([np.asarray(run["per_image"][n], bool)
+      np.logical_and.reduce([np.asarray(run.per_image[n], bool)
                              for n in names]) for run in runs])
   n = int(robust.shape[0])
   spread = _spread([w["accuracy"] for w in per_seed])

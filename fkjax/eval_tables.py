@@ -5,15 +5,16 @@ from typing import Any, Mapping
 
 from fkjax.eval_names import COLUMN_LABELS
 from fkjax.eval_names import STRONG_COLUMNS
+from fkjax.eval_result import EvalResult
 
 
-def format_table(results: Mapping[str, Any],
+def format_table(results: EvalResult,
                  sparsity: float | None = None,
                  channel_sparsity: float | None = None) -> str:
   """A Markdown row like the paper's tables: A1..A5, sparsity, channel sparsity.
 
   Args:
-    results: the output of ``robust_accuracy``.
+    results: the result of ``robust_accuracy``.
     sparsity: percentage of zero weights, shown when given.
     channel_sparsity: percentage of channels with l2 norm < 1e-15, shown when
       given.
@@ -23,9 +24,9 @@ def format_table(results: Mapping[str, Any],
     decimals, as in the paper).
   """
   header, values = [], []
-  for name, entry in results["attacks"].items():
+  for name, accuracy in results.accuracies().items():
     header.append(COLUMN_LABELS.get(name, name))
-    values.append(f"{entry['accuracy']:.2f}")
+    values.append(f"{accuracy:.2f}")
   if sparsity is not None:
     header.append("Sparsity")
     values.append(f"{sparsity:.2f}")

@@ -9,6 +9,8 @@ gathers their public names:
   (``default_attacks``: the paper's A1..A5; ``strong_attacks``: APGD);
 * ``fkjax.eval_loop``: the loop over batches (``Evaluator``,
   ``robust_accuracy``, ``predict_probs``, ``real_rows``);
+* ``fkjax.eval_result``: what an evaluation returns (``EvalResult``, one
+  ``AttackResult`` per attack; ``to_json``/``from_json`` its file form);
 * ``fkjax.eval_progress``: progress in model calls, an optional layer
   (``CallCounter``, ``counting_apply``, ``count_model_calls``);
 * ``fkjax.eval_strong``: the strong protocol (``strong_evaluation``, the
@@ -26,6 +28,8 @@ from fkjax.eval_names import COLUMN_LABELS
 from fkjax.eval_names import PAPER_COLUMNS
 from fkjax.eval_names import STRONG_COLUMNS
 from fkjax.eval_progress import CallCounter
+from fkjax.eval_result import AttackResult
+from fkjax.eval_result import EvalResult
 from fkjax.eval_progress import count_model_calls
 from fkjax.eval_progress import counting_apply
 from fkjax.eval_strong import repeat_evaluation
@@ -44,8 +48,10 @@ from fkjax.eval_tables import format_table
 
 __all__ = [
     "Attack",
+    "AttackResult",
     "COLUMN_LABELS",
     "CallCounter",
+    "EvalResult",
     "Evaluator",
     "PAPER_COLUMNS",
     "STOCHASTIC_CHECK_DRAWS",

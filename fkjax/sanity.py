@@ -244,9 +244,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       apply_fn, variables, batches, plan.suite, key,
       num_noise_draws=num_noise_draws, progress=progress, per_image=True,
       journal=journal)
-  seen = _Seen(results["per_image"],
-               {name: entry["accuracy"]
-                for name, entry in results["attacks"].items()},
+  seen = _Seen(results.per_image, results.accuracies(),
                functools.partial(paired_excess, z=z, min_points=min_points))
   checks = [
       _epsilon_sweep(seen, sweep, roles.sweep, sweep_steps),
@@ -256,7 +254,7 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       _more_eot(seen, roles, few, stochastic, eot_samples),
       _blackbox_weaker(seen, roles, plan.suite, sweep, epsilon),
   ]
-  settings = {"num_examples": results["num_examples"], "epsilon": epsilon,
+  settings = {"num_examples": results.num_examples, "epsilon": epsilon,
               "stochastic": stochastic,
               "eot_samples": eot_samples, "check_draws": check_draws,
               "num_noise_draws": num_noise_draws, "sweep_steps": sweep_steps,
@@ -264,8 +262,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
               "nattack_population": nattack_population,
               "nattack_iters": nattack_iters, "z": z,
               "min_points": min_points, "zero_threshold": zero_threshold,
-              "seconds": {name: e["seconds"]
-                          for name, e in results["attacks"].items()}}
+              "seconds": {name: e.seconds
+                          for name, e in results.attacks.items()}}
   return SanityReport(checks, settings, seen.accuracy)
 
 

@@ -320,14 +320,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
         "epoch": epoch + 1,
         "learning_rate": float(schedule(int(state["step"]) - 1)),
         **{f"train_{k}": v / n_steps for k, v in sums.items()},
-        **{f"val_{name}_accuracy": r["accuracy"]
-           for name, r in val["attacks"].items()},
+        **{f"val_{name}_accuracy": accuracy
+           for name, accuracy in val.accuracies().items()},
         "weight_sparsity": report.weight_sparsity,
         "channel_sparsity": report.channel_sparsity,
         "train_seconds": train_seconds,
         # global batch: every process's images, after the first step
         "train_images_per_second": ran.images_per_second(t.batch_size),
-        "val_seconds": sum(r["seconds"] for r in val["attacks"].values()),
+        "val_seconds": sum(r.seconds for r in val.attacks.values()),
     }
     select = ("natural" if config.validation.select_by == "natural"
               else f"pgd{config.validation.attack_steps}")
@@ -336,7 +336,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
     logger.write(int(state["step"]), val_summary)
     logger.log_text(metric_logging.format_epoch(val_summary) + synthetic)
     checkpointer.save(int(state["step"]), state,
-                      val_accuracy=val["attacks"][select]["accuracy"])
+                      val_accuracy=val.accuracy(select))
     if int(state["step"]) >= total_steps:
       break
 

@@ -57,14 +57,12 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(
   seen.clear()
   resumed = evaluator(params, batches, key, per_image=True, journal=journal)
   assert len(seen) == 1   # only the batch the kill left
-  assert resumed["num_examples"] == whole["num_examples"] == 12
+  assert resumed.num_examples == whole.num_examples == 12
   for name in ("natural", "fgsm"):
-    assert resumed["attacks"][name]["correct"] == (
-        whole["attacks"][name]["correct"])
-    np.testing.assert_array_equal(resumed["per_image"][name],
-                                  whole["per_image"][name])
-  assert resumed["attacks"]["fgsm"]["accuracy"] < (
-      resumed["attacks"]["natural"]["accuracy"])
+    assert resumed.attacks[name].correct == whole.attacks[name].correct
+    np.testing.assert_array_equal(resumed.per_image[name],
+                                  whole.per_image[name])
+  assert resumed.accuracy("fgsm") < resumed.accuracy("natural")
 
 
 def _set_seconds(journal, seconds, compile_seconds):
@@ -87,11 +85,11 @@ def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
     evaluator(params, killed_after(batches, 2), key, journal=journal)
   _set_seconds(journal, 1000.0, 400.0)
   resumed = evaluator(params, batches, key, journal=journal)
-  assert resumed["resumed_seconds"] == 2000.0
-  for entry in resumed["attacks"].values():
-    assert entry["seconds"] > 1000.0 and entry["compile_seconds"] >= 400.0
+  assert resumed.resumed_seconds == 2000.0
+  for entry in resumed.attacks.values():
+    assert entry.seconds > 1000.0 and entry.compile_seconds >= 400.0
   fresh = evaluator(params, batches, key, journal=_journal(tmp_path, new=1))
-  assert fresh["resumed_seconds"] == 0.0
+  assert fresh.resumed_seconds == 0.0
   # The strong protocol's wall time adds its seeds' earlier attempts.
   run = functools.partial(
       evaluate.strong_evaluation, _noisy_mlp, params, batches[:2],
@@ -216,9 +214,8 @@ def test_a_kill_within_a_batch_keeps_the_attacks_it_finished(mlp, tmp_path):
   seen.clear()
   whole = evaluator(params, batches, key, per_image=True)
   assert len(seen) == 3
-  assert resumed["num_examples"] == whole["num_examples"] == 12
+  assert resumed.num_examples == whole.num_examples == 12
   for name in ("natural", "fgsm", "last"):
-    assert resumed["attacks"][name]["correct"] == (
-        whole["attacks"][name]["correct"])
-    np.testing.assert_array_equal(resumed["per_image"][name],
-                                  whole["per_image"][name])
+    assert resumed.attacks[name].correct == whole.attacks[name].correct
+    np.testing.assert_array_equal(resumed.per_image[name],
+                                  whole.per_image[name])

@@ -118,9 +118,8 @@ def test_progress_off_compiles_no_callback_and_changes_no_result(mlp):
   on = evaluator(params, batches, jax.random.key(2), per_image=True,
                  progress=True)
   for name in suite:
-    np.testing.assert_array_equal(on["per_image"][name],
-                                  off["per_image"][name])
-    assert on["attacks"][name]["correct"] == off["attacks"][name]["correct"]
+    np.testing.assert_array_equal(on.per_image[name], off.per_image[name])
+    assert on.attacks[name].correct == off.attacks[name].correct
 
 
 def _halving(apply_fn, variables, images, labels, key):

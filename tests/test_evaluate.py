@@ -65,23 +65,23 @@ def test_robust_accuracy_counts_only_real_examples_and_compiles_per_shape(
   results = evaluate.robust_accuracy(
       _linear, params, batches, {"natural": evaluate.natural, "fgsm": fgsm},
       jax.random.key(1), progress=False)
-  assert results["num_examples"] == 21
+  assert results.num_examples == 21
   natural = _manual_correct(params, batches, evaluate.natural)
   unmasked = sum(int(np.sum(np.asarray(_linear(
       params, jnp.asarray(b["image"]), None)).argmax(-1) == b["label"]))
                  for b in batches)
   assert natural != unmasked  # the mask matters for this data
-  entry = results["attacks"]["natural"]
-  assert entry["correct"] == natural
-  assert entry["accuracy"] == pytest.approx(100.0 * natural / 21)
+  entry = results.attacks["natural"]
+  assert entry.correct == natural
+  assert entry.accuracy == pytest.approx(100.0 * natural / 21)
   # FGSM on a deterministic model needs no key: compare with a direct call.
-  assert results["attacks"]["fgsm"]["correct"] == _manual_correct(
+  assert results.attacks["fgsm"].correct == _manual_correct(
       params, batches, jax.jit(fgsm, static_argnums=0))
-  assert results["attacks"]["fgsm"]["correct"] < natural
-  for entry in results["attacks"].values():
+  assert results.attacks["fgsm"].correct < natural
+  for entry in results.attacks.values():
     # The full batches, and the padded one cut to its 5 real rows.
-    assert entry["num_compiles"] == 2
-    assert entry["seconds"] >= entry["compile_seconds"] > 0.0
+    assert entry.num_compiles == 2
+    assert entry.seconds >= entry.compile_seconds > 0.0
 
 
 def test_robust_accuracy_compiles_once_per_batch_shape(setup):
@@ -90,8 +90,8 @@ def test_robust_accuracy_compiles_once_per_batch_shape(setup):
   results = evaluate.robust_accuracy(
       _linear, params, [batches[0], small, batches[1], small],
       {"natural": evaluate.natural}, jax.random.key(2), progress=False)
-  assert results["attacks"]["natural"]["num_compiles"] == 2
-  assert results["num_examples"] == 8 + 4 + 8 + 4
+  assert results.attacks["natural"].num_compiles == 2
+  assert results.num_examples == 8 + 4 + 8 + 4
 
 
 def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
@@ -104,8 +104,8 @@ def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
   results = evaluate.robust_accuracy(
       _noisy_linear, params, batches[:1], default, jax.random.key(3),
       num_noise_draws=3, progress=True)
-  assert results["num_noise_draws"] == 3
-  accuracies = [e["accuracy"] for e in results["attacks"].values()]
+  assert results.num_noise_draws == 3
+  accuracies = [e.accuracy for e in results.attacks.values()]
   assert all(0.0 <= a <= 100.0 for a in accuracies)
 
   table = evaluate.format_table(results, sparsity=12.345,
@@ -120,9 +120,9 @@ def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
   assert "Sparsity" not in evaluate.format_table(results)
 
   path = tmp_path / "sub" / "results.json"
-  workdir_lib.write_results(path, results, {})
+  workdir_lib.write_results(path, results.to_json(), {})
   loaded = json.loads(path.read_text())
-  assert loaded.pop("metadata") == {} and loaded == results
+  assert loaded.pop("metadata") == {} and loaded == results.to_json()
 
 
 def test_predict_probs_averages_softmax_over_noise_draws(setup):
@@ -147,11 +147,22 @@ def test_predict_probs_averages_softmax_over_noise_draws(setup):
 # --- per-image results and the worst case ------------------------------------
 
 
+def _result_of(per_image):
+  """An ``EvalResult`` with these per-image vectors (its counts from them)."""
+  n = len(next(iter(per_image.values())))
+  return evaluate.EvalResult(
+      num_examples=n, num_noise_draws=1, predict_compile_seconds=0.0,
+      attacks={name: evaluate.AttackResult(
+          accuracy=100.0 * right.mean(), correct=int(right.sum()),
+          seconds=0.0, compile_seconds=0.0, num_compiles=0)
+               for name, right in per_image.items()},
+      per_image=per_image)
+
+
 def test_worst_case_counts_each_image_once():
-  results = {"attacks": {"natural": {}, "a": {}, "b": {}},
-             "per_image": {"natural": np.array([1, 1, 1, 1, 0], bool),
-                           "a": np.array([0, 1, 1, 1, 0], bool),
-                           "b": np.array([0, 0, 1, 1, 0], bool)}}
+  results = _result_of({"natural": np.array([1, 1, 1, 1, 0], bool),
+                        "a": np.array([0, 1, 1, 1, 0], bool),
+                        "b": np.array([0, 0, 1, 1, 0], bool)})
   # Image 0 is broken by both attacks, image 4 is wrong when clean: the
   # worst case is images 2 and 3, not 5 minus the 6 breaks.
   worst = evaluate.worst_case(results)
@@ -168,15 +179,15 @@ def test_per_image_vectors_and_worst_case_from_an_evaluation(setup):
   results = evaluate.robust_accuracy(_linear, params, batches, suite,
                                      jax.random.key(1), progress=False,
                                      per_image=True)
-  per_image = results["per_image"]
-  for name, entry in results["attacks"].items():
+  per_image = results.per_image
+  for name, entry in results.attacks.items():
     assert per_image[name].shape == (21,)  # real rows only, in order
-    assert int(per_image[name].sum()) == entry["correct"]
+    assert int(per_image[name].sum()) == entry.correct
   worst = evaluate.worst_case(results)
   manual = per_image["natural"] & per_image["fgsm"] & per_image["fgsm_big"]
   assert worst["correct"] == int(manual.sum())
-  assert worst["correct"] <= min(e["correct"]
-                                 for e in results["attacks"].values())
+  assert worst["correct"] <= min(e.correct
+                                 for e in results.attacks.values())
 
 
 # --- padding -----------------------------------------------------------------
@@ -229,7 +240,7 @@ def test_evaluator_predicts_a_padded_batch_as_its_real_rows_alone(setup):
   def run(batch):
     return evaluate.robust_accuracy(
         _batch_std_model, params, [batch], {"natural": evaluate.natural},
-        key, progress=False, per_image=True)["per_image"]["natural"]
+        key, progress=False, per_image=True).per_image["natural"]
 
   np.testing.assert_array_equal(run(padded), run(alone))
   # Feeding the padding to the model (as before) changes some predictions
@@ -380,7 +391,7 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
   sizes.clear()
   cascade = evaluate.Evaluator(_linear, suite, survivors_only=["strong"])(
       params, batches, jax.random.key(9), per_image=True)
-  alive = every["per_image"]["natural"] & every["per_image"]["fgsm"]
+  alive = every.per_image["natural"] & every.per_image["fgsm"]
   # Only the images the first two left right were attacked, in buckets of
   # the next power of two; FGSM on this model treats each image alone, so
   # the result is the worst case over the three, image by image.
@@ -389,11 +400,11 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
           for s, n in zip(starts, [8, 8, 5]) if alive[s:s + n].any()]
   assert sizes == [min(w, n) for w, n in zip(want, [8, 8, 5])]
   assert sum(sizes) < 21, (sizes, alive)
-  np.testing.assert_array_equal(cascade["per_image"]["strong"],
-                                alive & every["per_image"]["strong"])
+  np.testing.assert_array_equal(cascade.per_image["strong"],
+                                alive & every.per_image["strong"])
   for name in ("natural", "fgsm"):
-    np.testing.assert_array_equal(cascade["per_image"][name],
-                                  every["per_image"][name])
+    np.testing.assert_array_equal(cascade.per_image[name],
+                                  every.per_image[name])
   with pytest.raises(ValueError, match="survivors_only"):
     evaluate.Evaluator(_linear, suite, survivors_only=["nope"])
 
@@ -451,14 +462,14 @@ def test_a_tally_resumes_and_gives_the_result():
   resumed.add_batch({"natural": (np.array([True]), 0.5),
                      "fgsm": (np.array([False]), 0.25)})
   result = resumed.result(2, {"natural": 1, "fgsm": 1})
-  assert result["num_examples"] == 4 and result["num_noise_draws"] == 2
-  assert result["attacks"]["natural"]["accuracy"] == 75.0
-  assert result["attacks"]["fgsm"]["correct"] == 1
-  assert result["attacks"]["fgsm"]["seconds"] == 2.25
-  np.testing.assert_array_equal(result["per_image"]["fgsm"],
+  assert result.num_examples == 4 and result.num_noise_draws == 2
+  assert result.accuracy("natural") == 75.0
+  assert result.attacks["fgsm"].correct == 1
+  assert result.attacks["fgsm"].seconds == 2.25
+  np.testing.assert_array_equal(result.per_image["fgsm"],
                                 [True, False, False, False])
-  assert result["resumed_seconds"] == 3.5
+  assert result.resumed_seconds == 3.5
   empty = eval_loop.Tally.resume(["natural"], False, None).result(
       1, {"natural": 0})
-  assert np.isnan(empty["attacks"]["natural"]["accuracy"])
-  assert "per_image" not in empty
+  assert np.isnan(empty.accuracy("natural"))
+  assert empty.per_image is None
