@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import ml_collections
@@ -89,22 +90,44 @@ def attack_suite(names: str, config: ml_collections.ConfigDict
 _GRADIENT_COST = 3
 
 
+def _iterative_cost(k: Mapping[str, Any]) -> int:
+  # A best-so-far iterate is checked on fresh draws (none: the gradient's
+  # logits are reused).
+  check = k["check_draws"] if k["return_best"] else 0
+  return k["num_steps"] * (_GRADIENT_COST * k["eot_samples"] + check) + 1
+
+
+# Attack function -> forward passes per image, from its keyword arguments.
+_COSTS: dict[Callable[..., Any], Callable[[Mapping[str, Any]], int]] = {
+    attacks.fgsm: lambda k: _GRADIENT_COST * k["eot_samples"] + 1,
+    attacks.pgd: _iterative_cost,
+    attacks.cw_linf: _iterative_cost,
+    attacks.cw_authors: lambda k: k["num_steps"] * _GRADIENT_COST + 1,
+    attacks.nattack: lambda k: k["max_iters"] * (k["population"]
+                                                 + k["success_draws"]) + 1,
+}
+
+
+def _attack_cost(attack: eval_suites.Attack) -> int:
+  """Forward passes ``attack`` (``natural`` or a ``functools.partial`` of
+  an ``fkjax.attacks`` function) costs per image at most."""
+  if attack is eval_suites.natural:
+    return 1
+  func = attack.func
+  keywords = {name: p.default
+              for name, p in inspect.signature(func).parameters.items()
+              if p.default is not inspect.Parameter.empty}
+  return _COSTS[func]({**keywords, **attack.keywords})
+
+
 def attack_costs(names: list[str], config: ml_collections.ConfigDict
                  ) -> dict[str, int]:
   """Forward-pass equivalents each attack of the paper's protocol costs per
   image at most (a gradient counts 3; NAttack stops early once every image
-  of its batch is broken, so it can cost less)."""
-  e = config.eval
-  eot = e.eot_samples
-  check = 1 if config.model.noise_coef and e.best_so_far else 0
-  steps = 20
-  per_step = _GRADIENT_COST * eot + check
-  costs = {"natural": 1, "fgsm": _GRADIENT_COST * eot + 1,
-           "ifgsm20": steps * per_step + 1, "cw": steps * per_step + 1,
-           "cw_authors": eval_suites.AUTHORS_CW_STEPS * _GRADIENT_COST + 1,
-           "nattack": e.nattack_iters * (e.nattack_population
-                                         + e.nattack_success_draws) + 1}
-  return {name: costs[name] for name in names}
+  of its batch is broken, so it can cost less), read from the attacks
+  ``attack_suite`` builds (their steps, EOT and check draws)."""
+  suite = attack_suite(",".join(names), config)
+  return {name: _attack_cost(suite[name]) for name in names}
 
 
 def cost_summary(names: list[str], config: ml_collections.ConfigDict,

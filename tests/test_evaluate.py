@@ -372,6 +372,34 @@ def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
   assert "leaves it out" not in short
 
 
+# The keyword that sets each attack's number of iterations in its suite.
+_ITERATIONS = {"ifgsm20": "num_steps", "cw": "num_steps",
+               "cw_authors": "num_steps", "nattack": "max_iters"}
+
+
+@pytest.mark.parametrize("name", sorted(_ITERATIONS))
+def test_an_attack_s_cost_follows_its_suite_s_iterations(name, monkeypatch):
+  from configs import cpu  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  config = cpu.get_config()
+  before = eval_run.attack_costs([name], config)[name]
+  # The suites with this attack's iterations doubled: its cost (beyond the
+  # final prediction's forward pass) doubles with them.
+  for suite_name, build in list(eval_suites.SUITES.items()):
+    def doubled(*args, build=build, **kwargs):
+      suite = build(*args, **kwargs)
+      if name in suite:
+        attack = suite[name]
+        key = _ITERATIONS[name]
+        suite[name] = functools.partial(
+            attack.func, **{**attack.keywords, key: 2 * attack.keywords[key]})
+      return suite
+    monkeypatch.setitem(eval_suites.SUITES, suite_name, doubled)
+  after = eval_run.attack_costs([name], config)[name]
+  assert after - 1 == 2 * (before - 1)
+
+
 def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
   params, batches = setup
   sizes = []
