@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from fkjax import checkpoint as ckpt_lib
+from fkjax.checkpoint import quiet
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -482,18 +483,18 @@ def test_a_read_completing_after_the_restore_is_dropped_and_nothing_else():
   loop.close()
   with pytest.raises(RuntimeError) as late:
     loop.call_soon_threadsafe(print)
-  assert ckpt_lib._is_orbax_leftover(_unraisable(late.value))
+  assert quiet.is_orbax_leftover(_unraisable(late.value))
   # The same message raised elsewhere, another error, or one with an
   # object, are someone else's: reported as usual.
   try:
     raise RuntimeError("Event loop is closed")
   except RuntimeError as e:
-    assert not ckpt_lib._is_orbax_leftover(_unraisable(e))
+    assert not quiet.is_orbax_leftover(_unraisable(e))
   try:
     raise ValueError("x")
   except ValueError as e:
-    assert not ckpt_lib._is_orbax_leftover(_unraisable(e))
-  assert not ckpt_lib._is_orbax_leftover(_unraisable(late.value, object()))
+    assert not quiet.is_orbax_leftover(_unraisable(e))
+  assert not quiet.is_orbax_leftover(_unraisable(late.value, object()))
 
 
 def test_has_checkpoints_counts_only_complete_steps(tmp_path):
