@@ -101,6 +101,8 @@ class Checkpointer:
       require_checkpoints(workdir)
     self._read_only = must_exist
     with quiet.dropping(quiet.METADATA_COMPLAINTS):
+      # The handler named up front, so that a reader that has saved nothing
+      # gets the arrays' metadata too (shapes.stored).
       self._manager = ocp.CheckpointManager(
           self.directory, item_handlers=ocp.StandardCheckpointHandler(),
           options=_options(read_only=must_exist))
@@ -131,7 +133,7 @@ class Checkpointer:
         cause = errors.os_error(e)
         if cause is None:  # not an I/O failure: orbax's own logs are shown
           raise
-        held.discard()
+        held.clear()  # the one line below says it
         raise errors.write_error(step, self.step_dir(step), cause) from e
 
   def latest_step(self) -> int | None:

@@ -33,59 +33,37 @@ def _absl() -> logging.Logger:
   return logging.getLogger("absl")
 
 
-class _DropTexts(logging.Filter):
-
-  def __init__(self, texts: tuple[str, ...]):
-    super().__init__()
-    self.texts = texts
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    message = str(record.msg)
-    return not any(text in message for text in self.texts)
-
-
 @contextlib.contextmanager
 def dropping(texts: tuple[str, ...]) -> Iterator[None]:
   """Within the block, absl log records whose message contains one of
   ``texts`` are dropped."""
-  drop = _DropTexts(texts)
-  _absl().addFilter(drop)
+  def keep(record: logging.LogRecord) -> bool:
+    return not any(text in str(record.msg) for text in texts)
+  _absl().addFilter(keep)
   try:
     yield
   finally:
-    _absl().removeFilter(drop)
-
-
-class HeldErrors(logging.Filter):
-  """The absl records of level ERROR and above held back by
-  :func:`errors_held`."""
-
-  def __init__(self):
-    super().__init__()
-    self.records: list[logging.LogRecord] = []
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno >= logging.ERROR:
-      self.records.append(record)
-      return False
-    return True
-
-  def discard(self) -> None:
-    """Drops what was held: the caller says it in one line instead."""
-    self.records = []
+    _absl().removeFilter(keep)
 
 
 @contextlib.contextmanager
-def errors_held() -> Iterator[HeldErrors]:
-  """Holds back absl's error records within the block and emits them after
-  it (however it ends), except those the block has discarded."""
-  held = HeldErrors()
-  _absl().addFilter(held)
+def errors_held() -> Iterator[list[logging.LogRecord]]:
+  """Holds back absl's records of level ERROR and above within the block
+  and emits them after it, however it ends; the block drops them by
+  clearing the list it is given."""
+  held = []
+
+  def hold(record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR:
+      return True
+    held.append(record)
+    return False
+  _absl().addFilter(hold)
   try:
     yield held
   finally:
-    _absl().removeFilter(held)
-    for record in held.records:
+    _absl().removeFilter(hold)
+    for record in held:
       _absl().handle(record)
 
 
