@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from flax import traverse_util
 import numpy as np
 
 from fkjax.slim.graph import BlockLayout
@@ -29,18 +30,6 @@ def positions(ids: np.ndarray, within: np.ndarray
     return None
   lookup = {int(c): i for i, c in enumerate(within)}
   return tuple(lookup[int(c)] for c in ids)
-
-
-def nest(flat: Flat) -> dict[str, PyTree]:
-  """``{"a/b/c": x}`` as ``{"a": {"b": {"c": x}}}``, in insertion order."""
-  tree: dict[str, PyTree] = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split("/")
-    node = tree
-    for k in parents:
-      node = node.setdefault(k, {})
-    node[leaf] = value
-  return tree
 
 
 def norm_channels(plan: Plan, readers: Sequence[str]) -> np.ndarray:
@@ -168,7 +157,7 @@ def layers(plan: Plan, blocks: Sequence[BlockLayout], skip: bool
   flat.update(more)
   head, more = head_layer(plan, feats)
   flat.update(more)
-  variables = nest(flat)
+  variables = traverse_util.unflatten_dict(flat, sep="/")
   return (dict(stem=stem, blocks=tuple(block_specs), bn_final=bn_final,
                head=head),
           {"params": variables["params"],
