@@ -1,4 +1,4 @@
-"""The slim layers' specs and variables from a :class:`fkjax.slim.liveness.Plan`.
+"""The slim specs and variables of a :class:`fkjax.slim.liveness.Plan`.
 
 Every layer's function returns its spec and its variables as a flat
 ``{"params/<path>": array, "batch_stats/<path>": array}``; :func:`layers`
