@@ -435,7 +435,7 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   return row
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", default="resnet20,en2resnet20",
                       help="comma-separated configs/default.py presets")
@@ -470,9 +470,12 @@ def main(argv: list[str] | None = None) -> None:
                       "(numpy's; twice it for jnp.dot on a GPU)")
   parser.add_argument("--json", default=None, help="write the rows here")
   parser.add_argument("--md", default=None, help="write the table here")
-  args = parser.parse_args(argv)
-  kernels.apply_xla_flags()  # before JAX starts its backend
-  args.frameworks = args.frameworks.split(",")
+  return parser
+
+
+def _devices(args: argparse.Namespace) -> dict[str, str]:
+  """The device of each framework in ``args.frameworks``; sets PyTorch's
+  threads, its device (``args.torch_device``) and cuDNN autotuning."""
   args.torch_device = None
   devices = {}
   if "fkjax" in args.frameworks:
@@ -487,8 +490,13 @@ def main(argv: list[str] | None = None) -> None:
       # shape (the warm-up runs pay for the tuning).
       torch.backends.cudnn.benchmark = True
       devices["torch"] = f"cuda ({torch.cuda.get_device_name()})"
+  return devices
 
-  peak, peak_label, peak_meta = measure_peak(args.peak_size)
+
+def _environment(args: argparse.Namespace, devices: dict[str, str],
+                 peak_meta: dict[str, Any]) -> dict[str, Any]:
+  """The JSON ``meta``: machine, versions, XLA flags, precision settings,
+  the matmul peak, devices and arguments."""
   meta = {"machine": platform.machine(), "processor": platform.processor(),
           "cpu_count": os.cpu_count(), "jax": jax.__version__,
           "jax_backend": jax.default_backend(),
@@ -498,6 +506,7 @@ def main(argv: list[str] | None = None) -> None:
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
           **peak_meta, "devices": devices, "args": vars(args)}
   if "torch" in args.frameworks:
+    import torch  # pylint: disable=import-outside-toplevel
     meta["torch"] = torch.__version__
     meta["torch_threads"] = torch.get_num_threads()
     meta["torch_device"] = args.torch_device
@@ -508,6 +517,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.torch_device == "cuda":
       meta["torch_cuda_device_name"] = torch.cuda.get_device_name()
       meta["torch_cudnn_benchmark"] = torch.backends.cudnn.benchmark
+  return meta
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = _parser().parse_args(argv)
+  kernels.apply_xla_flags()  # before JAX starts its backend
+  args.frameworks = args.frameworks.split(",")
+  devices = _devices(args)
+  peak, peak_label, peak_meta = measure_peak(args.peak_size)
+  meta = _environment(args, devices, peak_meta)
   print(json.dumps(meta), flush=True)
   rows = []
   for model in args.models.split(","):
