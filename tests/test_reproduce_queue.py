@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -670,3 +671,43 @@ def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
   assert "error: a queue is" in proc.stderr
   assert "the queue could not be read" in proc.stdout
 
+
+def _documented_timeout():
+  """The ``timeout_s`` that docs/reproduction.md gives the training call."""
+  docs = (REPO / "docs" / "reproduction.md").read_text()
+  calls = re.findall(r'run\(command="bash benchmarks/gpu_reproduce\.sh"'
+                     r'[^)]*timeout_s=(\d+)\)', docs)
+  assert len(set(calls)) == 1, calls
+  return int(calls[0])
+
+
+def test_a_lease_stops_its_jobs_a_stated_margin_before_the_calls_limit(
+    tmp_path):
+  # Queue mode packs once, after its deadline: a call the device tool kills
+  # at its timeout_s brings back nothing. The script's default limit is the
+  # documented timeout_s, and it says what it keeps to stop and pack.
+  clone = _clone(tmp_path / "c")
+  (clone / "results" / queue_lib.QUEUE_FILE).write_text('{"runs": [{}]}')
+  env = _env(tmp_path / "cache", tmp_path / "out", LOGS=str(clone / "logs"),
+             FKJAX_DATA_DIR=str(_release(tmp_path / "data").parent))
+  env.pop("DEADLINE", None)
+  env.pop("LIMIT", None)
+  env.pop("MARGIN", None)
+  timeout = _documented_timeout()
+  proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env=env,
+                        capture_output=True, text=True, timeout=300)
+  stated = re.search(r"deadline (\d+)s: (\d+) s before the call's limit of "
+                     r"(\d+)s \(timeout_s\)", proc.stdout)
+  assert stated, proc.stdout
+  deadline, margin, limit = map(int, stated.groups())
+  assert limit == timeout and deadline + margin == limit
+  assert margin >= 60, "stopping the jobs and packing need the time"
+  # a deadline that leaves less is refused before anything runs
+  proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env={
+      **env, "DEADLINE": str(timeout - margin + 1)}, capture_output=True,
+      text=True, timeout=60)
+  assert proc.returncode == 2
+  assert proc.stderr.count("\n") == 1
+  assert f"leaves {margin - 1} s of the call's LIMIT={timeout} s" in (
+      proc.stderr)
+  assert "job 1" not in proc.stdout
