@@ -75,15 +75,18 @@ def _same_bytes(a: str, b: str) -> bool:
     return fa.read() == fb.read()
 
 
-def _sweep_resume_steps(entries: Sequence[queue_lib.Entry], root: str
-                        ) -> dict[queue_lib.Entry, int]:
-  """The step each run of a unit of several resumes from: the earliest of
+def _sweep_resume_steps(entries: Sequence[queue_lib.Entry], results: str,
+                        root: str) -> dict[queue_lib.Entry, int]:
+  """The step each run of a unit's next sweep resumes from: the earliest of
   its runs' latest checkpoints (a sweep resumes them together; those a save
-  ahead must carry that step too)."""
+  ahead must carry that step too). Runs with a finished record are not in
+  that sweep (nor, on a fresh machine, in a workdir)."""
   out = {}
   for unit in queue_lib.units(entries):
-    runs = [queue_lib.Entry(unit.scale, unit.table, unit.row, seed)
-            for seed in unit.seeds]
+    runs = [r for r in (queue_lib.Entry(unit.scale, unit.table, unit.row, s)
+                        for s in unit.seeds)
+            if not (files.load_json(os.path.join(
+                r.archive(results), archive.RUN_RECORD)) or {}).get("done")]
     if len(runs) < 2:
       continue
     step = min(max(carry.checkpoint_steps(r.workdir(root)), default=0)
@@ -118,7 +121,7 @@ def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
     # stopped mid-way (training, or an evaluation after its record)
     if carry.checkpoint_steps(entry.workdir(root)):
       candidates.append(entry)
-  resume_steps = _sweep_resume_steps(entries, root)
+  resume_steps = _sweep_resume_steps(entries, results, root)
   for entry in candidates:
     path = entry.carry(results)
     fresh = f"{path}.new"

@@ -566,22 +566,27 @@ def test_carry_keeps_only_the_last_and_best_checkpoints(tmp_path):
 def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
     tmp_path, monkeypatch):
   # A sweep saves its runs one after the other: a lease stopped in between
-  # leaves seed 0 a save ahead (steps 4 and 8, the best 8) and seed 1 at 4.
-  # The next lease resumes the sweep from step 4, which seed 0 must carry
+  # leaves seed 1 a save ahead (steps 4 and 8, the best 8) and seed 2 at 4.
+  # The next lease resumes the sweep from step 4, which seed 1 must carry
   # besides its last and best (else the sweep refuses runs at different
-  # steps and each trains alone).
+  # steps and each trains alone). Seed 0 finished in an earlier lease: it
+  # has no workdir here and is not in the sweep.
   from fkjax import checkpoint  # pylint: disable=C0415
   from fkjax.sweep import loop  # pylint: disable=C0415
   monkeypatch.chdir(tmp_path)
-  entries = [queue_lib.Entry("tiny", "table1", "resnet20_none", s)
-             for s in (0, 1)]
+  done, *entries = [queue_lib.Entry("tiny", "table1", "resnet20_none", s)
+                    for s in (0, 1, 2)]
+  Path(done.archive("results")).mkdir(parents=True)
+  (Path(done.archive("results")) / runner.RUN_RECORD).write_text(
+      json.dumps({"done": True}))
   state = {"w": np.arange(3, dtype=np.float32)}
   for entry, saves in zip(entries, [((4, 50.0), (8, 60.0)), ((4, 50.0),)]):
     checkpointer = checkpoint.Checkpointer(entry.workdir("lent"))
     for step, accuracy in saves:
       checkpointer.save(step, state, val_accuracy=accuracy)
     checkpointer.close()
-  manifest = lease.gather(entries, "results", "lent", since=time.time())
+  manifest = lease.gather([done, *entries], "results", "lent",
+                          since=time.time())
   assert manifest["carried"] == [e.name for e in entries]
   checkpointers = []
   for entry in entries:
@@ -589,7 +594,7 @@ def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
     checkpointers.append(checkpoint.Checkpointer(entry.workdir("next")))
   try:
     assert [c.all_steps() for c in checkpointers] == [[4, 8], [4]]
-    assert loop.resume_step(checkpointers, ["seed0", "seed1"],
+    assert loop.resume_step(checkpointers, ["seed1", "seed2"],
                             steps_per_epoch=4, every=0) == 4
   finally:
     for c in checkpointers:
