@@ -1,9 +1,10 @@
 """The queue a lent GPU advances: lease, carry-over, unpack, published weights.
 
-The end-to-end test plays a session's calls on the CPU with a one-run tiny
-queue: a lease stopped mid-run, its output unpacked "at home", a second
-lease in a fresh clone of home's results, unpacked again; the numbers and
-weights must equal those of a lease never stopped.
+The end-to-end tests play a session's calls on the CPU with tiny queues: a
+lease stopped mid-run, its output unpacked "at home", a second lease in a
+fresh clone of home's results, unpacked again; the numbers and weights must
+equal those of a lease never stopped. The first queue is one run; the second
+a one-run unit then a 2-seed sweep unit, the first lease stopped mid-sweep.
 """
 import contextlib
 import hashlib
