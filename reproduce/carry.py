@@ -9,10 +9,10 @@ checkpoint than a run never stopped), plus, for a run of a sweep, the step
 the sweep resumes from (:func:`fkjax.sweep.loop.resume_step`: a sweep
 saves its runs one after another, so a stop in between leaves some a save
 ahead of the others). Older checkpoints, locks and temporary files stay
-behind. The next lease, on any machine, unpacks it
-into the run's workdir and the runner resumes from that checkpoint; once
-the run finishes its carry file is removed (its results and weights are
-kept under ``results/<scale>/runs/`` instead).
+behind. The next lease, on any machine, unpacks it into the run's workdir
+and the runner resumes from that checkpoint; once the run finishes its
+carry file is removed (its results and weights are kept under
+``results/<scale>/runs/`` instead).
 """
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def _wanted(rel: str, steps: list[int]) -> bool:
 def pack(workdir: str, path: str, also: Iterable[int] = ()) -> int:
   """Writes ``workdir``'s carried state to ``path``; returns its size.
   ``also``: further steps to carry, where the workdir has them."""
-  steps = kept_steps(workdir)
-  steps += [s for s in also if s in checkpoint_steps(workdir)]
+  steps = sorted({*kept_steps(workdir),
+                  *(s for s in also if s in checkpoint_steps(workdir))})
   names = []
   for dirpath, dirnames, filenames in os.walk(workdir):
     dirnames.sort()
