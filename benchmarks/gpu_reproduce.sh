@@ -17,11 +17,17 @@
 #    next runs is unpacked into their workdirs, and JOBS (2) jobs take the
 #    next units round-robin (with the queue's order: one the paper scale's
 #    run, the other the gpu scale's rows).
-# 3. At DEADLINE (450 s) the jobs are stopped and
+# 3. At DEADLINE the jobs are stopped and
 #    `python -m reproduce.lease pack` writes to $OUT the results and
 #    weights of every run finished here and the last checkpoint of every
 #    run not finished (lease.tar.part-NN, lease.json; within the tool's 8
 #    files of 16 MiB). At home: python -m reproduce unpack <folder>.
+#    This pack is the call's only output: a call that the device tool
+#    kills at its timeout_s before the pack brings back nothing (the next
+#    lease resumes from the committed carry). So DEADLINE is LIMIT (the
+#    call's timeout_s, 600) less MARGIN (150 s: up to 7 s to stop the jobs,
+#    then the pack), counted from the script's start; a DEADLINE that
+#    leaves less than MARGIN is refused.
 #
 # With arguments (jobs named by hand):
 #   FKJAX_DATA_DIR=/data DEADLINE=480 bash benchmarks/gpu_reproduce.sh \
@@ -64,7 +70,11 @@ VARIANT=${VARIANT:-}
 # where the runner puts this scale's results and workdirs
 RESULTS_NAME=$SCALE${VARIANT:+-$VARIANT}
 QUEUE_MODE=$(( $# == 0 ))
-DEADLINE=${DEADLINE:-$(( QUEUE_MODE ? 450 : 480 ))}
+# the device tool's timeout_s for this call (docs/reproduction.md)
+LIMIT=${LIMIT:-600}
+# what queue mode keeps after DEADLINE to stop the jobs and pack
+MARGIN=${MARGIN:-150}
+DEADLINE=${DEADLINE:-$(( QUEUE_MODE ? LIMIT - MARGIN : 480 ))}
 JOBS=${JOBS:-2}
 STAGE=${STAGE:-/tmp/fkjax_datapack}
 PY=${PY:-python3}
@@ -80,6 +90,16 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/fkjax_jax_cache}
 start=$SECONDS
 log() { echo "=== +$((SECONDS - start))s $*"; }
+if (( QUEUE_MODE )); then
+  if (( LIMIT - DEADLINE < MARGIN )); then
+    echo "error: DEADLINE=$DEADLINE leaves $((LIMIT - DEADLINE)) s of the" \
+      "call's LIMIT=$LIMIT s (its timeout_s) to stop the jobs and pack the" \
+      "lease; MARGIN=$MARGIN s is needed: lower DEADLINE or raise LIMIT" >&2
+    exit 2
+  fi
+  log "deadline ${DEADLINE}s: $((LIMIT - DEADLINE)) s before the call's" \
+    "limit of ${LIMIT}s (timeout_s) to stop the jobs and pack"
+fi
 if (( QUEUE_MODE )) && [ ! -f "${FKJAX_DATA_DIR:-/nonexistent}/cifar-10-batches-bin/test_batch.bin" ]; then
   # CIFAR-10 comes in parts over consecutive calls (docs/reproduction.md).
   mkdir -p "$STAGE"
@@ -186,8 +206,10 @@ if running; then
   for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
 fi
 if (( QUEUE_MODE )); then
+  log "packing the lease"
   $PY -m reproduce.lease pack --out="$OUT" --since="$STARTED" \
     --root="$ROOT" --logs="$LOGS"
+  log "packed: $((LIMIT - SECONDS + start)) s of the call's limit to spare"
 else
   pack
   cut_up "$OUT/runs.tgz"

@@ -5,17 +5,21 @@ A run stopped at a lease's deadline is packed into one compressed file,
 files (config, metrics log, progress, an evaluation's finished batches) and
 its *last* checkpoint, plus the best one where that is another step (the
 evaluation reads the best: without it a resumed run could evaluate another
-checkpoint than a run never stopped). Older checkpoints, locks and
-temporary files stay behind. The next lease, on any machine, unpacks it
-into the run's workdir and the runner resumes from that checkpoint; once
-the run finishes its carry file is removed (its results and weights are
-kept under ``results/<scale>/runs/`` instead).
+checkpoint than a run never stopped), plus, for a run of a sweep, the step
+the sweep resumes from (:func:`fkjax.sweep.loop.resume_step`: a sweep
+saves its runs one after another, so a stop in between leaves some a save
+ahead of the others). Older checkpoints, locks and temporary files stay
+behind. The next lease, on any machine, unpacks it into the run's workdir
+and the runner resumes from that checkpoint; once the run finishes its
+carry file is removed (its results and weights are kept under
+``results/<scale>/runs/`` instead).
 """
 from __future__ import annotations
 
 import io
 import os
 import tarfile
+from typing import Iterable
 
 from fkjax import atomic
 
@@ -65,9 +69,11 @@ def _wanted(rel: str, steps: list[int]) -> bool:
   return True
 
 
-def pack(workdir: str, path: str) -> int:
-  """Writes ``workdir``'s carried state to ``path``; returns its size."""
-  steps = kept_steps(workdir)
+def pack(workdir: str, path: str, also: Iterable[int] = ()) -> int:
+  """Writes ``workdir``'s carried state to ``path``; returns its size.
+  ``also``: further steps to carry, where the workdir has them."""
+  steps = sorted({*kept_steps(workdir),
+                  *(s for s in also if s in checkpoint_steps(workdir))})
   names = []
   for dirpath, dirnames, filenames in os.walk(workdir):
     dirnames.sort()

@@ -75,6 +75,26 @@ def _same_bytes(a: str, b: str) -> bool:
     return fa.read() == fb.read()
 
 
+def _sweep_resume_steps(entries: Sequence[queue_lib.Entry], results: str,
+                        root: str) -> dict[queue_lib.Entry, int]:
+  """The step each run of a unit's next sweep resumes from: the earliest of
+  its runs' latest checkpoints (a sweep resumes them together; those a save
+  ahead must carry that step too). Runs with a finished record are not in
+  that sweep (nor, on a fresh machine, in a workdir)."""
+  out = {}
+  for unit in queue_lib.units(entries):
+    runs = [r for r in (queue_lib.Entry(unit.scale, unit.table, unit.row, s)
+                        for s in unit.seeds)
+            if not (files.load_json(os.path.join(
+                r.archive(results), archive.RUN_RECORD)) or {}).get("done")]
+    if len(runs) < 2:
+      continue
+    step = min(max(carry.checkpoint_steps(r.workdir(root)), default=0)
+               for r in runs)
+    out.update({r: step for r in runs})
+  return out
+
+
 def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
            since: float, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
   """What a lease brings back: the manifest (``files``: paths under
@@ -101,10 +121,12 @@ def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
     # stopped mid-way (training, or an evaluation after its record)
     if carry.checkpoint_steps(entry.workdir(root)):
       candidates.append(entry)
+  resume_steps = _sweep_resume_steps(entries, results, root)
   for entry in candidates:
     path = entry.carry(results)
     fresh = f"{path}.new"
-    carry.pack(entry.workdir(root), fresh)
+    carry.pack(entry.workdir(root), fresh,
+               also=[resume_steps[entry]] if entry in resume_steps else [])
     if _same_bytes(fresh, path):   # not advanced in this lease
       os.remove(fresh)
       continue

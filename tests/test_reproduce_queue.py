@@ -1,15 +1,17 @@
 """The queue a lent GPU advances: lease, carry-over, unpack, published weights.
 
-The end-to-end test plays a session's calls on the CPU with a one-run tiny
-queue: a lease stopped mid-run, its output unpacked "at home", a second
-lease in a fresh clone of home's results, unpacked again; the numbers and
-weights must equal those of a lease never stopped.
+The end-to-end tests play a session's calls on the CPU with tiny queues: a
+lease stopped mid-run, its output unpacked "at home", a second lease in a
+fresh clone of home's results, unpacked again; the numbers and weights must
+equal those of a lease never stopped. The first queue is one run; the second
+a one-run unit then a 2-seed sweep unit, the first lease stopped mid-sweep.
 """
 import contextlib
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,16 +175,17 @@ def test_the_data_pack_is_lossless_and_waits_for_every_part(tmp_path):
 # The session, end to end.
 
 
-def _clone(path, results_from=None):
+def _clone(path, results_from=None, entries=(ENTRY,)):
   """A checkout: the code (linked) and a copy of ``results_from``'s results
-  (a fresh clone of home), or a queue of the one tiny run."""
+  (a fresh clone of home), or a queue of ``entries`` (the one tiny run)."""
   path.mkdir(parents=True)
   for name in ("configs", "fkjax", "reproduce"):
     (path / name).symlink_to(REPO / name)
   if results_from is not None:
     shutil.copytree(results_from / "results", path / "results")
   else:
-    queue_lib.write(str(path / "results" / queue_lib.QUEUE_FILE), [ENTRY])
+    queue_lib.write(str(path / "results" / queue_lib.QUEUE_FILE),
+                    list(entries))
     weights.write_names(str(path / "results"))   # committed in a clone
   return path
 
@@ -415,6 +418,139 @@ def test_a_dry_run_writes_nothing(session, tmp_path, capsys):
   assert _tree_digest(home / "results") == before
 
 
+# --------------------------------------------------------------------------
+# A sweep unit carried between leases: the queue merges a row's seeds into
+# one unit, trained as one vmapped program (fkjax.sweep); every run's last
+# checkpoint crosses to the next lease.
+
+# At the tiny scale every net is depth 8: this row has the session's run's
+# config, and Table 3 has no extra evaluation to pay for.
+SWEEP = [queue_lib.Entry("tiny", "table3", "resnet38_none", s)
+         for s in (0, 1)]
+
+
+def _kept(home, entry):
+  return home / entry.archive("results")
+
+
+def _workdir(clone, entry):
+  return clone / entry.workdir("workdirs/reproduce")
+
+
+def _assert_same_run(got, want):
+  """Two kept runs (their folders under results/): the same numbers,
+  per-image correctness and published weights, bit for bit."""
+  a = json.loads((got / runner.RUN_RECORD).read_text())
+  b = json.loads((want / runner.RUN_RECORD).read_text())
+  assert a["metrics"] == b["metrics"]
+  evals = sorted(p.name for p in want.glob("eval_*.json"))
+  assert "eval_paper.json" in evals
+  assert evals == sorted(p.name for p in got.glob("eval_*.json"))
+  for name in evals:
+    x = json.loads((got / name).read_text())
+    y = json.loads((want / name).read_text())
+    if name == "eval_paper.json" or "correct_per_image" in y:
+      assert x["correct_per_image"] == y["correct_per_image"], name
+  x = weights_file.flatten(weights_file.load(str(got / "weights.npz")))
+  y = weights_file.flatten(weights_file.load(str(want / "weights.npz")))
+  assert x.keys() == y.keys()
+  for key in x:
+    np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def sweep_session(session):
+  """A queue of a one-run unit (the session's run) and a 2-seed sweep unit:
+  the first lease finishes the first unit and is stopped after the sweep's
+  first checkpoint; home unpacks it; a lease in a fresh clone of home
+  resumes the sweep; home unpacks that. Beside it the sweep unit in a lease
+  never stopped. The session's compilation cache and data serve here."""
+  tmp = session["tmp"]
+  cache, data = tmp / "cache", tmp / "data"
+  reference = _clone(tmp / "sweep_reference", entries=SWEEP)
+  _lease(reference, cache, tmp / "sweep_out_reference", data)
+  home = _clone(tmp / "sweep_home", entries=[ENTRY, *SWEEP])
+  first = _clone(tmp / "sweep_lease1", results_from=home)
+  # the sweep saves its runs one after the other: stopped once the last
+  # has its first epoch's checkpoint, every run of the unit is carried
+  _lease(first, cache, tmp / "sweep_out1", data,
+         stop_when=_workdir(first, SWEEP[-1]) / "checkpoints" / "4")
+  unpacked_first = _unpack(home, tmp / "sweep_out1")
+  carried = {e: (home / e.carry("results")).read_bytes() for e in SWEEP
+             if (home / e.carry("results")).exists()}
+  second = _clone(tmp / "sweep_lease2", results_from=home)
+  _lease(second, cache, tmp / "sweep_out2", data)
+  unpacked_second = _unpack(home, tmp / "sweep_out2")
+  return {"tmp": tmp, "reference": reference, "home": home,
+          "session_run": session["reference"] / RUN,
+          "unpacked_first": unpacked_first, "carried": carried,
+          "unpacked_second": unpacked_second}
+
+
+def _manifest(folder):
+  return json.loads((folder / lease.MANIFEST).read_text())
+
+
+@pytest.mark.slow   # two leases end to end, beside a third never stopped
+def test_a_lease_stopped_mid_sweep_keeps_the_unit_before_and_carries_each_run(
+    sweep_session):
+  tmp, home = sweep_session["tmp"], sweep_session["home"]
+  out1 = _manifest(tmp / "sweep_out1")
+  assert out1["finished"] == [ENTRY.name]
+  assert out1["carried"] == [e.name for e in SWEEP]
+  assert out1["dropped"] == []
+  for path in (tmp / "sweep_out1").iterdir():
+    assert path.stat().st_size <= 16 << 20
+  # home after the first lease: the first unit done, the sweep carried
+  assert "3 runs: 1 done, 2 carried" in sweep_session["unpacked_first"]
+  for i, e in enumerate([ENTRY, *SWEEP], 1):
+    state = "done" if e == ENTRY else "carried"
+    assert f"| {i} | {e.name} | {state} |" in sweep_session["unpacked_first"]
+  # each run's own state: its config and its checkpoints, among them the
+  # step the sweep resumes from (the earliest of the runs' last ones)
+  steps = []
+  for e in SWEEP:
+    with tarfile.open(fileobj=io.BytesIO(sweep_session["carried"][e])) as t:
+      names = t.getnames()
+      config = json.load(t.extractfile("config.json"))
+    assert "fkjax.lock" not in names
+    assert config["seed"] == e.seed
+    steps.append({int(n.split("/")[1]) for n in names
+                  if n.startswith("checkpoints/")})
+  resume = min(max(s) for s in steps)
+  assert resume >= 4 and all(resume in s for s in steps), steps
+  # the finished unit equals the session's run never stopped
+  _assert_same_run(_kept(home, ENTRY), sweep_session["session_run"])
+
+
+@pytest.mark.slow   # two leases end to end, beside a third never stopped
+def test_a_sweep_resumed_in_a_fresh_clone_equals_one_never_stopped(
+    sweep_session):
+  tmp, home = sweep_session["tmp"], sweep_session["home"]
+  reference = sweep_session["reference"]
+  out2 = _manifest(tmp / "sweep_out2")
+  assert out2["finished"] == [e.name for e in SWEEP]
+  assert out2["carried"] == []
+  assert sorted(out2["removed"]) == sorted(e.carry("results") for e in SWEEP)
+  # the second lease resumed both runs as one program from the carried step
+  log = (tmp / "sweep_out2" / "logs" / "job1.log").read_text()
+  assert "sweep of 2 runs as one program" in log
+  assert "resumed 2 runs from step" in log
+  assert "3 runs: 3 done, 0 carried" in sweep_session["unpacked_second"]
+  for i, e in enumerate([ENTRY, *SWEEP], 1):
+    assert f"| {i} | {e.name} | done |" in sweep_session["unpacked_second"]
+    assert not (home / e.carry("results")).exists()
+  for e in SWEEP:
+    record = json.loads((_kept(home, e) / runner.RUN_RECORD).read_text())
+    assert record["train_sweep_runs"] == 2
+    assert record["stage_attempts"]["train"] == 2
+    _assert_same_run(_kept(home, e), _kept(reference, e))
+  # the two seeds are two runs, not one run twice
+  a, b = (weights_file.flatten(weights_file.load(
+      str(_kept(home, e) / "weights.npz"))) for e in SWEEP)
+  assert any(not np.array_equal(a[k], b[k]) for k in a)
+
+
 def test_carry_keeps_only_the_last_and_best_checkpoints(tmp_path):
   workdir = tmp_path / "w"
   (workdir / "checkpoints" / "4").mkdir(parents=True)
@@ -426,6 +562,44 @@ def test_carry_keeps_only_the_last_and_best_checkpoints(tmp_path):
                      "checkpoints/8.orbax-checkpoint-tmp-1/x")
          if carry._wanted(r, [8])]
   assert rel == ["config.json"]
+
+
+def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
+    tmp_path, monkeypatch):
+  # A sweep saves its runs one after the other: a lease stopped in between
+  # leaves seed 1 a save ahead (steps 4 and 8, the best 8) and seed 2 at 4.
+  # The next lease resumes the sweep from step 4, which seed 1 must carry
+  # besides its last and best (else the sweep refuses runs at different
+  # steps and each trains alone). Seed 0 finished in an earlier lease: it
+  # has no workdir here and is not in the sweep.
+  from fkjax import checkpoint  # pylint: disable=C0415
+  from fkjax.sweep import loop  # pylint: disable=C0415
+  monkeypatch.chdir(tmp_path)
+  done, *entries = [queue_lib.Entry("tiny", "table1", "resnet20_none", s)
+                    for s in (0, 1, 2)]
+  Path(done.archive("results")).mkdir(parents=True)
+  (Path(done.archive("results")) / runner.RUN_RECORD).write_text(
+      json.dumps({"done": True}))
+  state = {"w": np.arange(3, dtype=np.float32)}
+  for entry, saves in zip(entries, [((4, 50.0), (8, 60.0)), ((4, 50.0),)]):
+    checkpointer = checkpoint.Checkpointer(entry.workdir("lent"))
+    for step, accuracy in saves:
+      checkpointer.save(step, state, val_accuracy=accuracy)
+    checkpointer.close()
+  manifest = lease.gather([done, *entries], "results", "lent",
+                          since=time.time())
+  assert manifest["carried"] == [e.name for e in entries]
+  checkpointers = []
+  for entry in entries:
+    assert carry.unpack(entry.carry("results"), entry.workdir("next"))
+    checkpointers.append(checkpoint.Checkpointer(entry.workdir("next")))
+  try:
+    assert [c.all_steps() for c in checkpointers] == [[4, 8], [4]]
+    assert loop.resume_step(checkpointers, ["seed1", "seed2"],
+                            steps_per_epoch=4, every=0) == 4
+  finally:
+    for c in checkpointers:
+      c.close()
 
 
 def test_a_kept_run_with_an_evaluation_pending_stays_carried(tmp_path):
@@ -502,3 +676,44 @@ def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
   assert proc.returncode == 1
   assert "error: a queue is" in proc.stderr
   assert "the queue could not be read" in proc.stdout
+
+
+def _documented_timeout():
+  """The ``timeout_s`` that docs/reproduction.md gives the training call."""
+  docs = (REPO / "docs" / "reproduction.md").read_text()
+  calls = re.findall(r'run\(command="bash benchmarks/gpu_reproduce\.sh"'
+                     r'[^)]*timeout_s=(\d+)\)', docs)
+  assert len(set(calls)) == 1, calls
+  return int(calls[0])
+
+
+def test_a_lease_stops_its_jobs_a_stated_margin_before_the_calls_limit(
+    tmp_path):
+  # Queue mode packs once, after its deadline: a call the device tool kills
+  # at its timeout_s brings back nothing. The script's default limit is the
+  # documented timeout_s, and it says what it keeps to stop and pack.
+  clone = _clone(tmp_path / "c")
+  (clone / "results" / queue_lib.QUEUE_FILE).write_text('{"runs": [{}]}')
+  env = _env(tmp_path / "cache", tmp_path / "out", LOGS=str(clone / "logs"),
+             FKJAX_DATA_DIR=str(_release(tmp_path / "data").parent))
+  env.pop("DEADLINE", None)
+  env.pop("LIMIT", None)
+  env.pop("MARGIN", None)
+  timeout = _documented_timeout()
+  proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env=env,
+                        capture_output=True, text=True, timeout=300)
+  stated = re.search(r"deadline (\d+)s: (\d+) s before the call's limit of "
+                     r"(\d+)s \(timeout_s\)", proc.stdout)
+  assert stated, proc.stdout
+  deadline, margin, limit = map(int, stated.groups())
+  assert limit == timeout and deadline + margin == limit
+  assert margin >= 60, "stopping the jobs and packing need the time"
+  # a deadline that leaves less is refused before anything runs
+  proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env={
+      **env, "DEADLINE": str(timeout - margin + 1)}, capture_output=True,
+      text=True, timeout=60)
+  assert proc.returncode == 2
+  assert proc.stderr.count("\n") == 1
+  assert f"leaves {margin - 1} s of the call's LIMIT={timeout} s" in (
+      proc.stderr)
+  assert "job 1" not in proc.stdout
