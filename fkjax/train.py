@@ -8,8 +8,10 @@ resets its auxiliary variables instead), the model is validated, and a
 checkpoint is written. Running the same command again resumes from the last
 complete checkpoint and reaches the same parameters as an uninterrupted run.
 
-What is built from the config lives in :mod:`fkjax.experiment`; the test
-evaluation of a checkpoint in :mod:`fkjax.eval_run`.
+What is built from the config lives in :mod:`fkjax.experiment`; the epoch
+loop, which a sweep shares (:class:`SingleRun` is one run of it), in
+:mod:`fkjax.run_loop`; the test evaluation of a checkpoint in
+:mod:`fkjax.eval_run`.
 """
 from __future__ import annotations
 
