@@ -8,16 +8,15 @@ resets its auxiliary variables instead), the model is validated, and a
 checkpoint is written. Running the same command again resumes from the last
 complete checkpoint and reaches the same parameters as an uninterrupted run.
 
-What is built from the config lives in :mod:`fkjax.experiment`; the test
-evaluation of a checkpoint in :mod:`fkjax.eval_run`.
+What is built from the config lives in :mod:`fkjax.experiment`; the epoch
+loop, which a sweep shares (:class:`SingleRun` is one run of it), in
+:mod:`fkjax.run_loop`; the test evaluation of a checkpoint in
+:mod:`fkjax.eval_run`.
 """
 from __future__ import annotations
 
 import functools
-import math
-import os
-import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,16 +24,14 @@ import ml_collections
 import optax
 
 from fkjax import attacks
-from fkjax import checkpoint as ckpt_lib
 from fkjax import dispatch
-from fkjax import epoch_steps
 from fkjax import eval_run
 from fkjax import evaluate
 from fkjax import experiment as experiment_lib
-from fkjax import metric_logging
 from fkjax import parallel
 from fkjax import precision
 from fkjax import run_config
+from fkjax import run_loop
 from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
 
@@ -162,21 +159,6 @@ def end_of_epoch(state: dict[str, PyTree], config: ml_collections.ConfigDict
   return {**state, "params": params, "opt_state": opt_state}
 
 
-def _check_loss(value: float, bound: float, where: str, checkpointer,
-                workdir: str) -> None:
-  """Stops a diverged run before anything of it is saved."""
-  if math.isfinite(value) and value <= bound:
-    return
-  last = checkpointer.latest_step()
-  kept = (f"the last good checkpoint (step {last}) is kept in "
-          f"{workdir}/checkpoints" if last is not None else
-          "no checkpoint was written")
-  raise NonFiniteLossError(
-      f"training diverged: loss {value:.4g} {where} "
-      f"(config.training.max_loss={bound:g}); {kept}. Lower "
-      "config.training.learning_rate or check the data")
-
-
 def make_loss_check(model) -> Callable:
   """``loss(variables, images, labels, key)``: mean clean cross-entropy in
   eval mode, to check the weights about to be saved."""
@@ -231,120 +213,89 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
 def _train_and_evaluate(config: ml_collections.ConfigDict,
                         workdir: str) -> dict[str, Any]:
-  if ckpt_lib.has_checkpoints(workdir):
-    run_config.check_same_run(config, workdir)
+  run_loop.check_resumable([config], [workdir])
   exp = experiment_lib.Experiment.build(config)
-  os.makedirs(workdir, exist_ok=True)
-  logger = metric_logging.MetricLogger(workdir,
-                                       enabled=jax.process_index() == 0)
-  logger.log_text(f"data: {exp.dataset.description}")
-  logger.log_text(
-      f"devices: {experiment_lib.describe_devices(exp.mesh.size)}")
-  logger.log_text(
-      f"model: {experiment_lib.describe_model(config, exp.abstract_state())}")
-  checkpointer = ckpt_lib.Checkpointer(workdir)
-  if checkpointer.latest_step() is None:
-    state = exp.initial_state()
-  else:
-    _, state = exp.restore(checkpointer, "latest")
-    logger.log_text(f"resumed from step {int(state['step'])}")
-  if jax.process_index() == 0:
-    # Written once the run is known to start: a command that failed at
-    # start-up leaves no record that would refuse its corrected version.
-    run_config.save(config, workdir)
+  return run_loop.train(SingleRun(exp, workdir))[0]
 
-  train_input = dispatch.TrainInput.build(config, exp.dataset.train)
-  steps_per_dispatch = dispatch.resolve_steps_per_dispatch(config)
-  logger.log_text("training: " + dispatch.describe(
-      train_input.pipeline, steps_per_dispatch, config))
-  base_key = experiment_lib.prng_key(config.seed, "train")
-  program = train_program(exp, config, train_input, base_key)
-  loss_check = make_loss_check(exp.model)
-  eval_apply, _ = experiment_lib.model_fns(exp.model)
-  val_split = eval_run.limit(
-      exp.dataset.test if config.validation.split == "test"
-      else exp.dataset.val, config.validation.num_examples)
-  validator = evaluate.Evaluator(eval_apply,
-                                 eval_run.validation_attacks(config))
-  val_key = experiment_lib.prng_key(config.seed, "validation")
-  t = config.training
-  max_loss = float(t.get("max_loss") or math.inf)
-  total_steps = t.num_epochs * exp.steps_per_epoch
-  val_summary: dict[str, Any] = {}
-  synthetic = " [SYNTHETIC DATA]" if exp.dataset.is_synthetic else ""
-  schedule = experiment_lib.learning_rate_schedule(config, exp.steps_per_epoch)
 
-  first_epoch = int(state["step"]) // exp.steps_per_epoch
-  for epoch in range(first_epoch, t.num_epochs):
-    epoch_start = time.perf_counter()
-    feeds = train_input.feeds(experiment_lib.data_seed(config), epoch)
-    # steps of this epoch already done (resuming from a mid-epoch checkpoint)
-    skip = int(state["step"]) - epoch * exp.steps_per_epoch
-    sums: dict[str, float] = {}
+class SingleRun(run_loop.Runs):
+  """One run for :func:`fkjax.run_loop.train`: its state on the mesh,
+  batches split over it, validated by :class:`fkjax.evaluate.Evaluator`."""
 
-    def on_metrics(step, metrics, epoch=epoch, sums=sums):
-      _check_loss(float(metrics["loss"]), max_loss,
-                  f"at step {step} (epoch {epoch + 1})", checkpointer, workdir)
-      for k, v in metrics.items():
-        sums[k] = sums.get(k, 0.0) + float(v)
-      return {k: f"{v:.3f}" for k, v in metrics.items()}
+  def __init__(self, exp: experiment_lib.Experiment, workdir: str):
+    super().__init__([exp.config], [workdir], [exp])
+    self.exp, self.config, self.workdir = exp, exp.config, workdir
+    self.checkpointer = self.checkpointers[0]
+    self._val_key = experiment_lib.prng_key(exp.config.seed, "validation")
 
-    ran = epoch_steps.run_epoch_steps(
-        state, feeds, first_step=epoch * exp.steps_per_epoch, skip=skip,
-        steps_per_epoch=exp.steps_per_epoch, step_fn=program,
-        on_metrics=on_metrics, save=checkpointer.save,
-        checkpoint_every=t.checkpoint_every_steps,
-        desc=f"epoch {epoch + 1}/{t.num_epochs}{synthetic}",
-        progress=config.progress, steps_per_dispatch=steps_per_dispatch,
-        scan_limit=train_input.scan_limit)
-    state = end_of_epoch(ran.state, config)
-    train_seconds = time.perf_counter() - epoch_start
+  def describe_devices(self) -> str:
+    return experiment_lib.describe_devices(self.exp.mesh.size)
 
-    evaluated = experiment_lib.eval_variables(state, config)
-    check_batch = next(eval_run.sharded_eval_batches(
-        val_split, config.validation.batch_size, exp.mesh))
-    # The loss of a step is taken before its update: a step that blows the
-    # weights up shows only in the next one. Check the weights about to be
-    # saved, so that a checkpoint is never a diverged model.
-    _check_loss(float(loss_check(evaluated, check_batch["image"],
-                                 check_batch["label"], val_key)),
-                max_loss, f"of the weights after epoch {epoch + 1}",
-                checkpointer, workdir)
-    val = validator(evaluated,
-                    eval_run.sharded_eval_batches(
-                        val_split, config.validation.batch_size, exp.mesh),
-                    jax.random.fold_in(val_key, epoch))
-    report = experiment_lib.sparsity_report(evaluated["params"], config)
-    n_steps = max(1, ran.steps)
-    val_summary = {
-        "epoch": epoch + 1,
-        "learning_rate": float(schedule(int(state["step"]) - 1)),
-        **{f"train_{k}": v / n_steps for k, v in sums.items()},
-        **{f"val_{name}_accuracy": accuracy
-           for name, accuracy in val.accuracies().items()},
-        "weight_sparsity": report.weight_sparsity,
-        "channel_sparsity": report.channel_sparsity,
-        "train_seconds": train_seconds,
-        # global batch: every process's images, after the first step
-        "train_images_per_second": ran.images_per_second(t.batch_size),
-        "val_seconds": sum(r.seconds for r in val.attacks.values()),
-    }
-    select = ("natural" if config.validation.select_by == "natural"
-              else f"pgd{config.validation.attack_steps}")
-    # The epoch's line first: a kill during the save then loses no metrics
-    # (a resumed run logs the epoch again; readers keep the last record).
-    logger.write(int(state["step"]), val_summary)
-    logger.log_text(metric_logging.format_epoch(val_summary) + synthetic)
-    checkpointer.save(int(state["step"]), state,
-                      val_accuracy=val.accuracy(select))
-    if int(state["step"]) >= total_steps:
-      break
+  def restore_or_init(self) -> PyTree:
+    if self.checkpointer.latest_step() is None:
+      return self.exp.initial_state()
+    _, state = self.exp.restore(self.checkpointer, "latest")
+    self.say(f"resumed from step {int(state['step'])}")
+    return state
 
-  checkpointer.close()
-  summary = {"validation": val_summary}
-  if config.eval.final_attacks:
-    summary["test"] = eval_run.evaluate_checkpoint(
-        config, workdir, exp=exp, attacks_csv=config.eval.final_attacks,
-        plots=False, final=True, logger=logger)
-  logger.close()
-  return summary
+  def program(self, train_input: dispatch.TrainInput
+              ) -> dispatch.StepProgram:
+    return train_program(self.exp, self.config, train_input,
+                         experiment_lib.prng_key(self.config.seed, "train"))
+
+  def feeds(self, train_input: dispatch.TrainInput, epoch: int):
+    return train_input.feeds(experiment_lib.data_seed(self.config), epoch)
+
+  def epoch_end(self, state: PyTree) -> tuple[PyTree, PyTree]:
+    state = end_of_epoch(state, self.config)
+    return state, experiment_lib.eval_variables(state, self.config)
+
+  def step_of(self, state: PyTree) -> int:
+    return int(state["step"])
+
+  def _val_batches(self, split):
+    return eval_run.sharded_eval_batches(
+        split, self.config.validation.batch_size, self.exp.mesh)
+
+  @functools.cached_property
+  def _loss_check(self) -> Callable:
+    return make_loss_check(self.exp.model)
+
+  def weights_loss(self, evaluated: PyTree, split) -> list[float]:
+    batch = next(self._val_batches(split))
+    return [float(self._loss_check(evaluated, batch["image"], batch["label"],
+                                   self._val_key))]
+
+  @functools.cached_property
+  def _validator(self) -> evaluate.Evaluator:
+    eval_apply, _ = experiment_lib.model_fns(self.exp.model)
+    return evaluate.Evaluator(eval_apply,
+                              eval_run.validation_attacks(self.config))
+
+  def validate(self, evaluated: PyTree, split, epoch: int
+               ) -> run_loop.Validation:
+    val = self._validator(evaluated, self._val_batches(split),
+                          jax.random.fold_in(self._val_key, epoch))
+    return run_loop.Validation(
+        accuracy=[val.accuracies()],
+        seconds=sum(r.seconds for r in val.attacks.values()))
+
+  def per_run(self, evaluated: PyTree) -> list[PyTree]:
+    return [evaluated]
+
+  def save(self, step: int, state: PyTree,
+           val_accuracy: Sequence[float] | None = None) -> None:
+    self.checkpointer.save(step, state, val_accuracy=(
+        None if val_accuracy is None else val_accuracy[0]))
+
+  def divergence(self, run: int, value: float, bound: float,
+                 where: str) -> Exception:
+    del run
+    last = self.checkpointer.latest_step()
+    kept = (f"the last good checkpoint (step {last}) is kept in "
+            f"{self.workdir}/checkpoints" if last is not None else
+            "no checkpoint was written")
+    return NonFiniteLossError(
+        f"training diverged: loss {value:.4g} {where} "
+        f"(config.training.max_loss={bound:g}); {kept}. Lower "
+        "config.training.learning_rate or check the data")

@@ -1,4 +1,5 @@
-"""``train_sweep``: the training loop of ``fkjax.train`` for N runs at once.
+"""``train_sweep``: N runs trained at once, through the single run's own
+loop (:func:`fkjax.run_loop.train`) with :class:`SweepRuns`.
 
 Every run keeps its own workdir, written as ``train.py`` writes a single
 run's (``config.json``, ``checkpoints/``, ``metrics.jsonl``,
@@ -8,7 +9,6 @@ per step for all of them.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any, Sequence
@@ -21,13 +21,9 @@ from fkjax import atomic
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
 from fkjax import dispatch
-from fkjax import epoch_steps
-from fkjax import eval_run
 from fkjax import evaluate
-from fkjax import experiment as experiment_lib
-from fkjax import metric_logging
 from fkjax import parallel
-from fkjax import run_config
+from fkjax import run_loop
 from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
 from fkjax.sweep import program
@@ -163,42 +159,122 @@ def train_from_config(config: ml_collections.ConfigDict, workdir: str
                      data_order=data_order)
 
 
-class _Runs:
-  """Per-run host state: loggers, checkpointers, messages."""
+def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
+  run_loop.check_resumable(configs, workdirs)
+  sweep = program.Sweep.build(configs, names, shard=shard)
+  return run_loop.train(SweepRuns(sweep, workdirs))
 
-  def __init__(self, configs, workdirs, names):
-    self.configs, self.workdirs, self.names = configs, workdirs, names
-    self.loggers = [metric_logging.MetricLogger(w) for w in workdirs]
-    self.checkpointers = [ckpt_lib.Checkpointer(w) for w in workdirs]
 
-  def check_loss(self, values: np.ndarray, bound: float, where: str) -> None:
-    """Stops the sweep before anything of a diverged run is saved."""
-    for i, value in enumerate(np.asarray(values, np.float64)):
-      value = float(value)
-      if math.isfinite(value) and value <= bound:
-        continue
-      last = self.checkpointers[i].latest_step()
-      kept = (f"every run's last good checkpoint (step {last}) is kept"
-              if last is not None else "no checkpoint was written")
-      raise NonFiniteLossError(
-          f"run {self.names[i]} ({self.workdirs[i]}) of the sweep diverged: "
-          f"loss {value:.4g} {where} (config.training.max_loss={bound:g}); "
-          f"{kept}. Lower its config.training.learning_rate, or sweep the "
-          "other runs without it")
+class SweepRuns(run_loop.Runs):
+  """A sweep's runs for :func:`fkjax.run_loop.train`: one state with a run
+  axis, stepped by :class:`fkjax.sweep.program.Sweep`'s programs; each run
+  saved, logged and evaluated in its own workdir."""
 
-  def save(self, sweep: program.Sweep, step: int, state: Any,
+  def __init__(self, sweep: program.Sweep, workdirs: Sequence[str]):
+    super().__init__(sweep.configs, workdirs, sweep.exps)
+    self.sweep, self.names = sweep, sweep.names
+    self._values = sweep.placed_values()
+    self._val_keys = sweep.keys("validation")
+
+  def describe_devices(self) -> str:
+    return f"{self.sweep.mesh.size} x {jax.devices()[0].platform}"
+
+  def setup_lines(self) -> list[str]:
+    sweep = self.sweep
+    return [f"sweep: {sweep.size} runs in one program, varying "
+            f"{', '.join(sweep.varying) or 'nothing'}; shard {sweep.shard}; "
+            + ("one batch stream" if sweep.shared_batch
+               else "a batch stream per run")]
+
+  def restore_or_init(self) -> Any:
+    sweep = self.sweep
+    start = resume_step(self.checkpointers, self.names,
+                        sweep.steps_per_epoch,
+                        self.template.training.checkpoint_every_steps)
+    if start is None:
+      return sweep.initial_state()
+    state = sweep.stack([
+        ckpt.restore(e.abstract_state(), "latest", step=start)[1]
+        for ckpt, e in zip(self.checkpointers, sweep.exps)])
+    self.say(f"resumed {sweep.size} runs from step {start}")
+    return state
+
+  def program(self, train_input: dispatch.TrainInput
+              ) -> dispatch.StepProgram:
+    return self.sweep.program(train_input, self.sweep.keys("train"),
+                              self._values)
+
+  def feeds(self, train_input: dispatch.TrainInput, epoch: int):
+    seeds = [spec.effective_data_seed(c) for c in self.configs]
+    if self.sweep.shared_batch:
+      return train_input.feeds(seeds[0], epoch)
+    # a run axis on every feed
+    return map(dispatch.stack, zip(*[train_input.feeds(s, epoch)
+                                     for s in seeds]))
+
+  def epoch_end(self, state: Any) -> tuple[Any, Any]:
+    return self.sweep.epoch_end(state, self._values)
+
+  def step_of(self, state: Any) -> int:
+    return int(jax.device_get(state["step"])[0])
+
+  def weights_loss(self, evaluated: Any, split: data_lib.Split
+                   ) -> np.ndarray:
+    batch = self.sweep.place_eval_batch(evaluate.real_rows(next(
+        data_lib.eval_batches(split, self.template.validation.batch_size))))
+    return jax.device_get(self.sweep.loss_check(
+        evaluated, batch["image"], batch["label"], self._val_keys,
+        self._values))
+
+  def validate(self, evaluated: Any, split: data_lib.Split, epoch: int
+               ) -> run_loop.Validation:
+    start = time.perf_counter()
+    accuracy = _validation_accuracy(self.sweep, evaluated, split,
+                                    self._val_keys, epoch, self._values)
+    seconds = time.perf_counter() - start
+    names = self.sweep.validation_names()
+    return run_loop.Validation(
+        accuracy=[{name: float(run[j]) for j, name in enumerate(names)}
+                  for run in accuracy], seconds=seconds)
+
+  def per_run(self, evaluated: Any) -> list[Any]:
+    return self.sweep.unstack(evaluated, self.sweep.size)
+
+  def save(self, step: int, state: Any,
            val_accuracy: Sequence[float] | None = None) -> None:
-    runs = sweep.unstack(state, sweep.size)
+    runs = self.sweep.unstack(state, self.sweep.size)
     for i, (ckpt, run_state) in enumerate(zip(self.checkpointers, runs)):
       if step in ckpt.all_steps():
         continue  # saved before an interruption: the same state
-      ckpt.save(step, parallel.replicate(run_state, sweep.mesh),
+      ckpt.save(step, parallel.replicate(run_state, self.sweep.mesh),
                 val_accuracy=None if val_accuracy is None
                 else val_accuracy[i])
 
-  def close(self) -> None:
-    for c in self.checkpointers:
-      c.close()
+  def divergence(self, run: int, value: float, bound: float,
+                 where: str) -> Exception:
+    last = self.checkpointers[run].latest_step()
+    kept = (f"every run's last good checkpoint (step {last}) is kept"
+            if last is not None else "no checkpoint was written")
+    return NonFiniteLossError(
+        f"run {self.names[run]} ({self.workdirs[run]}) of the sweep "
+        f"diverged: loss {value:.4g} {where} (config.training.max_loss="
+        f"{bound:g}); {kept}. Lower its config.training.learning_rate, or "
+        "sweep the other runs without it")
+
+  @property
+  def progress_label(self) -> str:
+    return f" ({self.sweep.size} runs)"
+
+  def line_prefix(self, run: int) -> str:
+    return f"[{self.names[run]}] "
+
+  def summary_extra(self, images_per_second: float | None
+                    ) -> dict[str, Any]:
+    # the sweep's times, shared by its runs
+    return {"sweep_runs": self.sweep.size,
+            "sweep_images_per_second": (
+                images_per_second * self.sweep.size if images_per_second
+                else None)}
 
 
 def _validation_accuracy(sweep: program.Sweep, evaluated: Any, split,
@@ -220,146 +296,3 @@ def _validation_accuracy(sweep: program.Sweep, evaluated: Any, split,
         evaluated, placed["image"], placed["label"], val_keys, epoch,
         batch_index, values)))
   return 100.0 * correct / max(num_examples, 1)
-
-
-def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
-  for c, w in zip(configs, workdirs):
-    if ckpt_lib.has_checkpoints(w):
-      run_config.check_same_run(c, w)
-  sweep = program.Sweep.build(configs, names, shard=shard)
-  exp = sweep.exps[0]
-  config = sweep.template
-  for w in workdirs:
-    os.makedirs(w, exist_ok=True)
-  runs = _Runs(configs, workdirs, names)
-  say = runs.loggers[0].log_text
-  say(f"data: {exp.dataset.description}")
-  say(f"devices: {exp.mesh.size} x {jax.devices()[0].platform}")
-  say(f"model: {experiment_lib.describe_model(config, exp.abstract_state())}")
-  say(f"sweep: {sweep.size} runs in one program, varying "
-      f"{', '.join(sweep.varying) or 'nothing'}; shard {shard}; "
-      + ("one batch stream" if sweep.shared_batch
-         else "a batch stream per run"))
-
-  t = config.training
-  spe = sweep.steps_per_epoch
-  start = resume_step(runs.checkpointers, names, spe,
-                      t.checkpoint_every_steps)
-  if start is None:
-    state = sweep.initial_state()
-  else:
-    state = sweep.stack([
-        ckpt.restore(e.abstract_state(), "latest", step=start)[1]
-        for ckpt, e in zip(runs.checkpointers, sweep.exps)])
-    say(f"resumed {sweep.size} runs from step {start}")
-  for c, w in zip(configs, workdirs):
-    run_config.save(c, w)
-
-  values = sweep.placed_values()
-  train_keys = sweep.keys("train")
-  train_input = dispatch.TrainInput.build(config, exp.dataset.train)
-  steps_per_dispatch = dispatch.resolve_steps_per_dispatch(config)
-  say("training: " + dispatch.describe(train_input.pipeline,
-                                       steps_per_dispatch, config))
-  train_steps = sweep.program(train_input, train_keys, values)
-  val_keys = sweep.keys("validation")
-  val_split = eval_run.limit(
-      exp.dataset.test if config.validation.split == "test"
-      else exp.dataset.val, config.validation.num_examples)
-  val_names = sweep.validation_names()
-  max_loss = float(t.get("max_loss") or math.inf)
-  total_steps = t.num_epochs * spe
-  schedules = [experiment_lib.learning_rate_schedule(c, spe)
-               for c in configs]
-  data_seeds = [spec.effective_data_seed(c) for c in configs]
-  synthetic = " [SYNTHETIC DATA]" if exp.dataset.is_synthetic else ""
-  summaries: list[dict[str, Any]] = [{} for _ in configs]
-
-  step_now = 0 if start is None else start
-  for epoch in range(step_now // spe, t.num_epochs):
-    epoch_start = time.perf_counter()
-
-    if sweep.shared_batch:
-      feeds = train_input.feeds(data_seeds[0], epoch)
-    else:   # a run axis on every feed
-      feeds = map(dispatch.stack, zip(*[train_input.feeds(s, epoch)
-                                        for s in data_seeds]))
-    skip = step_now - epoch * spe
-    sums = [dict() for _ in configs]
-
-    def on_metrics(step, metrics, epoch=epoch, sums=sums):
-      runs.check_loss(metrics["loss"], max_loss,
-                      f"at step {step} (epoch {epoch + 1})")
-      for k, v in metrics.items():
-        for i in range(sweep.size):
-          sums[i][k] = sums[i].get(k, 0.0) + float(v[i])
-      return {k: f"{float(np.mean(v)):.3f}" for k, v in metrics.items()}
-
-    ran = epoch_steps.run_epoch_steps(
-        state, feeds, first_step=epoch * spe, skip=skip,
-        steps_per_epoch=spe, step_fn=train_steps, on_metrics=on_metrics,
-        save=lambda step, state: runs.save(sweep, step, state),
-        checkpoint_every=t.checkpoint_every_steps,
-        desc=f"epoch {epoch + 1}/{t.num_epochs} ({sweep.size} runs)"
-             f"{synthetic}", progress=config.progress,
-        steps_per_dispatch=steps_per_dispatch,
-        scan_limit=train_input.scan_limit)
-    state, evaluated = sweep.epoch_end(ran.state, values)
-    train_seconds = time.perf_counter() - epoch_start
-    step_now = int(jax.device_get(state["step"])[0])
-
-    # The loss of a step is taken before its update: check the weights
-    # about to be saved, as a single run does.
-    check_batch = sweep.place_eval_batch(evaluate.real_rows(next(
-        data_lib.eval_batches(val_split, config.validation.batch_size))))
-    runs.check_loss(jax.device_get(sweep.loss_check(
-        evaluated, check_batch["image"], check_batch["label"], val_keys,
-        values)), max_loss, f"of the weights after epoch {epoch + 1}")
-    val_start = time.perf_counter()
-    accuracy = _validation_accuracy(sweep, evaluated, val_split, val_keys,
-                                    epoch, values)
-    val_seconds = time.perf_counter() - val_start
-    select = ("natural" if config.validation.select_by == "natural"
-              else f"pgd{config.validation.attack_steps}")
-    n_steps = max(1, ran.steps)
-    per_run_rate = ran.images_per_second(t.batch_size)
-    for i, (c, evaluated_i) in enumerate(zip(
-        configs, sweep.unstack(evaluated, sweep.size))):
-      report = experiment_lib.sparsity_report(evaluated_i["params"], c)
-      summaries[i] = {
-          "epoch": epoch + 1,
-          "learning_rate": float(schedules[i](step_now - 1)),
-          **{f"train_{k}": v / n_steps for k, v in sums[i].items()},
-          **{f"val_{name}_accuracy": float(accuracy[i, j])
-             for j, name in enumerate(val_names)},
-          "weight_sparsity": report.weight_sparsity,
-          "channel_sparsity": report.channel_sparsity,
-          # the sweep's times, shared by its runs
-          "train_seconds": train_seconds,
-          "train_images_per_second": per_run_rate,
-          "val_seconds": val_seconds,
-          "sweep_runs": sweep.size,
-          "sweep_images_per_second": (per_run_rate * sweep.size
-                                      if per_run_rate else None),
-      }
-      runs.loggers[i].write(step_now, summaries[i])
-      runs.loggers[i].log_text(
-          f"[{names[i]}] "
-          + metric_logging.format_epoch(summaries[i]) + synthetic)
-    select_index = val_names.index(select)
-    runs.save(sweep, step_now, state,
-              val_accuracy=[float(a) for a in accuracy[:, select_index]])
-    if step_now >= total_steps:
-      break
-
-  runs.close()
-  results = []
-  for i, (c, w) in enumerate(zip(configs, workdirs)):
-    summary = {"validation": summaries[i]}
-    if c.eval.final_attacks:
-      summary["test"] = eval_run.evaluate_checkpoint(
-          c, w, exp=sweep.exps[i], attacks_csv=c.eval.final_attacks,
-          plots=False, final=True, logger=runs.loggers[i])
-    runs.loggers[i].close()
-    results.append(summary)
-  return results

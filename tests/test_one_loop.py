@@ -1,0 +1,104 @@
+"""A single run and a sweep share one training loop (fkjax.run_loop): a
+sweep of one run writes the single run's records and selects and evaluates
+its checkpoint.
+
+Both train the same tiny run in this process (ResNet8, PGD-1, 2 epochs of 2
+steps, selection by PGD-1 accuracy), once through
+``train.train_and_evaluate`` and once through ``sweep.train_sweep``. With
+seed 16 its validation accuracy falls in the second epoch (6.25% -> 0%), so
+the best checkpoint is not the latest.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from configs import tiny
+from fkjax import checkpoint as ckpt_lib
+from fkjax import metric_logging
+from fkjax import run_loop
+from fkjax import sweep
+from fkjax import train
+
+# The loop's own times, which no two runs share.
+TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds")
+SWEEP_ONLY = {"sweep_runs", "sweep_images_per_second"}
+
+
+def _config():
+  config = tiny.get_config()
+  config.num_devices = 1
+  config.seed = 16
+  config.dataset.synthetic_sizes = (48, 16)   # train 32: 2 steps an epoch
+  config.dataset.val_size = 16
+  config.training.num_epochs = 2
+  config.training.lr_boundaries = (1,)
+  config.attack.num_steps = 1
+  config.validation.attack_steps = 1
+  config.validation.select_by = "pgd"
+  config.eval.final_attacks = "natural"
+  config.compilation_cache_dir = ""
+  return config
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+  root = tmp_path_factory.mktemp("one_loop")
+  single = train.train_and_evaluate(_config(), str(root / "single"))
+  swept, = sweep.train_sweep([_config()], [root / "sweep"])
+  return {"single": (root / "single", single),
+          "sweep": (root / "sweep", swept)}
+
+
+def _best_step(workdir):
+  checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
+  try:
+    return checkpointer.best_step(), checkpointer.all_steps()
+  finally:
+    checkpointer.close()
+
+
+def test_a_sweep_of_one_writes_the_single_runs_records(both):
+  (single_dir, single), (sweep_dir, swept) = both["single"], both["sweep"]
+  records = {name: metric_logging.read_metrics(str(d)) for name, d in
+             (("single", single_dir), ("sweep", sweep_dir))}
+  assert [r["epoch"] for r in records["single"]] == [1, 2]
+  assert [r["step"] for r in records["single"]] == [2, 4]
+  for one, other in zip(records["single"], records["sweep"]):
+    assert other["sweep_runs"] == 1
+    assert list(one) == [k for k in other if k not in SWEEP_ONLY]
+    for key, value in one.items():
+      if key in TIMES:
+        continue
+      # the sweep's step is the single run's under vmap: equal to rounding
+      np.testing.assert_allclose(other[key], value, rtol=1e-4, err_msg=key)
+  # what train_and_evaluate returns: the last record and the test result
+  assert set(single) == set(swept) == {"validation", "test"}
+  assert single["validation"]["epoch"] == swept["validation"]["epoch"] == 2
+
+
+def test_a_sweep_of_one_selects_and_evaluates_the_single_runs_checkpoint(
+    both):
+  (single_dir, single), (sweep_dir, swept) = both["single"], both["sweep"]
+  best, steps = _best_step(single_dir)
+  assert (best, steps) == _best_step(sweep_dir)
+  assert steps == [2, 4]
+  # the best by PGD-1 validation accuracy, as the records say
+  records = metric_logging.read_metrics(str(single_dir))
+  accuracy = {r["step"]: r["val_pgd1_accuracy"] for r in records}
+  assert accuracy[best] == max(accuracy.values()) > accuracy[4]
+  assert best == 2
+  for result, workdir in ((single["test"], single_dir),
+                          (swept["test"], sweep_dir)):
+    assert result["step"] == best
+    saved = json.loads((workdir / "final_eval.json").read_text())
+    assert saved["step"] == best
+  assert (single["test"]["attacks"]["natural"]["accuracy"]
+          == swept["test"]["attacks"]["natural"]["accuracy"])
+
+
+def test_the_selection_column_follows_select_by():
+  config = _config()
+  assert run_loop.selection_column(config) == "pgd1"
+  config.validation.select_by = "natural"
+  assert run_loop.selection_column(config) == "natural"
