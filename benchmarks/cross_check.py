@@ -26,6 +26,15 @@ torchattacks only (per-image discordance), and the seconds of each side
 then the same for the worst case over the attacks. A noisy model (noise on
 at test time) is attacked with ``--eot`` draws per gradient on both sides
 and scored on one draw: compare such runs over several ``--seed`` values.
+
+``--protocol`` compares the protocols instead of single attacks: fkjax's
+strong protocol as eval.py runs it (``eval_strong.strong_evaluation``, one
+seed: APGD-CE and APGD-DLR on the images right when clean, APGD-T on those
+both left robust) against torchattacks' ``MultiAttack`` of the same three
+attacks (each torchattacks APGD attacks the images right when clean, and
+MultiAttack hands each attack the images the ones before it left robust):
+the per-image worst case of each side, its discordance and the seconds of
+each whole protocol.
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ import numpy as np
 
 from fkjax import argtypes
 from fkjax import attacks as attacks_lib
+from fkjax import eval_strong
 from fkjax import experiment
 from fkjax import kernels
 from fkjax import run_config
@@ -72,14 +82,24 @@ def torch_robust(net, images: np.ndarray, labels: np.ndarray, name: str, *,
                  epsilon: float, iters: int, restarts: int, eot: int,
                  batch: int, seed: int) -> np.ndarray:
   """Bool per image: torchattacks' ``name`` left it classified right."""
-  import torch  # pylint: disable=import-outside-toplevel
+  attack = _torch_attack(net, name, epsilon=epsilon, iters=iters,
+                         restarts=restarts, eot=eot, seed=seed)
+  return _torch_robust_under(net, attack, images, labels, batch)
+
+
+def _torch_attack(net, name: str, *, epsilon: float, iters: int,
+                  restarts: int, eot: int, seed: int):
   import torchattacks  # pylint: disable=import-outside-toplevel
   common = dict(norm="Linf", eps=epsilon, steps=iters, n_restarts=restarts,
                 seed=seed, eot_iter=eot)
   if name == "apgd_t":
-    attack = torchattacks.APGDT(net, n_classes=10, **common)
-  else:
-    attack = torchattacks.APGD(net, loss=name.split("_")[1], **common)
+    return torchattacks.APGDT(net, n_classes=10, **common)
+  return torchattacks.APGD(net, loss=name.split("_")[1], **common)
+
+
+def _torch_robust_under(net, attack, images: np.ndarray, labels: np.ndarray,
+                        batch: int) -> np.ndarray:
+  import torch  # pylint: disable=import-outside-toplevel
   out = []
   for start in range(0, len(labels), batch):
     x = torch.from_numpy(images[start:start + batch].transpose(0, 3, 1, 2)
@@ -89,6 +109,34 @@ def torch_robust(net, images: np.ndarray, labels: np.ndarray, name: str, *,
     with torch.no_grad():
       out.append((net(x_adv).argmax(-1) == y).numpy())
   return np.concatenate(out)
+
+
+def protocols(apply_fn, variables, net, images: np.ndarray,
+              labels: np.ndarray, *, epsilon: float, iters: int,
+              restarts: int, eot: int, batch: int, seed: int
+              ) -> dict[str, float]:
+  """fkjax's strong protocol against torchattacks' MultiAttack of the same
+  attacks: worst case per image, discordance and seconds of each."""
+  import torchattacks  # pylint: disable=import-outside-toplevel
+  batches = [{"image": images[s:s + batch], "label": labels[s:s + batch]}
+             for s in range(0, len(labels), batch)]
+  start = time.perf_counter()
+  result = eval_strong.strong_evaluation(
+      apply_fn, variables, batches, jax.random.key(seed), epsilon=epsilon,
+      stochastic=eot > 1, eot_samples=eot, num_iters=iters,
+      n_restarts=restarts, num_seeds=1)
+  fk_seconds = time.perf_counter() - start
+  fk = np.logical_and.reduce([np.asarray(v, bool)
+                              for v in result["per_image"].values()])
+  start = time.perf_counter()
+  multi = torchattacks.MultiAttack([
+      _torch_attack(net, name, epsilon=epsilon, iters=iters,
+                    restarts=restarts, eot=eot, seed=seed)
+      for name in ATTACKS])
+  th = _torch_robust_under(net, multi, images, labels, batch)
+  return {**compare(fk, th), "fkjax_seconds": fk_seconds,
+          "torchattacks_seconds": time.perf_counter() - start,
+          "fkjax_description": result["description"]}
 
 
 def compare(fk: np.ndarray, th: np.ndarray) -> dict[str, float]:
@@ -135,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--batch", type=argtypes.positive_int, default=250)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None, help="write the rows here")
+  parser.add_argument("--protocol", action="store_true",
+                      help="compare the whole protocols, not each attack")
   args = parser.parse_args(argv)
   kernels.apply_xla_flags()
   config, apply_fn, variables, net, images, labels = load(args.workdir,
@@ -142,6 +192,13 @@ def main(argv: list[str] | None = None) -> dict:
   options = dict(epsilon=config.attack.epsilon, iters=args.iters,
                  restarts=args.restarts, eot=args.eot, batch=args.batch,
                  seed=args.seed)
+  if args.protocol:
+    rows = {"protocol": protocols(apply_fn, variables, net, images, labels,
+                                  **options)}
+    print(rows["protocol"].pop("fkjax_description"))
+    _print_table(rows)
+    _save(args, rows)
+    return rows
   rows, robust = {}, {"fkjax": [], "torchattacks": []}
   for name in args.attacks.split(","):
     start = time.perf_counter()
@@ -156,6 +213,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps({name: rows[name]}), flush=True)
   rows["worst_case"] = compare(np.logical_and.reduce(robust["fkjax"]),
                                np.logical_and.reduce(robust["torchattacks"]))
+  _print_table(rows)
+  _save(args, rows)
+  return rows
+
+
+def _print_table(rows: dict) -> None:
   print("| attack | fkjax % | torchattacks % | robust for fkjax only | "
         "for torchattacks only | fkjax s | torchattacks s |")
   print("|---|---|---|---|---|---|---|")
@@ -165,10 +228,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"| {name} | {r['fkjax']:.1f} | {r['torchattacks']:.1f} | "
           f"{r['robust_fkjax_only']} | {r['robust_torchattacks_only']} | "
           f"{seconds} |")
+
+
+def _save(args: argparse.Namespace, rows: dict) -> None:
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"args": vars(args), "rows": rows}, f, indent=2)
-  return rows
 
 
 if __name__ == "__main__":

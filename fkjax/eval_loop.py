@@ -188,6 +188,26 @@ class Tally:
         per_image=self.per_image_vectors() if self.per_image else None)
 
 
+def _survivors_of(names: Sequence[str],
+                  survivors_only: Sequence[str] | Mapping[str, Sequence[str]]
+                  ) -> dict[str, tuple[str, ...]]:
+  """Per attack on survivors, the attacks whose survivors it attacks."""
+  if isinstance(survivors_only, Mapping):
+    wanted = {name: tuple(after) for name, after in survivors_only.items()}
+  else:
+    wanted = {name: tuple(names[:names.index(name)]) if name in names else ()
+              for name in survivors_only}
+  unknown = set(wanted) - set(names)
+  if unknown:
+    raise ValueError(f"survivors_only names unknown attacks {unknown}")
+  for name, after in wanted.items():
+    later = [a for a in after if a not in names[:names.index(name)]]
+    if later:
+      raise ValueError(f"survivors_only: {name!r} can follow only attacks "
+                       f"that run before it, not {later}")
+  return wanted
+
+
 class Evaluator:
   """Robust accuracy under fixed attacks, for any variables and data.
 
@@ -204,21 +224,24 @@ class Evaluator:
   def __init__(self, apply_fn: attacks_lib.ApplyFn,
                attacks: Mapping[str, Attack], *, num_noise_draws: int = 1,
                work_per_image: Mapping[str, float] | None = None,
-               survivors_only: Sequence[str] = ()):
-    """``survivors_only``: attacks that attack only the images every attack
-    before them (in the order given) left classified right, gathered into a
-    bucket of the next power of two (AutoAttack's active set, in shapes XLA
-    compiles once per bucket size); such an attack's accuracy is then the
-    accuracy under it and every attack before it.
+               survivors_only: Sequence[str] | Mapping[str, Sequence[str]]
+               = ()):
+    """``survivors_only``: attacks that attack only the images earlier
+    attacks left classified right, gathered into a bucket of the next power
+    of two (AutoAttack's active set, in shapes XLA compiles once per bucket
+    size). A sequence of names: each attacks the survivors of every attack
+    before it (in the order given); a mapping: each named attack attacks the
+    survivors of the earlier attacks it lists (``{"apgd_ce": ["natural"]}``
+    attacks only the images classified right when clean, as torchattacks'
+    and AutoAttack's APGD do). Such an attack's accuracy is the accuracy
+    under it and the attacks it follows.
 
     ``work_per_image``: each attack's cost per image, for the progress
     (``eval_progress.CallCounting``); None: progress in model calls."""
     self.names = list(attacks)
     self.num_noise_draws = num_noise_draws
-    unknown = set(survivors_only) - set(self.names)
-    if unknown:
-      raise ValueError(f"survivors_only names unknown attacks {unknown}")
-    self.survivors_only = frozenset(survivors_only)
+    self.survivors_of = _survivors_of(self.names, survivors_only)
+    self.survivors_only = frozenset(self.survivors_of)
     self.counting = eval_progress.CallCounting(apply_fn, work_per_image)
     self.calls = self.counting.calls
     # False: the attacks as given; True: counting their model calls.
@@ -318,7 +341,7 @@ class Evaluator:
         if name in self.survivors_only:
           # done holds every attack before this one (they ran in order).
           alive = np.logical_and.reduce(
-              [done[n][0] for n in names[:names.index(name)]]
+              [done[n][0] for n in self.survivors_of[name]]
               + [np.ones(labels.shape, bool)])
           x_adv, spent = self._on_survivors(name, counting, alive, variables,
                                             images, labels, attack_key)
@@ -336,6 +359,17 @@ class Evaluator:
       if len(done) < len(names):
         on_attack(done)
     return done
+
+  def _survivors_fingerprint(self) -> Any:
+    """What the journal keys on: the names alone where each attack follows
+    every attack before it (journals of that form stay valid)."""
+    every_before = all(
+        list(after) == self.names[:self.names.index(name)]
+        for name, after in self.survivors_of.items())
+    if every_before:
+      return sorted(self.survivors_of)
+    return {name: list(after)
+            for name, after in sorted(self.survivors_of.items())}
 
   def __call__(self, variables: Any, batches: Iterable[Mapping[str, Any]],
                key: jax.Array, *, progress: bool = False,
@@ -359,7 +393,7 @@ class Evaluator:
       num_batches = len(batches)
     own = {"attacks": self.names, "num_noise_draws": self.num_noise_draws,
            "per_image": per_image,
-           "survivors_only": sorted(self.survivors_only),
+           "survivors_only": self._survivors_fingerprint(),
            "key": np.asarray(jax.random.key_data(key)).tolist()}
     earlier = journal.load(own) if journal is not None else None
     tally = Tally.resume(self.names, per_image, earlier)

@@ -240,7 +240,10 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
       APGD-DLR left robust (AutoAttack's order; ``Evaluator``'s
       ``survivors_only``), so its 9 runs cost what those images need; its
       reported accuracy is then the worst case over the three. False: every
-      image, and APGD-T's own accuracy.
+      image right when clean, and APGD-T's own accuracy. Every APGD attack
+      attacks only the images classified right when clean
+      (``survivors_plan``), so each attack's accuracy counts an image
+      misclassified when clean as broken, as AutoAttack's and torchattacks'.
     num_seeds: evaluation seeds (3 gives mean +- std; 1 for a quick run).
     sanity_batches: batches for the sanity checks (a few hundred images;
       None skips them).
@@ -274,10 +277,9 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
       check_draws=check_draws, num_iters=num_iters, n_restarts=n_restarts,
       targeted=targeted, num_targets=num_targets)
   start = time.perf_counter()
-  evaluator = Evaluator(
-      apply_fn, suite, num_noise_draws=num_noise_draws,
-      survivors_only=(["apgd_t"] if settings["targeted_on_survivors"]
-                      else []))
+  evaluator = Evaluator(apply_fn, suite, num_noise_draws=num_noise_draws,
+                        survivors_only=survivors_plan(
+                            suite, settings["targeted_on_survivors"]))
   results = repeat_evaluation(evaluator, variables, batches, key,
                               num_seeds=num_seeds, progress=progress,
                               num_batches=num_batches, journal=journal)
@@ -301,6 +303,24 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   return results
 
 
+def survivors_plan(suite: Iterable[str], targeted_on_survivors: bool
+                   ) -> dict[str, list[str]]:
+  """Which images each attack of the strong ``suite`` attacks: every APGD
+  attack only the images classified right when clean (as AutoAttack's and
+  torchattacks' APGD: an image misclassified when clean is broken by every
+  attack, so attacking it is wasted work), and with
+  ``targeted_on_survivors`` APGD-T only those APGD-CE and APGD-DLR left
+  robust too (``Evaluator``'s ``survivors_only``)."""
+  names = list(suite)
+  if "natural" not in names:
+    return {"apgd_t": names[:names.index("apgd_t")]} if (
+        targeted_on_survivors and "apgd_t" in names) else {}
+  plan = {name: ["natural"] for name in names if name != "natural"}
+  if targeted_on_survivors and "apgd_t" in plan:
+    plan["apgd_t"] = names[:names.index("apgd_t")]
+  return plan
+
+
 def describe(settings: Mapping[str, Any], suite: Iterable[str]) -> str:
   """One line saying what a strong evaluation with ``settings`` (the
   result's ``"settings"``) and attacks ``suite`` measured."""
@@ -312,7 +332,9 @@ def describe(settings: Mapping[str, Any], suite: Iterable[str]) -> str:
       f"EOT {s['eot_samples']} sample(s) per gradient, success checked on "
       f"{s['check_draws'] or 'the gradient pass'} fresh draw(s), adversarial "
       f"images scored on {s['num_noise_draws']} noise draw(s); "
-      + ("APGD-T attacks only the images APGD-CE and APGD-DLR left robust; "
+      + "each APGD attack attacks only the images classified right when "
+      "clean; "
+      + ("APGD-T only those APGD-CE and APGD-DLR left robust; "
          if s["targeted_on_survivors"] else "")
       + f"each attack: "
       f"mean +- std over {s['num_seeds']} seed(s); worst case: robust = every "
