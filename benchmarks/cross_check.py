@@ -152,6 +152,9 @@ def load(workdir: str, num_images: int):
   from benchmarks import torch_reference as ref  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
   config = run_config.config_for_eval(workdir, None, {}, False)
+  # The first images of the whole test set, whatever subset the run was
+  # evaluated on: every run is cross-checked on the same images.
+  config.dataset.test_subset_per_class = None
   exp, _, state = experiment.restore_checkpoint(workdir, config)
   variables = experiment.eval_variables(state, config)
   apply_fn, _ = experiment.model_fns(exp.model)

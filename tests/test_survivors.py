@@ -48,16 +48,16 @@ def test_an_attack_can_follow_only_the_attacks_it_names(batches_and_params):
   after_clean = evaluate.Evaluator(
       _linear, suite, survivors_only={"strong": ["natural"]})(
           params, batches, jax.random.key(9), per_image=True)
-  clean = every["per_image"]["natural"]
+  clean = every.per_image["natural"]
   # Attacked: the images right when clean (FGSM's survivors included or
   # not), in buckets of the next power of two.
   want = [min(8, 1 << int(np.ceil(np.log2(clean[s:s + 8].sum()))))
           for s in (0, 8)]
   assert sizes == want
-  np.testing.assert_array_equal(after_clean["per_image"]["strong"],
-                                clean & every["per_image"]["strong"])
-  np.testing.assert_array_equal(after_clean["per_image"]["fgsm"],
-                                every["per_image"]["fgsm"])
+  np.testing.assert_array_equal(after_clean.per_image["strong"],
+                                clean & every.per_image["strong"])
+  np.testing.assert_array_equal(after_clean.per_image["fgsm"],
+                                every.per_image["fgsm"])
   with pytest.raises(ValueError, match="only attacks that run before it"):
     evaluate.Evaluator(_linear, suite, survivors_only={"fgsm": ["strong"]})
   with pytest.raises(ValueError, match="unknown attacks"):
