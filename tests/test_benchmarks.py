@@ -278,3 +278,12 @@ def test_bench_data_and_bench_variants_run_once(capsys):
                        "--repeats", "1"])
   result = json.loads(capsys.readouterr().out.splitlines()[-1])["result"]
   assert set(result) == {"no noise", *bench_variants.PRNG_IMPLS}
+
+
+def test_peak_memory_reads_an_evaluation_s_compiled_attack():
+  # It once read Evaluator's private cache and broke when its shape
+  # changed; one clean-accuracy batch of 4 images of a ResNet8 in-process.
+  from benchmarks.experiments import peak_memory  # pylint: disable=import-outside-toplevel
+  row = peak_memory._measure("resnet8", "natural", 1, 4)  # pylint: disable=protected-access
+  assert row["workload"] == "natural" and row["batch"] == 4
+  assert row["peak_rss_gb"] > 0

@@ -65,9 +65,8 @@ def _measure(model: str, workload: str, nattack_iters: int,
     evaluator = evaluate.Evaluator(eval_apply,
                                    eval_run.attack_suite(workload, config))
     evaluator(variables, data, jax.random.key(1))
-    compiled = evaluator._compiled[workload]  # pylint: disable=protected-access
     estimate = bench_train._memory_mb(  # pylint: disable=protected-access
-        next(iter(compiled.values())))
+        evaluator.compiled_attacks(workload)[0])
   peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return {"model": model, "workload": workload, "batch": batch,
           "peak_rss_gb": round(peak_kb / 2**20, 2),
