@@ -850,6 +850,7 @@ def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
   assert runner.status_of(run).startswith("to update")
 
 
+@pytest.mark.slow   # the row trained again in a subprocess, end to end
 def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
                                                                  tmp_path):
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")
