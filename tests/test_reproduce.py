@@ -5,6 +5,7 @@ can be killed with SIGKILL in the middle of a row and rerun. The runs share a
 persistent compilation cache, so only the first run of each program pays for
 compilation.
 """
+import functools
 import json
 import os
 import re
@@ -139,11 +140,19 @@ def _scales():
 SCALES = _scales()
 
 
+@functools.cache
+def _plans(scale, seeds=1):
+  """Every table's runs at ``scale`` under ``--root=w``, planned once for
+  the tests that only read them (every table's plan costs seconds)."""
+  return {name: runner.plan(table, SCALES[scale], root="w", seeds=seeds)
+          for name, table in tables.TABLES.items()}
+
+
 @pytest.mark.parametrize("scale", sorted(SCALES))
 def test_every_row_builds_and_shared_rows_match_their_owner(scale):
   seen = {}
   for table in tables.TABLES.values():
-    runs = runner.plan(table, SCALES[scale], root="w", seeds=1)
+    runs = _plans(scale)[table.name]
     assert [r.row.name for r in runs] == [r.name for r in table.rows]
     for run in runs:
       # a shared row runs in its owner's workdir, with the owner's config
@@ -173,7 +182,7 @@ def test_commands_build_the_runs_config(scale, monkeypatch):
   """train.py given a run's recorded command builds exactly its config."""
   monkeypatch.chdir(REPO)
   for table in tables.TABLES.values():
-    for run in runner.plan(table, SCALES[scale], root="w", seeds=1):
+    for run in _plans(scale)[table.name]:
       config, workdir = _parse_train_command(run.train_command,
                                              monkeypatch)
       assert workdir == run.workdir
@@ -190,11 +199,9 @@ def test_a_variant_runs_at_its_base_scales_budget(scale, variant):
   """Seeds per row and the extra evaluations' budgets (NAttack's A5, the
   strong protocol) are the base scale's: cpu-authors once ran En5ResNet20
   rows on 3 seeds and NAttack at the paper's size (hours per row)."""
-  base = scales.SCALES[scale]
-  varied = SCALES[f"{scale}-{variant}"]
   for table in tables.TABLES.values():
-    want = runner.plan(table, base, root="w")
-    got = runner.plan(table, varied, root="w")
+    want = _plans(scale, seeds=None)[table.name]
+    got = _plans(f"{scale}-{variant}", seeds=None)[table.name]
     assert ([(r.row.name, r.seed) for r in got]
             == [(r.row.name, r.seed) for r in want]), table.name
     for a, b in zip(want, got):
@@ -843,6 +850,7 @@ def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
   assert runner.status_of(run).startswith("to update")
 
 
+@pytest.mark.slow   # the row trained again in a subprocess, end to end
 def test_no_restore_trains_a_kept_run_again_to_the_same_numbers(tiny,
                                                                  tmp_path):
   shutil.copytree(tiny["root"] / "results", tmp_path / "results")

@@ -330,7 +330,11 @@ def test_project_each_method_and_mask():
 
 _SHARDED_SCRIPT = textwrap.dedent("""
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    # the test process's XLA flags (tests/conftest.py's fast compiles), and
+    # 4 host devices
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+        os.environ.get("XLA_FLAGS"),
+        "--xla_force_host_platform_device_count=4"]))
     import fkjax, jax, jax.numpy as jnp, numpy as np, optax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from fkjax import sparsity as sp

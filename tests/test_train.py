@@ -1,9 +1,11 @@
 """End-to-end tests of train.py / eval.py on the tiny synthetic config.
 
 Each training run is a real ``python train.py`` process (the tests also
-cover the command line). A two-process jax.distributed run and eval.py's
-strong protocol are in the slow set, tests/test_train_slow.py. The runs share a persistent compilation cache, so
-only the first run of each program pays for compilation.
+cover the command line). The 1- and 4-device comparison is in the slow set
+here; a two-process jax.distributed run and eval.py's strong protocol are
+in the slow set's tests/test_train_slow.py. The runs share a persistent
+compilation cache, so only the first run of each program pays for
+compilation.
 """
 import json
 import re
@@ -55,14 +57,20 @@ ONE_DEVICE = ["--config.num_devices=1",
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """Workdirs: uninterrupted, killed-then-resumed, and 4-device runs."""
+def full_run(tmp_path_factory):
+  """An uninterrupted 1-device run, and the compilation cache it filled."""
   root = tmp_path_factory.mktemp("train")
   cache = root / "jax_cache"
-  out = {"root": root, "cache": cache}
+  full = root / "full"
+  return {"root": root, "cache": cache, "full": full,
+          "full_log": _run("train.py", full, ONE_DEVICE, cache).stdout}
 
-  out["full"] = root / "full"
-  out["full_log"] = _run("train.py", out["full"], ONE_DEVICE, cache).stdout
+
+@pytest.fixture(scope="module")
+def runs(full_run):
+  """Workdirs: :func:`full_run`'s, and a killed-then-resumed run."""
+  root, cache = full_run["root"], full_run["cache"]
+  out = dict(full_run)
 
   # Kill -9 in the middle of epoch 2, once the step-6 checkpoint exists.
   killed = root / "killed"
@@ -82,10 +90,15 @@ def runs(tmp_path_factory):
   (partial / "garbage").write_bytes(b"\x00" * 10)
   out["killed"] = killed
   out["resumed_log"] = _run("train.py", killed, ONE_DEVICE, cache).stdout
-
-  out["four"] = root / "four"
-  _run("train.py", out["four"], ["--config.num_devices=4"], cache)
   return out
+
+
+@pytest.fixture(scope="module")
+def four_devices(full_run):
+  """A 4-device run of the same config (the slow set's)."""
+  four = full_run["root"] / "four"
+  _run("train.py", four, ["--config.num_devices=4"], full_run["cache"])
+  return four
 
 
 def _restore(workdir, which="latest", config=None):
@@ -133,10 +146,11 @@ def _dp_equivalence(cache, *args):
   return result
 
 
-def test_one_and_four_devices_agree(runs):
+@pytest.mark.slow   # a 4-device run and 4-device steps, end to end
+def test_one_and_four_devices_agree(full_run, four_devices):
   # A step from the same state and batch: equal to float rounding (1e-7
   # measured; momentum and the BatchNorm after the stem amplify it later).
-  both = _dp_equivalence(runs["cache"], "1")
+  both = _dp_equivalence(full_run["cache"], "1")
   natural = both["natural"]
   np.testing.assert_allclose(natural["losses_1"], natural["losses_4"],
                              rtol=1e-5)
@@ -151,7 +165,7 @@ def test_one_and_four_devices_agree(runs):
   # threshold, BatchNorm right after the stem), but the runs stay together.
   losses = [[json.loads(line)["train_loss"]
              for line in open(w / "metrics.jsonl")]
-            for w in (runs["full"], runs["four"])]
+            for w in (full_run["full"], four_devices)]
   np.testing.assert_allclose(losses[0], losses[1], rtol=2e-2)
 
 
