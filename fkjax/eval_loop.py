@@ -241,7 +241,6 @@ class Evaluator:
     self.names = list(attacks)
     self.num_noise_draws = num_noise_draws
     self.survivors_of = _survivors_of(self.names, survivors_only)
-    self.survivors_only = frozenset(self.survivors_of)
     self.counting = eval_progress.CallCounting(apply_fn, work_per_image)
     self.calls = self.counting.calls
     # False: the attacks as given; True: counting their model calls.
@@ -326,7 +325,7 @@ class Evaluator:
     # Every attack is compiled before the first runs, so that the display
     # knows the batch's calls from the start.
     for name, attack_key in zip(names, attack_keys):
-      if name not in self.survivors_only:
+      if name not in self.survivors_of:
         _, spent = self._compile(
             name, counting, variables, images, labels, attack_key,
             functools.partial(shown.compiling, batch_index, name))
@@ -338,7 +337,7 @@ class Evaluator:
         continue
       start = time.perf_counter()
       with shown.attack(name):
-        if name in self.survivors_only:
+        if name in self.survivors_of:
           # done holds every attack before this one (they ran in order).
           alive = np.logical_and.reduce(
               [done[n][0] for n in self.survivors_of[name]]

@@ -312,11 +312,9 @@ def survivors_plan(suite: Iterable[str], targeted_on_survivors: bool
   ``targeted_on_survivors`` APGD-T only those APGD-CE and APGD-DLR left
   robust too (``Evaluator``'s ``survivors_only``)."""
   names = list(suite)
-  if "natural" not in names:
-    return {"apgd_t": names[:names.index("apgd_t")]} if (
-        targeted_on_survivors and "apgd_t" in names) else {}
-  plan = {name: ["natural"] for name in names if name != "natural"}
-  if targeted_on_survivors and "apgd_t" in plan:
+  plan = ({name: ["natural"] for name in names if name != "natural"}
+          if "natural" in names else {})
+  if targeted_on_survivors and "apgd_t" in names:
     plan["apgd_t"] = names[:names.index("apgd_t")]
   return plan
 

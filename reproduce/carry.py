@@ -73,7 +73,7 @@ def pack(workdir: str, path: str, also: Iterable[int] = ()) -> int:
   """Writes ``workdir``'s carried state to ``path``; returns its size.
   ``also``: further steps to carry, where the workdir has them."""
   steps = sorted({*kept_steps(workdir),
-                  *(s for s in also if s in checkpoint_steps(workdir))})
+                  *(set(also) & set(checkpoint_steps(workdir)))})
   names = []
   for dirpath, dirnames, filenames in os.walk(workdir):
     dirnames.sort()

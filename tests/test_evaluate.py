@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fkjax import attacks
+from fkjax import eval_strong
 from fkjax import evaluate
 from fkjax import models
 from fkjax import workdir as workdir_lib
@@ -410,12 +411,20 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
     return attacks.fgsm(apply_fn, variables, images, labels, key,
                         epsilon=0.5)
 
+  counts = [8, 8, 5]   # the real rows of each batch
+  starts = np.cumsum([0, 8, 8])
+
+  def buckets(alive):
+    # the next power of two of each batch's images left alive, if any
+    return [min(n, 1 << int(np.ceil(np.log2(alive[s:s + n].sum()))))
+            for s, n in zip(starts, counts) if alive[s:s + n].any()]
+
   suite = {"natural": evaluate.natural,
            "fgsm": functools.partial(attacks.fgsm, epsilon=0.3),
            "strong": strong}
   every = evaluate.Evaluator(_linear, suite)(params, batches,
                                              jax.random.key(9), per_image=True)
-  assert sizes == [8, 8, 5]   # the real rows of each batch
+  assert sizes == counts
   sizes.clear()
   cascade = evaluate.Evaluator(_linear, suite, survivors_only=["strong"])(
       params, batches, jax.random.key(9), per_image=True)
@@ -423,18 +432,45 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
   # Only the images the first two left right were attacked, in buckets of
   # the next power of two; FGSM on this model treats each image alone, so
   # the result is the worst case over the three, image by image.
-  starts = np.cumsum([0, 8, 8])
-  want = [1 << int(np.ceil(np.log2(alive[s:s + n].sum())))
-          for s, n in zip(starts, [8, 8, 5]) if alive[s:s + n].any()]
-  assert sizes == [min(w, n) for w, n in zip(want, [8, 8, 5])]
+  assert sizes == buckets(alive)
   assert sum(sizes) < 21, (sizes, alive)
   np.testing.assert_array_equal(cascade.per_image["strong"],
                                 alive & every.per_image["strong"])
   for name in ("natural", "fgsm"):
     np.testing.assert_array_equal(cascade.per_image[name],
                                   every.per_image[name])
+  # A mapping names the attacks whose survivors an attack gets: here the
+  # images right when clean, whatever FGSM did.
+  sizes.clear()
+  after_clean = evaluate.Evaluator(
+      _linear, suite, survivors_only={"strong": ["natural"]})(
+          params, batches, jax.random.key(9), per_image=True)
+  clean = every.per_image["natural"]
+  assert sizes == buckets(clean)
+  np.testing.assert_array_equal(after_clean.per_image["strong"],
+                                clean & every.per_image["strong"])
+  np.testing.assert_array_equal(after_clean.per_image["fgsm"],
+                                every.per_image["fgsm"])
   with pytest.raises(ValueError, match="survivors_only"):
     evaluate.Evaluator(_linear, suite, survivors_only=["nope"])
+  with pytest.raises(ValueError, match="unknown attacks"):
+    evaluate.Evaluator(_linear, suite, survivors_only={"nope": ["natural"]})
+  with pytest.raises(ValueError, match="only attacks that run before it"):
+    evaluate.Evaluator(_linear, suite, survivors_only={"fgsm": ["strong"]})
+
+
+def test_the_strong_protocol_attacks_only_what_autoattack_attacks():
+  suite = ["natural", "apgd_ce", "apgd_dlr", "apgd_t"]
+  assert eval_strong.survivors_plan(suite, True) == {
+      "apgd_ce": ["natural"], "apgd_dlr": ["natural"],
+      "apgd_t": ["natural", "apgd_ce", "apgd_dlr"]}
+  assert eval_strong.survivors_plan(suite, False) == {
+      "apgd_ce": ["natural"], "apgd_dlr": ["natural"],
+      "apgd_t": ["natural"]}
+  # Without the clean images in the suite, nothing to follow but APGD-T's.
+  assert eval_strong.survivors_plan(suite[1:], True) == {
+      "apgd_t": ["apgd_ce", "apgd_dlr"]}
+  assert eval_strong.survivors_plan(suite[1:], False) == {}
 
 
 def test_attack_names_are_defined_once_and_the_rest_derived():
