@@ -43,6 +43,7 @@ DATA_ORDERS = ("shared", "per_run")
 # The config section of a sweep (configs/sweep.py); no run records it.
 SECTION = "sweep"
 
+
 def without_section(config: ml_collections.ConfigDict
                     ) -> ml_collections.ConfigDict:
   """A copy of ``config`` without its ``sweep`` section: a run's config."""
