@@ -267,13 +267,14 @@ class StrongSettings:
 
   @classmethod
   def from_json(cls, document: Mapping[str, Any]) -> "StrongSettings":
+    """The settings as ``to_json`` wrote them."""
     return cls(**document)
 
 
 @dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
 class StrongResult(RepeatedResult):
-  """The strong protocol's result (``strong_evaluation``): the repeated
-  evaluation of its attacks, and
+  """The strong protocol's result (``strong_evaluation``): the
+  ``RepeatedResult`` of its attacks and what the protocol adds.
 
   Attributes:
     description: one line saying what was measured.
