@@ -127,19 +127,19 @@ def protocols(apply_fn, variables, net, images: np.ndarray,
       n_restarts=restarts, num_seeds=1)
   fk_seconds = time.perf_counter() - start
   fk = np.logical_and.reduce([np.asarray(v, bool)
-                              for v in result["per_image"].values()])
+                              for v in result.per_image.values()])
   start = time.perf_counter()
   multi = torchattacks.MultiAttack([
       _torch_attack(net, name, epsilon=epsilon, iters=iters,
                     restarts=restarts, eot=eot, seed=seed)
       for name in ATTACKS])
   th = _torch_robust_under(net, multi, images, labels, batch)
-  compile_seconds = result["predict_compile_seconds"] + sum(
-      a["compile_seconds"] for a in result["attacks"].values())
+  compile_seconds = result.predict_compile_seconds + sum(
+      a.compile_seconds for a in result.attacks.values())
   return {**compare(fk, th), "fkjax_seconds": fk_seconds,
           "fkjax_compile_seconds": compile_seconds,
           "torchattacks_seconds": time.perf_counter() - start,
-          "fkjax_description": result["description"]}
+          "fkjax_description": result.description}
 
 
 def compare(fk: np.ndarray, th: np.ndarray) -> dict[str, float]:

@@ -6,6 +6,7 @@ when asked for, which images each attack left classified right
 (``per_image``). ``to_json`` gives the dict the result files hold (the
 evaluation's part of ``eval_paper.json``, ``final_eval.json``, ...), key for
 key as written since the files have existed; ``from_json`` reads one back.
+The strong protocol's result, over seeds, is ``fkjax.eval_strong_result``'s.
 """
 from __future__ import annotations
 
@@ -139,15 +140,18 @@ class EvalResult:
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, EvalResult):
       return NotImplemented
-    return _nan_safe(self.to_json()) == _nan_safe(other.to_json())
+    return nan_as_none(self.to_json()) == nan_as_none(other.to_json())
 
   __hash__ = None  # mutable arrays inside: not hashable
 
 
-def _nan_safe(document: dict[str, Any]) -> dict[str, Any]:
-  """``document`` with NaN accuracies as None, so equal results compare
-  equal (NaN != NaN)."""
-  return {**document, "attacks": {
-      name: {k: (None if isinstance(v, float) and math.isnan(v) else v)
-             for k, v in entry.items()}
-      for name, entry in document["attacks"].items()}}
+def nan_as_none(document: Any) -> Any:
+  """``document`` (a result's ``to_json()``) with every NaN as None, as a
+  result file writes it: equal results then compare equal (NaN != NaN)."""
+  if isinstance(document, Mapping):
+    return {k: nan_as_none(v) for k, v in document.items()}
+  if isinstance(document, (list, tuple)):
+    return [nan_as_none(v) for v in document]
+  if isinstance(document, float) and math.isnan(document):
+    return None
+  return document

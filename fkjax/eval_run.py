@@ -268,7 +268,7 @@ def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
       ["sanity"] if sanity else [])
   journal = _journal(config, r.workdir, r.step, r.exp, path, parts,
                      r.logger)
-  results = eval_strong.strong_evaluation(
+  result = eval_strong.strong_evaluation(
       r.eval_apply, r.variables, r.batches, r.key(),
       epsilon=config.attack.epsilon,
       stochastic=stochastic,
@@ -283,14 +283,15 @@ def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
       progress=config.progress, num_batches=r.num_batches(),
       journal=journal)
   report = experiment_lib.sparsity_report(r.variables["params"], config)
-  results.update(step=r.step, weight_sparsity=report.weight_sparsity,
-                 channel_sparsity=report.channel_sparsity)
+  results = {**result.to_json(), "step": r.step,
+             "weight_sparsity": report.weight_sparsity,
+             "channel_sparsity": report.channel_sparsity}
   r.write(path, results, "strong")
   _forget(journal, parts)
   r.say(f"strong evaluation of the {config.eval.checkpoint} checkpoint "
-        f"(step {r.step}, {results['num_examples']} images, "
+        f"(step {r.step}, {result.num_examples} images, "
         f"{r.exp.dataset.description}):\n"
-        f"{eval_tables.format_strong(results)}\nwritten to {path}")
+        f"{eval_tables.format_strong(result)}\nwritten to {path}")
   return results
 
 
@@ -446,7 +447,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
     The file's content without its metadata: for the paper's protocol the
     evaluation's ``EvalResult.to_json()`` (``EvalResult.from_json`` reads it
     back) with the sparsity and settings beside it; for the strong
-    protocol ``eval_strong.strong_evaluation``'s dict.
+    protocol ``StrongResult.to_json()`` (``StrongResult.from_json`` reads
+    it back) with the step and sparsity beside it.
   """
   workdir_lib.adopt_subset_result(workdir, config)
   restored = restore(config, workdir, exp=exp, final=final, logger=logger)

@@ -9,6 +9,7 @@ checks of ``fkjax.sanity`` with it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -19,14 +20,19 @@ from fkjax import attacks as attacks_lib
 from fkjax import eval_journal
 from fkjax import eval_suites
 from fkjax import sanity
-from fkjax import workdir as workdir_lib
 from fkjax.eval_loop import Evaluator
 from fkjax.eval_names import STRONG_COLUMNS
 from fkjax.eval_result import EvalResult
+from fkjax.eval_strong_result import RepeatedResult
+from fkjax.eval_strong_result import SeededAttackResult
+from fkjax.eval_strong_result import Spread
+from fkjax.eval_strong_result import StrongResult
+from fkjax.eval_strong_result import StrongSettings
+from fkjax.eval_strong_result import WorstCase
 
 
 def worst_case(results: EvalResult,
-               names: Sequence[str] | None = None) -> dict[str, Any]:
+               names: Sequence[str] | None = None) -> WorstCase:
   """Per-image worst case: an image is robust only if EVERY attack fails.
 
   Args:
@@ -35,19 +41,11 @@ def worst_case(results: EvalResult,
       included, so an image misclassified when clean is never robust).
 
   Returns:
-    ``{"accuracy": %, "correct": int, "num_examples": int, "attacks":
-    [names]}``; each image counts once however many attacks break it.
+    The ``WorstCase`` of one seed; each image counts once however many
+    attacks break it.
   """
-  per_image = results.per_image
-  names = list(names) if names is not None else results.names
-  if not names:
-    raise ValueError("worst_case needs at least one attack")
-  robust = np.logical_and.reduce([np.asarray(per_image[n], bool)
-                                  for n in names])
-  n = int(robust.shape[0])
-  return {"accuracy": 100.0 * float(robust.mean()) if n else float("nan"),
-          "correct": int(robust.sum()), "num_examples": n,
-          "attacks": names}
+  return worst_case_over_seeds(
+      [results], list(names) if names is not None else results.names)
 
 
 def _batch_source(batches: Callable[[], Iterable[Mapping[str, Any]]]
@@ -61,12 +59,6 @@ def _batch_source(batches: Callable[[], Iterable[Mapping[str, Any]]]
                   "returning a fresh iterable (an iterator can be read once)")
 
 
-def _spread(values: Sequence[float]) -> dict[str, Any]:
-  values = [float(v) for v in values]
-  std = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-  return {"mean": float(np.mean(values)), "std": std, "per_seed": values}
-
-
 def repeat_evaluation(evaluator: Evaluator,
                       variables: Any,
                       batches: Callable[[], Iterable[Mapping[str, Any]]]
@@ -78,7 +70,7 @@ def repeat_evaluation(evaluator: Evaluator,
                       progress: bool = False,
                       num_batches: int | None = None,
                       journal: eval_journal.Journal | None = None
-                      ) -> dict[str, Any]:
+                      ) -> RepeatedResult:
   """Runs an evaluation with ``num_seeds`` keys: mean and spread per attack.
 
   A noisy model's robust accuracy is itself random (the attacks' and the
@@ -101,15 +93,9 @@ def repeat_evaluation(evaluator: Evaluator,
       (``journal.scoped("seed<s>")``), so that a killed evaluation resumes.
 
   Returns:
-    ``{"num_seeds", "num_examples", "num_noise_draws", "attacks": {name:
-    {"accuracy": mean %, "std": sample std over seeds (0 for one seed),
-    "per_seed": [%], "correct": int (seed 0), "seconds", "compile_seconds":
-    summed over seeds, "num_compiles"}}, "worst_case":
-    ``worst_case_over_seeds``'s dict (robust = under every attack and every
-    seed; the per-seed worst cases beside it),
-    "per_image": {name: bool ndarray} of seed 0,
-    "predict_compile_seconds", "resumed_seconds"}`` (both summed over
-    seeds).
+    Per attack its accuracy's spread over seeds (``correct``: seed 0's;
+    seconds summed over seeds), seed 0's per-image vectors, and the worst
+    case over every attack and every seed (``worst_case_over_seeds``).
   """
   if num_seeds < 1:
     raise ValueError(f"num_seeds must be >= 1, got {num_seeds}.")
@@ -125,73 +111,60 @@ def repeat_evaluation(evaluator: Evaluator,
                     journal=(journal.scoped(f"seed{seed}")
                              if journal is not None else None))
     runs.append(run)
-  results = _combine_seeds(runs, names)
-  if combine:
-    results["worst_case"] = worst_case_over_seeds(runs, combine)
-  return results
+  return _combine_seeds(
+      runs, names,
+      worst_case_over_seeds(runs, combine) if combine else None)
 
 
-def _combine_seeds(runs: Sequence[EvalResult], names: Sequence[str]
-                   ) -> dict[str, Any]:
-  """``repeat_evaluation``'s result, but the worst case, from its runs."""
+def _combine_seeds(runs: Sequence[EvalResult], names: Sequence[str],
+                   worst: WorstCase | None) -> RepeatedResult:
+  """``repeat_evaluation``'s result from its runs and worst case."""
   first = runs[0]
   attacks_out = {}
   for name in names:
     entries = [r.attacks[name] for r in runs]
-    spread = _spread([e.accuracy for e in entries])
-    attacks_out[name] = {
-        "accuracy": spread["mean"], "std": spread["std"],
-        "per_seed": spread["per_seed"], "correct": entries[0].correct,
-        "seconds": sum(e.seconds for e in entries),
-        "compile_seconds": sum(e.compile_seconds for e in entries),
-        "num_compiles": entries[-1].num_compiles,
-    }
-  return {
-      "num_seeds": len(runs),
-      "num_examples": first.num_examples,
-      "num_noise_draws": first.num_noise_draws,
-      "attacks": attacks_out,
-      "per_image": first.per_image,
-      "predict_compile_seconds": sum(r.predict_compile_seconds
-                                     for r in runs),
-      "resumed_seconds": sum(r.resumed_seconds for r in runs),
-  }
+    attacks_out[name] = SeededAttackResult(
+        accuracy=Spread.of([e.accuracy for e in entries]),
+        correct=entries[0].correct,
+        seconds=sum(e.seconds for e in entries),
+        compile_seconds=sum(e.compile_seconds for e in entries),
+        num_compiles=entries[-1].num_compiles)
+  return RepeatedResult(
+      num_seeds=len(runs), num_examples=first.num_examples,
+      num_noise_draws=first.num_noise_draws, attacks=attacks_out,
+      per_image=first.per_image,
+      predict_compile_seconds=sum(r.predict_compile_seconds for r in runs),
+      resumed_seconds=sum(r.resumed_seconds for r in runs),
+      worst_case=worst)
+
+
+def _percent(robust: np.ndarray) -> float:
+  return 100.0 * float(robust.mean()) if robust.shape[0] else float("nan")
 
 
 def worst_case_over_seeds(runs: Sequence[EvalResult],
-                          names: Sequence[str]) -> dict[str, Any]:
+                          names: Sequence[str]) -> WorstCase:
   """Per-image worst case over every attack AND every seed.
 
   An image broken by any attack under any seed is broken: the seeds are
   more tries of the attacker, not samples to average. The per-seed worst
-  cases are reported beside it as their spread.
+  cases are reported beside it as their spread (``each_seed``).
 
   Args:
     runs: ``robust_accuracy(..., per_image=True)`` results of the same
       images, one per seed.
     names: the attacks to combine (``natural`` included, so that an image
       misclassified when clean is never robust).
-
-  Returns:
-    ``{"accuracy": % robust under every attack and seed, "correct",
-    "num_examples", "attacks", "num_seeds", "correct_per_image": which
-    images are robust (``fkjax.workdir.encode_correct``; read back with
-    ``decode_correct(text, num_examples)``),
-    "per_seed": [% per seed], "mean_over_seeds", "std": sample std over
-    seeds (0 for one)}``.
   """
-  per_seed = [worst_case(run, names) for run in runs]
-  robust = np.logical_and.reduce([
-      np.logical_and.reduce([np.asarray(run.per_image[n], bool)
-                             for n in names]) for run in runs])
-  n = int(robust.shape[0])
-  spread = _spread([w["accuracy"] for w in per_seed])
-  return {"accuracy": 100.0 * float(robust.mean()) if n else float("nan"),
-          "correct": int(robust.sum()), "num_examples": n,
-          "attacks": list(names), "num_seeds": len(runs),
-          "correct_per_image": workdir_lib.encode_correct(robust),
-          "per_seed": spread["per_seed"],
-          "mean_over_seeds": spread["mean"], "std": spread["std"]}
+  if not names:
+    raise ValueError("worst_case needs at least one attack")
+  each = [np.logical_and.reduce([np.asarray(run.per_image[n], bool)
+                                 for n in names]) for run in runs]
+  robust = np.logical_and.reduce(each)
+  return WorstCase(accuracy=_percent(robust), correct=int(robust.sum()),
+                   num_examples=int(robust.shape[0]), attacks=tuple(names),
+                   each_seed=Spread.of([_percent(r) for r in each]),
+                   robust=robust)
 
 
 def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
@@ -217,7 +190,7 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
                       progress: bool = False,
                       num_batches: int | None = None,
                       journal: eval_journal.Journal | None = None
-                      ) -> dict[str, Any]:
+                      ) -> StrongResult:
   """The strong protocol: APGD suite, per-image worst case, seeds, sanity.
 
   Runs ``eval_suites.strong_attacks`` over the data ``num_seeds`` times
@@ -254,24 +227,22 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
       (``repeat_evaluation``) and of the sanity checks (``scoped("sanity")``).
 
   Returns:
-    ``repeat_evaluation``'s dict plus ``"protocol": "strong"``,
-    ``"description"`` (one line), ``"settings"`` (every option above, the
-    resolved ``eot_samples`` and ``check_draws`` included), ``"seconds"``
-    (wall time of the whole evaluation, of every attempt when resumed from
-    ``journal``, sanity checks excluded) and, with
-    ``sanity_batches``, ``"sanity"`` (``SanityReport.to_dict()``: ``passed``,
-    ``checks``, ...) and ``"sanity_text"``.
+    ``repeat_evaluation``'s result with the protocol's one-line
+    ``description``, its ``settings`` (every option above, the resolved
+    ``eot_samples`` and ``check_draws`` included), its wall time
+    ``seconds`` (of every attempt when resumed from ``journal``, sanity
+    checks excluded) and, with ``sanity_batches``, the sanity report
+    (``sanity``: ``SanityReport.to_dict()``, ``sanity_text``); its
+    ``to_json()`` is ``eval_strong.json``'s content.
   """
   eot_samples, check_draws = eval_suites.strong_settings(
       stochastic=stochastic, eot_samples=eot_samples, check_draws=check_draws)
-  settings = {
-      "epsilon": epsilon, "stochastic": stochastic,
-      "eot_samples": eot_samples, "check_draws": check_draws,
-      "num_noise_draws": num_noise_draws, "num_iters": num_iters,
-      "n_restarts": n_restarts, "targeted": targeted,
-      "num_targets": num_targets if targeted else 0, "num_seeds": num_seeds,
-      "targeted_on_survivors": bool(targeted and targeted_on_survivors),
-  }
+  settings = StrongSettings(
+      epsilon=epsilon, stochastic=stochastic, eot_samples=eot_samples,
+      check_draws=check_draws, num_noise_draws=num_noise_draws,
+      num_iters=num_iters, n_restarts=n_restarts, targeted=targeted,
+      num_targets=num_targets if targeted else 0, num_seeds=num_seeds,
+      targeted_on_survivors=bool(targeted and targeted_on_survivors))
   suite = eval_suites.strong_attacks(
       epsilon, stochastic=stochastic, eot_samples=eot_samples,
       check_draws=check_draws, num_iters=num_iters, n_restarts=n_restarts,
@@ -279,28 +250,40 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   start = time.perf_counter()
   evaluator = Evaluator(apply_fn, suite, num_noise_draws=num_noise_draws,
                         survivors_only=survivors_plan(
-                            suite, settings["targeted_on_survivors"]))
-  results = repeat_evaluation(evaluator, variables, batches, key,
-                              num_seeds=num_seeds, progress=progress,
-                              num_batches=num_batches, journal=journal)
+                            suite, settings.targeted_on_survivors))
+  seeds = repeat_evaluation(evaluator, variables, batches, key,
+                            num_seeds=num_seeds, progress=progress,
+                            num_batches=num_batches, journal=journal)
   # A resumed evaluation's seconds include what its earlier attempts spent.
-  seconds = time.perf_counter() - start + results["resumed_seconds"]
-  results = {"protocol": "strong", "description": describe(settings, suite),
-             "settings": settings, **results, "seconds": seconds}
-  if sanity_batches is not None:
-    options = dict(epsilon=epsilon, stochastic=stochastic,
-                   eot_samples=eot_samples, check_draws=check_draws,
-                   num_noise_draws=num_noise_draws,
-                   apgd_budget=(num_iters, n_restarts))
-    options.update(sanity_options or {})
-    report = sanity.sanity_checks(
-        apply_fn, variables, sanity_batches,
-        jax.random.fold_in(key, 1_000_003), progress=progress,
-        journal=journal.scoped("sanity") if journal is not None else None,
-        **options)
-    results["sanity"] = report.to_dict()
-    results["sanity_text"] = report.format()
-  return results
+  seconds = time.perf_counter() - start + seeds.resumed_seconds
+  report = None if sanity_batches is None else _sanity_checks(
+      apply_fn, variables, sanity_batches, key, settings, sanity_options,
+      progress=progress,
+      journal=journal.scoped("sanity") if journal is not None else None)
+  return StrongResult(
+      **{f.name: getattr(seeds, f.name) for f in dataclasses.fields(seeds)},
+      description=describe(settings, suite), settings=settings,
+      seconds=seconds, sanity=None if report is None else report.to_dict(),
+      sanity_text=None if report is None else report.format())
+
+
+def _sanity_checks(apply_fn: attacks_lib.ApplyFn, variables: Any,
+                   batches: Sequence[Mapping[str, Any]], key: jax.Array,
+                   settings: StrongSettings,
+                   options: Mapping[str, Any] | None, *, progress: bool,
+                   journal: eval_journal.Journal | None
+                   ) -> sanity.SanityReport:
+  """``sanity.sanity_checks`` at the protocol's ``settings`` (``options``
+  override them), on a key of their own."""
+  s = settings
+  return sanity.sanity_checks(
+      apply_fn, variables, batches, jax.random.fold_in(key, 1_000_003),
+      progress=progress, journal=journal,
+      **{**dict(epsilon=s.epsilon, stochastic=s.stochastic,
+                eot_samples=s.eot_samples, check_draws=s.check_draws,
+                num_noise_draws=s.num_noise_draws,
+                apgd_budget=(s.num_iters, s.n_restarts)),
+         **(options or {})})
 
 
 def survivors_plan(suite: Iterable[str], targeted_on_survivors: bool
@@ -319,21 +302,21 @@ def survivors_plan(suite: Iterable[str], targeted_on_survivors: bool
   return plan
 
 
-def describe(settings: Mapping[str, Any], suite: Iterable[str]) -> str:
-  """One line saying what a strong evaluation with ``settings`` (the
-  result's ``"settings"``) and attacks ``suite`` measured."""
+def describe(settings: StrongSettings, suite: Iterable[str]) -> str:
+  """One line saying what a strong evaluation with ``settings`` and
+  attacks ``suite`` measured."""
   s = settings
   labels = [STRONG_COLUMNS[n] for n in suite if n != "natural"]
   return (
-      f"strong protocol: {' + '.join(labels)}, {s['num_iters']} iterations, "
-      f"{s['n_restarts']} restart(s), l_inf eps={s['epsilon'] * 255:g}/255, "
-      f"EOT {s['eot_samples']} sample(s) per gradient, success checked on "
-      f"{s['check_draws'] or 'the gradient pass'} fresh draw(s), adversarial "
-      f"images scored on {s['num_noise_draws']} noise draw(s); "
+      f"strong protocol: {' + '.join(labels)}, {s.num_iters} iterations, "
+      f"{s.n_restarts} restart(s), l_inf eps={s.epsilon * 255:g}/255, "
+      f"EOT {s.eot_samples} sample(s) per gradient, success checked on "
+      f"{s.check_draws or 'the gradient pass'} fresh draw(s), adversarial "
+      f"images scored on {s.num_noise_draws} noise draw(s); "
       + "each APGD attack attacks only the images classified right when "
       "clean; "
       + ("APGD-T only those APGD-CE and APGD-DLR left robust; "
-         if s["targeted_on_survivors"] else "")
+         if s.targeted_on_survivors else "")
       + f"each attack: "
-      f"mean +- std over {s['num_seeds']} seed(s); worst case: robust = every "
+      f"mean +- std over {s.num_seeds} seed(s); worst case: robust = every "
       f"attack fails on the image under every seed")

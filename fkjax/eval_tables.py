@@ -1,11 +1,11 @@
 """The printed tables of an evaluation: the paper's row, the strong text."""
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from fkjax.eval_names import COLUMN_LABELS
 from fkjax.eval_names import STRONG_COLUMNS
 from fkjax.eval_result import EvalResult
+from fkjax.eval_strong_result import RepeatedResult
+from fkjax.eval_strong_result import StrongResult
 
 
 def format_table(results: EvalResult,
@@ -42,26 +42,29 @@ def format_table(results: EvalResult,
   return "\n".join([row(header), rule, row(values)])
 
 
-def format_strong(results: Mapping[str, Any]) -> str:
-  """Text of a ``strong_evaluation`` result: one line per attack, the worst
-  case, the settings and the sanity report (if it ran)."""
-  lines = [results.get("description", "strong protocol"),
-           f"{results['num_examples']} images; accuracy % (mean +- std over "
-           f"{results['num_seeds']} seed(s)); seconds (all seeds)"]
+def format_strong(results: RepeatedResult) -> str:
+  """Text of a ``strong_evaluation`` (or ``repeat_evaluation``) result: one
+  line per attack, the worst case, the settings and the sanity report (if
+  it ran)."""
+  strong = isinstance(results, StrongResult)
+  lines = [results.description if strong else "strong protocol",
+           f"{results.num_examples} images; accuracy % (mean +- std over "
+           f"{results.num_seeds} seed(s)); seconds (all seeds)"]
   width = max(len(STRONG_COLUMNS.get(n, n)) for n in
-              list(results["attacks"]) + ["worst_case"])
-  for name, entry in results["attacks"].items():
+              results.names + ["worst_case"])
+  for name, entry in results.attacks.items():
     label = STRONG_COLUMNS.get(name, name)
-    lines.append(f"  {label:<{width}}  {entry['accuracy']:6.2f} +- "
-                 f"{entry['std']:5.2f}  {entry['seconds']:8.1f} s")
-  if "worst_case" in results:
-    w = results["worst_case"]
+    lines.append(f"  {label:<{width}}  {entry.accuracy.mean:6.2f} +- "
+                 f"{entry.accuracy.std:5.2f}  {entry.seconds:8.1f} s")
+  if results.worst_case is not None:
+    w = results.worst_case
     label = STRONG_COLUMNS["worst_case"]
     lines.append(
-        f"  {label:<{width}}  {w['accuracy']:6.2f} (every attack, every "
-        f"seed: {w['correct']}/{w['num_examples']} images); per seed "
-        f"{w['mean_over_seeds']:.2f} +- {w['std']:.2f} (min "
-        f"{min(w['per_seed']):.2f}, max {max(w['per_seed']):.2f})")
-  if "sanity_text" in results:
-    lines.append(results["sanity_text"])
+        f"  {label:<{width}}  {w.accuracy:6.2f} (every attack, every "
+        f"seed: {w.correct}/{w.num_examples} images); per seed "
+        f"{w.each_seed.mean:.2f} +- {w.each_seed.std:.2f} (min "
+        f"{min(w.each_seed.per_seed):.2f}, max "
+        f"{max(w.each_seed.per_seed):.2f})")
+  if strong and results.sanity_text is not None:
+    lines.append(results.sanity_text)
   return "\n".join(lines)

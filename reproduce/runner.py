@@ -35,6 +35,7 @@ import ml_collections
 from fkjax import atomic
 from fkjax import config_keys
 from fkjax import eval_journal
+from fkjax import eval_strong_result
 from fkjax import run_config
 from fkjax import workdir as workdir_lib
 from reproduce import archive as archive_lib
@@ -77,8 +78,10 @@ class ExtraEvalRun:
     """Its columns from its result file's data (empty where it lacks them);
     the strong protocol's one column is its worst case over its attacks."""
     if self.columns == ("A_strong",):
-      return ({"A_strong": result["worst_case"]["accuracy"]}
-              if result.get("protocol") == "strong" else {})
+      if result.get("protocol") != "strong":
+        return {}
+      strong = eval_strong_result.StrongResult.from_json(result)
+      return {"A_strong": strong.worst_case.accuracy}
     attacks = result.get("attacks", {})
     return {c: attacks[tables_lib.ATTACK_OF[c]]["accuracy"]
             for c in self.columns if tables_lib.ATTACK_OF[c] in attacks}

@@ -303,6 +303,26 @@ def test_wrong_structure_is_an_error(tmp_path):
       "config lacks; was it written with another config?")
 
 
+def test_a_checkpoint_of_other_dtypes_is_one_line(tmp_path):
+  # Orbax casts what it reads to the template's dtype, and the digests then
+  # called the checkpoint corrupt: a bf16 template on a float32 checkpoint.
+  ck = ckpt_lib.Checkpointer(str(tmp_path))
+  ck.save(1, _state(1, size=8))
+  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16)
+                      if x.dtype == jnp.float32 else x, _state(0, size=8))
+  with pytest.raises(ckpt_lib.CheckpointError) as info:
+    ck.restore(bf16, "latest")
+  assert str(info.value) == (
+      f"checkpoint {tmp_path / 'checkpoints' / '1'} does not match the "
+      "config's model/optimizer: opt_state/momentum has dtype float32 there "
+      "and bfloat16 in the config (2 more arrays differ); was it written "
+      "with another config?")
+  # The same dtypes restore as before.
+  step, state = ck.restore(_state(0, size=8), "latest")
+  assert step == 1
+  _assert_state_equal(state, _state(1, size=8))
+
+
 @pytest.mark.parametrize("error", [
     OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
     OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)),

@@ -98,7 +98,7 @@ def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
   first = run()
   _set_seconds(journal.scoped("strong").scoped("seed0"), 500.0, 0.0)
   again = run()
-  assert first["seconds"] < 500.0 < again["seconds"]
+  assert first.seconds < 500.0 < again.seconds
 
 
 def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
@@ -152,9 +152,9 @@ def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
   resumed = evaluate.repeat_evaluation(evaluator, params, batches, key,
                                        num_seeds=2, journal=journal)
   assert len(seen) == 2
-  assert resumed["attacks"]["fgsm"]["per_seed"] == (
-      whole["attacks"]["fgsm"]["per_seed"])
-  assert resumed["worst_case"] == whole["worst_case"]
+  assert resumed.attacks["fgsm"].accuracy.per_seed == (
+      whole.attacks["fgsm"].accuracy.per_seed)
+  assert resumed.worst_case == whole.worst_case
 
 
 def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):
@@ -182,9 +182,9 @@ def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):
                         for name in state["per_image"]}
   open(path, "w").write(json.dumps(state))
   again = run()
-  assert first["sanity"] != again["sanity"]
-  assert all(v == 100.0 for v in again["sanity"]["accuracies"].values())
-  assert again["worst_case"] == first["worst_case"]
+  assert first.sanity != again.sanity
+  assert all(v == 100.0 for v in again.sanity["accuracies"].values())
+  assert again.worst_case == first.worst_case
 
 
 def test_a_kill_within_a_batch_keeps_the_attacks_it_finished(mlp, tmp_path):

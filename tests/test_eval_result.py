@@ -4,13 +4,19 @@ import json
 import math
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
 from fkjax import eval_loop
+from fkjax import eval_strong
+from fkjax import eval_tables
 from fkjax import workdir as workdir_lib
 from fkjax.eval_result import AttackResult
 from fkjax.eval_result import EvalResult
+from fkjax.eval_strong_result import Spread
+from fkjax.eval_strong_result import StrongResult
+from fkjax.eval_strong_result import StrongSettings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -105,3 +111,99 @@ def test_no_image_reads_back_as_nan(tmp_path):
   back = EvalResult.from_json(document)
   assert math.isnan(back.accuracy("natural"))
   assert back == empty
+
+
+# --- the strong protocol's result ---------------------------------------------
+
+
+def test_committed_strong_results_are_written_again_byte_for_byte(tmp_path):
+  # Read, then written again the way eval_run writes eval_strong.json (the
+  # result's to_json, then the step and sparsity beside it): the same bytes,
+  # files written before a key existed included.
+  paths = sorted(REPO.glob("results/**/eval_strong*.json"))
+  assert len(paths) >= 16
+  for path in paths:
+    document = json.loads(path.read_text())
+    result = StrongResult.from_json(document)
+    own = result.to_json()
+    record = {k: v for k, v in document.items()
+              if k not in own and k != "metadata"}
+    assert list(record) == ["step", "weight_sparsity", "channel_sparsity"]
+    out = tmp_path / path.name
+    workdir_lib.write_results(out, {**own, **record}, document["metadata"])
+    assert out.read_bytes() == path.read_bytes(), path
+    worst = result.worst_case
+    assert worst.accuracy == document["worst_case"]["accuracy"]
+    assert worst.each_seed.per_seed == tuple(
+        document["worst_case"]["per_seed"])
+    for name, entry in result.attacks.items():
+      assert entry.accuracy.mean == document["attacks"][name]["accuracy"]
+      assert int(result.per_image[name].sum()) == entry.correct
+
+
+def _seed_run(natural, apgd_ce):
+  tally = eval_loop.Tally.resume(["natural", "apgd_ce"], True, None)
+  tally.add_batch({"natural": (np.array(natural, bool), 1.5),
+                   "apgd_ce": (np.array(apgd_ce, bool), 2.0)})
+  tally.compile_seconds.update({"natural": 0.25, "apgd_ce": 0.5})
+  return tally.result(1, {"natural": 1, "apgd_ce": 1})
+
+
+class _SeedRuns:
+  """A stand-in ``Evaluator``: its given results, one per call (seed)."""
+  names = ["natural", "apgd_ce"]
+
+  def __init__(self, runs):
+    self._runs = iter(runs)
+
+  def __call__(self, variables, batches, key, **unused):
+    return next(self._runs)
+
+
+def _strong_result():
+  seeds = eval_strong.repeat_evaluation(
+      _SeedRuns([_seed_run([1, 1, 1, 0], [1, 1, 0, 0]),
+                 _seed_run([1, 1, 1, 0], [0, 1, 1, 0])]),
+      None, [], jax.random.key(0), num_seeds=2)
+  settings = StrongSettings(
+      epsilon=8 / 255, stochastic=True, eot_samples=20, check_draws=3,
+      num_noise_draws=1, num_iters=100, n_restarts=1, targeted=False,
+      num_targets=0, num_seeds=2, targeted_on_survivors=False)
+  return StrongResult(
+      **{f.name: getattr(seeds, f.name) for f in dataclasses.fields(seeds)},
+      description=eval_strong.describe(settings, ["natural", "apgd_ce"]),
+      settings=settings, seconds=9.5)
+
+
+def test_a_strong_result_by_attribute_and_back_from_its_json():
+  result = _strong_result()
+  apgd_ce = result.attacks["apgd_ce"]
+  assert apgd_ce.accuracy == Spread(mean=50.0, std=0.0, per_seed=(50.0, 50.0))
+  assert (apgd_ce.correct, apgd_ce.seconds, apgd_ce.compile_seconds) == (2, 4.0, 1.0)
+  worst = result.worst_case
+  # Image 0 falls under seed 1, image 2 under seed 0: only image 1 holds.
+  np.testing.assert_array_equal(worst.robust, [False, True, False, False])
+  assert (worst.accuracy, worst.correct, worst.num_seeds) == (25.0, 1, 2)
+  assert worst.each_seed.per_seed == (50.0, 50.0)
+  document = result.to_json()
+  assert list(document) == [
+      "protocol", "description", "settings", "num_seeds", "num_examples",
+      "num_noise_draws", "attacks", "per_image", "predict_compile_seconds",
+      "resumed_seconds", "worst_case", "seconds"]
+  assert list(document["worst_case"]) == [
+      "accuracy", "correct", "num_examples", "attacks", "num_seeds",
+      "correct_per_image", "per_seed", "mean_over_seeds", "std"]
+  assert document["settings"]["targeted_on_survivors"] is False
+  assert document["attacks"]["apgd_ce"] == {
+      "accuracy": 50.0, "std": 0.0, "per_seed": [50.0, 50.0], "correct": 2,
+      "seconds": 4.0, "compile_seconds": 1.0, "num_compiles": 1}
+  back = StrongResult.from_json(json.loads(json.dumps(document)))
+  assert back == result
+  assert back.worst_case == worst
+  assert eval_tables.format_strong(back) == eval_tables.format_strong(result)
+  assert "25.00 (every attack, every seed: 1/4 images)" in (
+      eval_tables.format_strong(result))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    result.seconds = 1.0
+  with pytest.raises(ValueError, match="not a strong protocol"):
+    StrongResult.from_json({**document, "protocol": "paper"})

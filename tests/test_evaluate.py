@@ -9,6 +9,7 @@ import pytest
 
 from fkjax import attacks
 from fkjax import eval_strong
+from fkjax import eval_strong_result
 from fkjax import evaluate
 from fkjax import models
 from fkjax import workdir as workdir_lib
@@ -167,9 +168,10 @@ def test_worst_case_counts_each_image_once():
   # Image 0 is broken by both attacks, image 4 is wrong when clean: the
   # worst case is images 2 and 3, not 5 minus the 6 breaks.
   worst = evaluate.worst_case(results)
-  assert worst == {"accuracy": 40.0, "correct": 2, "num_examples": 5,
-                   "attacks": ["natural", "a", "b"]}
-  assert evaluate.worst_case(results, ["a"])["correct"] == 3
+  assert (worst.accuracy, worst.correct, worst.num_examples, worst.attacks
+          ) == (40.0, 2, 5, ("natural", "a", "b"))
+  np.testing.assert_array_equal(worst.robust, [0, 0, 1, 1, 0])
+  assert evaluate.worst_case(results, ["a"]).correct == 3
 
 
 def test_per_image_vectors_and_worst_case_from_an_evaluation(setup):
@@ -186,8 +188,8 @@ def test_per_image_vectors_and_worst_case_from_an_evaluation(setup):
     assert int(per_image[name].sum()) == entry.correct
   worst = evaluate.worst_case(results)
   manual = per_image["natural"] & per_image["fgsm"] & per_image["fgsm_big"]
-  assert worst["correct"] == int(manual.sum())
-  assert worst["correct"] <= min(e.correct
+  assert worst.correct == int(manual.sum())
+  assert worst.correct <= min(e.correct
                                  for e in results.attacks.values())
 
 
@@ -262,25 +264,29 @@ def test_repeat_evaluation_reports_mean_and_spread(setup):
                       "fgsm": functools.partial(attacks.fgsm, epsilon=0.05)})
   results = evaluate.repeat_evaluation(evaluator, params, batches,
                                        jax.random.key(7), num_seeds=3)
-  assert results["num_seeds"] == 3
+  assert results.num_seeds == 3
   for name in ("natural", "fgsm"):
-    entry = results["attacks"][name]
-    assert len(entry["per_seed"]) == 3
-    assert entry["accuracy"] == pytest.approx(np.mean(entry["per_seed"]))
-    assert entry["std"] == pytest.approx(np.std(entry["per_seed"], ddof=1))
-    assert entry["num_compiles"] == 2
+    entry = results.attacks[name]
+    spread = entry.accuracy
+    assert len(spread.per_seed) == 3
+    assert spread.mean == pytest.approx(np.mean(spread.per_seed))
+    assert spread.std == pytest.approx(np.std(spread.per_seed, ddof=1))
+    assert entry.num_compiles == 2
   # The noisy model's accuracy varies over seeds.
-  assert results["attacks"]["natural"]["std"] > 0
-  worst = results["worst_case"]
-  assert len(worst["per_seed"]) == 3
-  assert worst["mean_over_seeds"] == pytest.approx(np.mean(worst["per_seed"]))
+  assert results.attacks["natural"].accuracy.std > 0
+  worst = results.worst_case
+  seeds = worst.each_seed
+  assert len(seeds.per_seed) == 3 == worst.num_seeds
+  assert seeds.mean == pytest.approx(np.mean(seeds.per_seed))
   # An image broken under ANY seed is broken: at most the fewest robust of
   # any seed, and here fewer (the noise breaks different images per seed).
-  assert worst["accuracy"] <= min(worst["per_seed"]) + 1e-9
-  assert worst["accuracy"] < worst["mean_over_seeds"]
-  robust = workdir_lib.decode_correct(worst["correct_per_image"], 21)
-  assert worst["correct"] == int(robust.sum())
-  assert worst["accuracy"] == pytest.approx(100 * worst["correct"] / 21)
+  assert worst.accuracy <= min(seeds.per_seed) + 1e-9
+  assert worst.accuracy < seeds.mean
+  robust = workdir_lib.decode_correct(
+      worst.to_json()["correct_per_image"], 21)
+  np.testing.assert_array_equal(robust, worst.robust)
+  assert worst.correct == int(robust.sum())
+  assert worst.accuracy == pytest.approx(100 * worst.correct / 21)
   # Batches read once (an iterator) cannot be repeated.
   with pytest.raises(TypeError, match="fresh iterable"):
     evaluate.repeat_evaluation(evaluator, params, iter(batches),
@@ -318,19 +324,18 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
       sanity_options=dict(sweep_epsilons=(0.0, 0.1), sweep_steps=1,
                           steps=(1, 2), nattack_population=4,
                           nattack_iters=2))
-  assert results["protocol"] == "strong"
-  assert results["settings"]["eot_samples"] == 2
-  assert results["settings"]["num_noise_draws"] == 2
-  assert results["num_noise_draws"] == 2
-  assert list(results["attacks"]) == ["natural", "apgd_ce", "apgd_dlr",
-                                      "apgd_t"]
-  assert results["worst_case"]["attacks"] == ["natural", "apgd_ce",
-                                              "apgd_dlr", "apgd_t"]
-  assert results["settings"]["num_targets"] == 2
-  assert results["settings"]["targeted_on_survivors"] is False
-  assert "left robust" not in results["description"]
-  assert results["num_examples"] == 16
-  sanity = results["sanity"]
+  assert results.to_json()["protocol"] == "strong"
+  assert results.settings.eot_samples == 2
+  assert results.settings.num_noise_draws == 2
+  assert results.num_noise_draws == 2
+  assert results.names == ["natural", "apgd_ce", "apgd_dlr", "apgd_t"]
+  assert results.worst_case.attacks == ("natural", "apgd_ce", "apgd_dlr",
+                                        "apgd_t")
+  assert results.settings.num_targets == 2
+  assert results.settings.targeted_on_survivors is False
+  assert "left robust" not in results.description
+  assert results.num_examples == 16
+  sanity = results.sanity
   assert {c["name"] for c in sanity["checks"]} == {
       "epsilon_sweep", "sweep_reaches_zero", "apgd_converged", "more_steps",
       "more_eot", "blackbox_weaker"}
@@ -342,11 +347,12 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   assert "sanity checks" in text
 
   path = tmp_path / "strong.json"
-  workdir_lib.write_results(path, results, {})
+  workdir_lib.write_results(path, results.to_json(), {})
   loaded = json.loads(path.read_text())
-  assert loaded["per_image"]["apgd_ce"] == results["per_image"][
+  assert loaded["per_image"]["apgd_ce"] == results.per_image[
       "apgd_ce"].tolist()
   assert loaded["sanity"]["passed"] == sanity["passed"]
+  assert eval_strong_result.StrongResult.from_json(loaded) == results
 
 
 def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
