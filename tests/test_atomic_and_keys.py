@@ -70,7 +70,9 @@ def test_dotted_set_creates_or_refuses_new_keys():
     3, 0.5, None, "text", (1, 2), [1, 2], {"inner": 1},
     ml_collections.FieldReference(None, field_type=int),
     ml_collections.FieldReference({"inner": 1}),
-    ml_collections.ConfigDict({"inner": 1})], ids=repr)
+    ml_collections.ConfigDict({"inner": 1})],
+    ids=["int", "float", "none", "str", "tuple", "list", "dict",
+         "reference_to_none", "reference_to_dict", "configdict"])
 def test_a_new_leaf_is_stored_as_ignore_type_stores_it(value):
   # set_value skips ignore_type() for a new leaf where that changes nothing
   # (its walk made a whole config cost ~40 ms): the stored field, its type
