@@ -392,9 +392,9 @@ def test_eval_errors_are_clear(runs, tmp_path):
     _restore(corrupt, "best")
 
 
-def test_admm_results_report_both_readings(tmp_path):
+def test_admm_results_report_both_readings(full_run, tmp_path):
   workdir = tmp_path / "admm"
-  runs = {"cache": tmp_path / "cache"}
+  runs = full_run   # its compilation cache holds the same model's programs
   trained = subprocess.run(
       [sys.executable, "train.py", "--config=configs/tiny.py:admm",
        f"--workdir={workdir}", "--config.num_devices=1",
