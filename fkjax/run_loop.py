@@ -46,19 +46,6 @@ def selection_column(config: ml_collections.ConfigDict) -> str:
   return f"pgd{config.validation.attack_steps}"
 
 
-@dataclasses.dataclass
-class Validation:
-  """One epoch's validation of every run.
-
-  Attributes:
-    accuracy: per run, ``{attack name: accuracy (%)}`` in the order of
-      :func:`fkjax.eval_run.validation_attacks`.
-    seconds: the validation's time (a sweep's, shared by its runs).
-  """
-  accuracy: list[dict[str, float]]
-  seconds: float
-
-
 def epoch_summary(*, epoch: int, learning_rate: float,
                   train_sums: Mapping[str, float], steps: int,
                   val_accuracy: Mapping[str, float],
@@ -77,7 +64,8 @@ def epoch_summary(*, epoch: int, learning_rate: float,
     train_seconds: the epoch's training time, projection included.
     images_per_second: the steps' throughput after the first dispatch (in
       global batches: every process's images).
-    val_seconds: the validation's time.
+    val_seconds: the validation's wall time, as the loop measures it around
+      ``Runs.validate`` (a sweep's, shared by its runs).
   """
   steps = max(1, steps)
   return {
@@ -175,8 +163,9 @@ class Runs(abc.ABC):
 
   @abc.abstractmethod
   def validate(self, evaluated: PyTree, split: data_lib.Split, epoch: int
-               ) -> Validation:
-    """Every run's accuracy under the validation attacks."""
+               ) -> list[dict[str, float]]:
+    """Every run's ``{attack name: accuracy (%)}``, in the order of
+    :func:`fkjax.eval_run.validation_attacks`."""
 
   @abc.abstractmethod
   def per_run(self, evaluated: PyTree) -> list[PyTree]:
@@ -332,17 +321,19 @@ def _epoch(loop: _Loop, state: PyTree, epoch: int
   # saved, so that a checkpoint is never a diverged model.
   runs.check_loss(runs.weights_loss(evaluated, loop.val_split),
                   loop.max_loss, f"of the weights after epoch {epoch + 1}")
-  val = runs.validate(evaluated, loop.val_split, epoch)
+  val_start = time.perf_counter()
+  val_accuracy = runs.validate(evaluated, loop.val_split, epoch)
+  val_seconds = time.perf_counter() - val_start
   rate = ran.images_per_second(runs.template.training.batch_size)
   summaries = []
   for i, (config, variables) in enumerate(zip(runs.configs,
                                               runs.per_run(evaluated))):
     summary = {**epoch_summary(
         epoch=epoch + 1, learning_rate=float(loop.schedules[i](step - 1)),
-        train_sums=sums[i], steps=ran.steps, val_accuracy=val.accuracy[i],
+        train_sums=sums[i], steps=ran.steps, val_accuracy=val_accuracy[i],
         report=experiment_lib.sparsity_report(variables["params"], config),
         train_seconds=train_seconds, images_per_second=rate,
-        val_seconds=val.seconds), **runs.summary_extra(rate)}
+        val_seconds=val_seconds), **runs.summary_extra(rate)}
     # The epoch's line first: a kill during the save then loses no metrics
     # (a resumed run logs the epoch again; readers keep the last record).
     runs.loggers[i].write(step, summary)
@@ -351,7 +342,7 @@ def _epoch(loop: _Loop, state: PyTree, epoch: int
                              + loop.synthetic)
     summaries.append(summary)
   select = selection_column(runs.template)
-  runs.save(step, state, val_accuracy=[a[select] for a in val.accuracy])
+  runs.save(step, state, val_accuracy=[a[select] for a in val_accuracy])
   return state, summaries
 
 

@@ -273,12 +273,10 @@ class SingleRun(run_loop.Runs):
                               eval_run.validation_attacks(self.config))
 
   def validate(self, evaluated: PyTree, split, epoch: int
-               ) -> run_loop.Validation:
+               ) -> list[dict[str, float]]:
     val = self._validator(evaluated, self._val_batches(split),
                           jax.random.fold_in(self._val_key, epoch))
-    return run_loop.Validation(
-        accuracy=[val.accuracies()],
-        seconds=sum(r.seconds for r in val.attacks.values()))
+    return [val.accuracies()]
 
   def per_run(self, evaluated: PyTree) -> list[PyTree]:
     return [evaluated]

@@ -9,6 +9,7 @@ seed 16 its validation accuracy falls in the second epoch (6.25% -> 0%), so
 the best checkpoint is not the latest.
 """
 import json
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from fkjax import metric_logging
 from fkjax import run_loop
 from fkjax import sweep
 from fkjax import train
+from fkjax.sweep import loop as sweep_loop
 
 # The loop's own times, which no two runs share.
 TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds")
@@ -41,11 +43,25 @@ def _config():
   return config
 
 
+# Added to each validation, outside anything a Runs times itself.
+VALIDATION_PAUSE = 0.5
+
+
+def _paused(validate):
+  def slower(self, *args):
+    time.sleep(VALIDATION_PAUSE)
+    return validate(self, *args)
+  return slower
+
+
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
   root = tmp_path_factory.mktemp("one_loop")
-  single = train.train_and_evaluate(_config(), str(root / "single"))
-  swept, = sweep.train_sweep([_config()], [root / "sweep"])
+  with pytest.MonkeyPatch.context() as patch:
+    for runs in (train.SingleRun, sweep_loop.SweepRuns):
+      patch.setattr(runs, "validate", _paused(runs.validate))
+    single = train.train_and_evaluate(_config(), str(root / "single"))
+    swept, = sweep.train_sweep([_config()], [root / "sweep"])
   return {"single": (root / "single", single),
           "sweep": (root / "sweep", swept)}
 
@@ -75,6 +91,15 @@ def test_a_sweep_of_one_writes_the_single_runs_records(both):
   # what train_and_evaluate returns: the last record and the test result
   assert set(single) == set(swept) == {"validation", "test"}
   assert single["validation"]["epoch"] == swept["validation"]["epoch"] == 2
+
+
+def test_the_validation_seconds_are_the_loops_wall_time_in_both(both):
+  # The loop times Runs.validate itself: a run and a sweep report the same
+  # thing (it was the attacks' summed seconds in a run, wall time in a
+  # sweep), and it holds all the validation took.
+  for workdir, _ in both.values():
+    for record in metric_logging.read_metrics(str(workdir)):
+      assert record["val_seconds"] >= VALIDATION_PAUSE
 
 
 def test_a_sweep_of_one_selects_and_evaluates_the_single_runs_checkpoint(

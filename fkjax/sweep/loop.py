@@ -10,7 +10,6 @@ per step for all of them.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Sequence
 
 import jax
@@ -227,15 +226,12 @@ class SweepRuns(run_loop.Runs):
         self._values))
 
   def validate(self, evaluated: Any, split: data_lib.Split, epoch: int
-               ) -> run_loop.Validation:
-    start = time.perf_counter()
+               ) -> list[dict[str, float]]:
     accuracy = _validation_accuracy(self.sweep, evaluated, split,
                                     self._val_keys, epoch, self._values)
-    seconds = time.perf_counter() - start
     names = self.sweep.validation_names()
-    return run_loop.Validation(
-        accuracy=[{name: float(run[j]) for j, name in enumerate(names)}
-                  for run in accuracy], seconds=seconds)
+    return [{name: float(run[j]) for j, name in enumerate(names)}
+            for run in accuracy]
 
   def per_run(self, evaluated: Any) -> list[Any]:
     return self.sweep.unstack(evaluated, self.sweep.size)
