@@ -122,8 +122,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>/dev/null || echo "no nvidia-smi"
 
-# The runs finished (or updated: an extra evaluation added) since the call
-# began: their records are newer than this mark.
+# With jobs named by hand: the runs finished (or updated: an extra
+# evaluation added) since the call began, their records newer than this
+# mark. (The queue's pack brings back every run home lacks instead,
+# reproduce.ledger: also those of a call killed before its pack.)
 STARTED=$(mktemp)
 new_runs() {
   find "results/$RESULTS_NAME/runs" -mindepth 3 -maxdepth 3 \
@@ -163,8 +165,13 @@ if (( QUEUE_MODE )); then
   EXTRA=""
   jobs_text=$($PY -m reproduce.lease prepare --jobs="$JOBS" --root="$ROOT") \
     || { log "the queue could not be read (above)"; exit 1; }
-  [ -n "$jobs_text" ] || { log "the queue has no run left"; exit 0; }
-  mapfile -t job_list <<< "$jobs_text"
+  job_list=()
+  if [ -n "$jobs_text" ]; then
+    mapfile -t job_list <<< "$jobs_text"
+  else
+    # still packs: an earlier call here may have left finished runs unsent
+    log "the queue has no run left"
+  fi
 else
   EXTRA="--scale=$SCALE${VARIANT:+ --variant=$VARIANT}"
   job_list=("$@")
@@ -207,8 +214,7 @@ if running; then
 fi
 if (( QUEUE_MODE )); then
   log "packing the lease"
-  $PY -m reproduce.lease pack --out="$OUT" --since="$STARTED" \
-    --root="$ROOT" --logs="$LOGS"
+  $PY -m reproduce.lease pack --out="$OUT" --root="$ROOT" --logs="$LOGS"
   log "packed: $((LIMIT - SECONDS + start)) s of the call's limit to spare"
 else
   pack
