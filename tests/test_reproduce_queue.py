@@ -605,6 +605,22 @@ def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
       c.close()
 
 
+def test_the_carry_benchmark_packs_a_checkpoint_at_each_preset(tmp_path):
+  # benchmarks/bench_carry.py, on a tiny state: what docs/reproduction.md
+  # states comes from it; a preset changes the bytes, never the contents.
+  from benchmarks import bench_carry  # pylint: disable=C0415
+  rng = np.random.default_rng(0)
+  state = {"params": {"kernel": rng.standard_normal((3, 3, 8, 8)).astype(
+      np.float32)}, "step": np.int32(4)}
+  rows = bench_carry.measure(state, [0, 6], str(tmp_path))
+  assert [r["preset"] for r in rows] == [0, 6]
+  assert all(0 < r["bytes"] < 2 * r["raw"] for r in rows)
+  unpacked = [_tree_digest(tmp_path / f"u{p}" / "checkpoints")
+              for p in (0, 6)]
+  assert unpacked[0] == unpacked[1] == _tree_digest(
+      tmp_path / "w" / "checkpoints")
+
+
 def test_a_kept_run_with_an_evaluation_pending_stays_carried(tmp_path):
   # A lease can end after a run's record (A1-A4) and before its A5: while
   # its checkpoint is carried the queue is not done with it.
@@ -704,12 +720,16 @@ def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
 
 
 def _documented_timeout():
-  """The ``timeout_s`` that docs/reproduction.md gives the training call."""
+  """The ``timeout_s`` that docs/reproduction.md gives the training call,
+  which tells the script so (``LIMIT``): a call cut shorter than the script
+  thinks is killed before its pack."""
   docs = (REPO / "docs" / "reproduction.md").read_text()
-  calls = re.findall(r'run\(command="bash benchmarks/gpu_reproduce\.sh"'
-                     r'[^)]*timeout_s=(\d+)\)', docs)
+  calls = re.findall(r'run\(command="LIMIT=(\d+) bash benchmarks/'
+                     r'gpu_reproduce\.sh"[^)]*timeout_s=(\d+)\)', docs)
   assert len(set(calls)) == 1, calls
-  return int(calls[0])
+  limit, timeout = map(int, calls[0])
+  assert limit == timeout
+  return timeout
 
 
 def test_a_lease_stops_its_jobs_a_stated_margin_before_the_calls_limit(
