@@ -19,15 +19,19 @@
 #    run, the other the gpu scale's rows).
 # 3. At DEADLINE the jobs are stopped and
 #    `python -m reproduce.lease pack` writes to $OUT the results and
-#    weights of every run finished here and the last checkpoint of every
-#    run not finished (lease.tar.part-NN, lease.json; within the tool's 8
-#    files of 16 MiB). At home: python -m reproduce unpack <folder>.
+#    weights of every finished run home lacks (reproduce.ledger: those of
+#    this call, and of an earlier call here killed before its pack) and the
+#    last checkpoint of every run not finished (lease.tar.part-NN,
+#    lease.json; within the tool's 8 files of 16 MiB). At home, for each
+#    call in turn: python -m reproduce unpack <folder>.
 #    This pack is the call's only output: a call that the device tool
-#    kills at its timeout_s before the pack brings back nothing (the next
-#    lease resumes from the committed carry). So DEADLINE is LIMIT (the
-#    call's timeout_s, 600) less MARGIN (150 s: up to 7 s to stop the jobs,
-#    then the pack), counted from the script's start; a DEADLINE that
-#    leaves less than MARGIN is refused.
+#    kills before the pack brings back nothing itself (the next call on
+#    this still-warm machine brings back its finished runs; a fresh
+#    machine resumes from the committed carry). So DEADLINE is LIMIT less
+#    MARGIN (150 s: up to 7 s to stop the jobs, then the pack), counted
+#    from the script's start; a DEADLINE that leaves less than MARGIN is
+#    refused. LIMIT (600) must be the call's timeout_s, or the device
+#    time left where that is less: `LIMIT=420 bash ...` with timeout_s=420.
 #
 # With arguments (jobs named by hand):
 #   FKJAX_DATA_DIR=/data DEADLINE=480 bash benchmarks/gpu_reproduce.sh \
