@@ -114,7 +114,7 @@ def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
     if os.path.exists(record) and (
         digest := ledger.digest(kept)) != sent.get(entry.name):
       # finished, or given an extra evaluation, and not yet home
-      run_files = [os.path.join(kept, n) for n in sorted(os.listdir(kept))]
+      run_files = ledger.run_files(kept)
       run_bytes = sum(os.path.getsize(p) for p in run_files)
       if size + run_bytes > max_bytes:
         dropped.append(entry.name)   # the next call brings it

@@ -29,15 +29,20 @@ def path(root: str) -> str:
   return os.path.join(root, LEDGER)
 
 
+def run_files(folder: str) -> list[str]:
+  """The files of a kept run, in name order; not a write a kill cut short
+  (:func:`fkjax.atomic.replacing`'s ``.tmp``)."""
+  return [os.path.join(folder, n) for n in sorted(os.listdir(folder))
+          if os.path.isfile(os.path.join(folder, n)) and ".tmp" not in n]
+
+
 def digest(folder: str) -> str:
-  """SHA-256 over the names and bytes of the files in ``folder``."""
+  """SHA-256 over the names and bytes of :func:`run_files`."""
   h = hashlib.sha256()
-  for name in sorted(os.listdir(folder)):
-    full = os.path.join(folder, name)
-    if os.path.isfile(full):
-      h.update(name.encode() + b"\0")
-      with open(full, "rb") as f:
-        h.update(hashlib.sha256(f.read()).digest())
+  for full in run_files(folder):
+    h.update(os.path.basename(full).encode() + b"\0")
+    with open(full, "rb") as f:
+      h.update(hashlib.sha256(f.read()).digest())
   return h.hexdigest()
 
 

@@ -697,10 +697,14 @@ def test_finished_runs_over_the_limit_come_back_with_the_next_call(
     kept.mkdir(parents=True)
     (kept / runner.RUN_RECORD).write_text('{"done": true}')
     (kept / weights.WEIGHTS_FILE).write_bytes(os.urandom(30_000))
+    # a write that a killed call cut short is no part of the run
+    (kept / f".{weights.WEIGHTS_FILE}.x1.tmp").write_bytes(b"cut")
   first = lease.gather(entries, "results", "w", ledger.load("w"),
                        max_bytes=45_000)
   assert (first["finished"], first["dropped"]) == ([entries[0].name],
                                                    [entries[1].name])
+  assert sorted(Path(p).name for p in first["files"]) == [
+      runner.RUN_RECORD, weights.WEIGHTS_FILE]
   ledger.add("w", first["digests"])
   second = lease.gather(entries, "results", "w", ledger.load("w"),
                         max_bytes=45_000)
