@@ -126,6 +126,30 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>/dev/null || echo "no nvidia-smi"
 
+# A call the device tool kills at its limit leaves its jobs running (each
+# leads its own session, which the tool does not end): the next call here
+# stops them first, else they would hold the workdirs its own jobs resume.
+JOBS_FILE=$ROOT/lease_jobs.pids
+stop_jobs() {
+  (( $# )) || return 0
+  for p in "$@"; do kill -TERM -- "-$p" 2>/dev/null; done
+  sleep 5
+  for p in "$@"; do kill -KILL -- "-$p" 2>/dev/null; done
+}
+if [ -f "$JOBS_FILE" ]; then
+  left=()
+  # those still running a job (not a process that took a pid freed since)
+  while read -r p; do
+    [ "$p" != $$ ] && grep -qasF -- "-m reproduce" "/proc/$p/cmdline" \
+      && left+=("$p")
+  done < "$JOBS_FILE"
+  if (( ${#left[@]} )); then
+    log "stopping the jobs an earlier call left running: ${left[*]}"
+    stop_jobs "${left[@]}"
+  fi
+  rm -f "$JOBS_FILE"
+fi
+
 # With jobs named by hand: the runs finished (or updated: an extra
 # evaluation added) since the call began, their records newer than this
 # mark. (The queue's pack brings back every run home lacks instead,
@@ -197,6 +221,9 @@ for i in $(seq 1 ${#job_list[@]}); do
   pids+=($!)
   log "job $i (pid $!): $job"
 done
+if (( ${#pids[@]} )); then
+  mkdir -p "$ROOT" && printf '%s\n' "${pids[@]}" > "$JOBS_FILE"
+fi
 
 running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 last_pack=$SECONDS
@@ -212,10 +239,9 @@ while running && (( SECONDS - start < DEADLINE )) && [ ! -e "${STOP_FILE:-/nonex
 done
 if running; then
   log "deadline: stopping the jobs"
-  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
-  sleep 5
-  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+  stop_jobs "${pids[@]}"
 fi
+rm -f "$JOBS_FILE"
 if (( QUEUE_MODE )); then
   log "packing the lease"
   $PY -m reproduce.lease pack --out="$OUT" --root="$ROOT" --logs="$LOGS"
