@@ -130,10 +130,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
 # leads its own session, which the tool does not end): the next call here
 # stops them first, else they would hold the workdirs its own jobs resume.
 JOBS_FILE=$ROOT/lease_jobs.pids
+# TERM, then KILL what is left after 5 s (every process of each job's group)
 stop_jobs() {
-  (( $# )) || return 0
-  for p in "$@"; do kill -TERM -- "-$p" 2>/dev/null; done
-  sleep 5
+  local p alive
+  for _ in $(seq 10); do
+    alive=0
+    for p in "$@"; do kill -TERM -- "-$p" 2>/dev/null && alive=1; done
+    (( alive )) || return 0
+    sleep 0.5
+  done
   for p in "$@"; do kill -KILL -- "-$p" 2>/dev/null; done
 }
 if [ -f "$JOBS_FILE" ]; then
