@@ -133,9 +133,10 @@ JOBS_FILE=$ROOT/lease_jobs.pids
 # TERM, then KILL what is left after 5 s (every process of each job's group)
 stop_jobs() {
   local p alive
+  for p in "$@"; do kill -TERM -- "-$p" 2>/dev/null; done
   for _ in $(seq 10); do
     alive=0
-    for p in "$@"; do kill -TERM -- "-$p" 2>/dev/null && alive=1; done
+    for p in "$@"; do kill -0 -- "-$p" 2>/dev/null && alive=1; done
     (( alive )) || return 0
     sleep 0.5
   done
