@@ -28,9 +28,11 @@
 #    kills before the pack brings back nothing itself (the next call on
 #    this still-warm machine brings back its finished runs; a fresh
 #    machine resumes from the committed carry). So DEADLINE is LIMIT less
-#    MARGIN (150 s: up to 7 s to stop the jobs, then the pack), counted
-#    from the script's start; a DEADLINE that leaves less than MARGIN is
-#    refused. LIMIT (600) must be the call's timeout_s, or the device
+#    MARGIN (90 s: up to 7 s to stop the jobs, then the pack, which took
+#    25 s on 2 busy CPU cores with the most a lease brings back, 60 MB of
+#    En5ResNet20 states: `python -m benchmarks.bench_carry --lease=8`),
+#    counted from the script's start; a DEADLINE that leaves less than
+#    MARGIN is refused. LIMIT (600) must be the call's timeout_s, or the device
 #    time left where that is less: `LIMIT=420 bash ...` with timeout_s=420.
 #
 # With arguments (jobs named by hand):
@@ -77,7 +79,7 @@ QUEUE_MODE=$(( $# == 0 ))
 # the device tool's timeout_s for this call (docs/reproduction.md)
 LIMIT=${LIMIT:-600}
 # what queue mode keeps after DEADLINE to stop the jobs and pack
-MARGIN=${MARGIN:-150}
+MARGIN=${MARGIN:-90}
 DEADLINE=${DEADLINE:-$(( QUEUE_MODE ? LIMIT - MARGIN : 480 ))}
 JOBS=${JOBS:-2}
 STAGE=${STAGE:-/tmp/fkjax_datapack}
