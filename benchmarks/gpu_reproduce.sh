@@ -19,15 +19,21 @@
 #    run, the other the gpu scale's rows).
 # 3. At DEADLINE the jobs are stopped and
 #    `python -m reproduce.lease pack` writes to $OUT the results and
-#    weights of every run finished here and the last checkpoint of every
-#    run not finished (lease.tar.part-NN, lease.json; within the tool's 8
-#    files of 16 MiB). At home: python -m reproduce unpack <folder>.
+#    weights of every finished run home lacks (reproduce.ledger: those of
+#    this call, and of an earlier call here killed before its pack) and the
+#    last checkpoint of every run not finished (lease.tar.part-NN,
+#    lease.json; within the tool's 8 files of 16 MiB). At home, for each
+#    call in turn: python -m reproduce unpack <folder>.
 #    This pack is the call's only output: a call that the device tool
-#    kills at its timeout_s before the pack brings back nothing (the next
-#    lease resumes from the committed carry). So DEADLINE is LIMIT (the
-#    call's timeout_s, 600) less MARGIN (150 s: up to 7 s to stop the jobs,
-#    then the pack), counted from the script's start; a DEADLINE that
-#    leaves less than MARGIN is refused.
+#    kills before the pack brings back nothing itself (the next call on
+#    this still-warm machine brings back its finished runs; a fresh
+#    machine resumes from the committed carry). So DEADLINE is LIMIT less
+#    MARGIN (90 s: up to 7 s to stop the jobs, then the pack, which took
+#    25 s on 2 busy CPU cores with the most a lease brings back, 60 MB of
+#    En5ResNet20 states: `python -m benchmarks.bench_carry --lease=8`),
+#    counted from the script's start; a DEADLINE that leaves less than
+#    MARGIN is refused. LIMIT (600) must be the call's timeout_s, or the device
+#    time left where that is less: `LIMIT=420 bash ...` with timeout_s=420.
 #
 # With arguments (jobs named by hand):
 #   FKJAX_DATA_DIR=/data DEADLINE=480 bash benchmarks/gpu_reproduce.sh \
@@ -73,7 +79,7 @@ QUEUE_MODE=$(( $# == 0 ))
 # the device tool's timeout_s for this call (docs/reproduction.md)
 LIMIT=${LIMIT:-600}
 # what queue mode keeps after DEADLINE to stop the jobs and pack
-MARGIN=${MARGIN:-150}
+MARGIN=${MARGIN:-90}
 DEADLINE=${DEADLINE:-$(( QUEUE_MODE ? LIMIT - MARGIN : 480 ))}
 JOBS=${JOBS:-2}
 STAGE=${STAGE:-/tmp/fkjax_datapack}
@@ -122,8 +128,40 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader \
   2>/dev/null || echo "no nvidia-smi"
 
-# The runs finished (or updated: an extra evaluation added) since the call
-# began: their records are newer than this mark.
+# A call the device tool kills at its limit leaves its jobs running (each
+# leads its own session, which the tool does not end): the next call here
+# stops them first, else they would hold the workdirs its own jobs resume.
+JOBS_FILE=$ROOT/lease_jobs.pids
+# TERM, then KILL what is left after 5 s (every process of each job's group)
+stop_jobs() {
+  local p alive
+  for p in "$@"; do kill -TERM -- "-$p" 2>/dev/null; done
+  for _ in $(seq 10); do
+    alive=0
+    for p in "$@"; do kill -0 -- "-$p" 2>/dev/null && alive=1; done
+    (( alive )) || return 0
+    sleep 0.5
+  done
+  for p in "$@"; do kill -KILL -- "-$p" 2>/dev/null; done
+}
+if [ -f "$JOBS_FILE" ]; then
+  left=()
+  # those still running a job (not a process that took a pid freed since)
+  while read -r p; do
+    [ "$p" != $$ ] && grep -qasF -- "-m reproduce" "/proc/$p/cmdline" \
+      && left+=("$p")
+  done < "$JOBS_FILE"
+  if (( ${#left[@]} )); then
+    log "stopping the jobs an earlier call left running: ${left[*]}"
+    stop_jobs "${left[@]}"
+  fi
+  rm -f "$JOBS_FILE"
+fi
+
+# With jobs named by hand: the runs finished (or updated: an extra
+# evaluation added) since the call began, their records newer than this
+# mark. (The queue's pack brings back every run home lacks instead,
+# reproduce.ledger: also those of a call killed before its pack.)
 STARTED=$(mktemp)
 new_runs() {
   find "results/$RESULTS_NAME/runs" -mindepth 3 -maxdepth 3 \
@@ -163,8 +201,13 @@ if (( QUEUE_MODE )); then
   EXTRA=""
   jobs_text=$($PY -m reproduce.lease prepare --jobs="$JOBS" --root="$ROOT") \
     || { log "the queue could not be read (above)"; exit 1; }
-  [ -n "$jobs_text" ] || { log "the queue has no run left"; exit 0; }
-  mapfile -t job_list <<< "$jobs_text"
+  job_list=()
+  if [ -n "$jobs_text" ]; then
+    mapfile -t job_list <<< "$jobs_text"
+  else
+    # still packs: an earlier call here may have left finished runs unsent
+    log "the queue has no run left"
+  fi
 else
   EXTRA="--scale=$SCALE${VARIANT:+ --variant=$VARIANT}"
   job_list=("$@")
@@ -186,6 +229,9 @@ for i in $(seq 1 ${#job_list[@]}); do
   pids+=($!)
   log "job $i (pid $!): $job"
 done
+if (( ${#pids[@]} )); then
+  mkdir -p "$ROOT" && printf '%s\n' "${pids[@]}" > "$JOBS_FILE"
+fi
 
 running() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 last_pack=$SECONDS
@@ -201,14 +247,12 @@ while running && (( SECONDS - start < DEADLINE )) && [ ! -e "${STOP_FILE:-/nonex
 done
 if running; then
   log "deadline: stopping the jobs"
-  for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done
-  sleep 5
-  for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null; done
+  stop_jobs "${pids[@]}"
 fi
+rm -f "$JOBS_FILE"
 if (( QUEUE_MODE )); then
   log "packing the lease"
-  $PY -m reproduce.lease pack --out="$OUT" --since="$STARTED" \
-    --root="$ROOT" --logs="$LOGS"
+  $PY -m reproduce.lease pack --out="$OUT" --root="$ROOT" --logs="$LOGS"
   log "packed: $((LIMIT - SECONDS + start)) s of the call's limit to spare"
 else
   pack

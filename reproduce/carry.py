@@ -28,6 +28,10 @@ SUFFIX = ".tar.xz"
 # Never carried: another process's lock, orbax's unfinished writes, logs
 # that are rebuilt.
 _SKIP = ("fkjax.lock", ".orbax-checkpoint-tmp", ".tmp", "tensorboard")
+# xz's preset. Orbax already compresses a checkpoint's arrays: xz gains 1-3%
+# at any preset, and 0 packs in a third of 6's time
+# (benchmarks/bench_carry.py, docs/reproduction.md).
+PRESET = 0
 
 
 def carry_path(results: str, scale: str, table: str, row: str, seed: int
@@ -69,9 +73,11 @@ def _wanted(rel: str, steps: list[int]) -> bool:
   return True
 
 
-def pack(workdir: str, path: str, also: Iterable[int] = ()) -> int:
+def pack(workdir: str, path: str, also: Iterable[int] = (),
+         preset: int = PRESET) -> int:
   """Writes ``workdir``'s carried state to ``path``; returns its size.
-  ``also``: further steps to carry, where the workdir has them."""
+  ``also``: further steps to carry, where the workdir has them; ``preset``:
+  xz's (0-9)."""
   steps = sorted({*kept_steps(workdir),
                   *(set(also) & set(checkpoint_steps(workdir)))})
   names = []
@@ -82,10 +88,8 @@ def pack(workdir: str, path: str, also: Iterable[int] = ()) -> int:
       rel = os.path.relpath(full, workdir)
       if _wanted(rel, steps):
         names.append(rel)
-  # preset 6: a ResNet20's checkpoint in seconds; float32 weights hardly
-  # compress further at 9.
   with atomic.replacing(path, "wb") as f, tarfile.open(
-      fileobj=f, mode="w:xz", preset=6) as tar:
+      fileobj=f, mode="w:xz", preset=preset) as tar:
     for rel in names:
       info = tar.gettarinfo(os.path.join(workdir, rel), arcname=rel)
       # Byte-identical archives for identical states: no owner, no time.

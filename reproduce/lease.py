@@ -4,16 +4,18 @@ On the lent machine (``benchmarks/gpu_reproduce.sh`` with no arguments)::
 
   python -m reproduce.lease prepare --jobs=2   # one line per job
   ... the jobs run until the deadline ...
-  python -m reproduce.lease pack --out=$OUT --since=MARK
+  python -m reproduce.lease pack --out=$OUT
 
 ``prepare`` unpacks the committed state of the next units' carried runs
 into their workdirs and prints the jobs: the next units dealt round-robin,
 so that with the queue's interleaved order one job trains the paper scale's
 run and the other the gpu scale's rows. ``pack`` gathers, under the device
 tool's limits on what comes back (files of 16 MiB at most, 8 files, 64 MiB
-in all), the kept files (and published weights) of every run finished in
-the call and the carried state of every run stopped mid-way, as one tar cut
-into parts (``lease.tar.part-NN``) with a manifest (``lease.json``).
+in all), the kept files (and published weights) of every finished run home
+has not received (:mod:`reproduce.ledger`: those finished in this call, or
+in an earlier call on this machine killed before its pack) and the carried
+state of every run stopped mid-way, as one tar cut into parts
+(``lease.tar.part-NN``) with a manifest (``lease.json``).
 
 At home, in the repository root::
 
@@ -32,12 +34,13 @@ import json
 import os
 import sys
 import tarfile
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from fkjax import atomic
 from reproduce import archive
 from reproduce import carry
 from reproduce import files
+from reproduce import ledger
 from reproduce import queue as queue_lib
 from reproduce import tables as tables_lib
 
@@ -54,7 +57,9 @@ DEFAULT_QUEUE = os.path.join("results", queue_lib.QUEUE_FILE)
 def prepare(entries: Sequence[queue_lib.Entry], results: str, root: str,
             jobs: int, units_per_job: int = 3) -> list[list[queue_lib.Unit]]:
   """The next units, dealt round-robin to ``jobs`` jobs; the carried state
-  of their runs unpacked into their workdirs."""
+  of their runs unpacked into their workdirs. On a fresh machine, first
+  notes the runs home has (:func:`reproduce.ledger.start`)."""
+  ledger.start(root, entries, results)
   units = queue_lib.next_units(entries, results, jobs * units_per_job)
   for unit in units:
     for seed in unit.seeds:
@@ -62,10 +67,6 @@ def prepare(entries: Sequence[queue_lib.Entry], results: str, root: str,
       if carry.unpack(entry.carry(results), entry.workdir(root)):
         print(f"# resumed from {entry.carry(results)}", file=sys.stderr)
   return [units[i::jobs] for i in range(jobs) if units[i::jobs]]
-
-
-def _newer(path: str, since: float) -> bool:
-  return os.path.exists(path) and os.path.getmtime(path) > since
 
 
 def _same_bytes(a: str, b: str) -> bool:
@@ -96,22 +97,35 @@ def _sweep_resume_steps(entries: Sequence[queue_lib.Entry], results: str,
 
 
 def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
-           since: float, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+           sent: Mapping[str, str], max_bytes: int = MAX_BYTES
+           ) -> dict[str, Any]:
   """What a lease brings back: the manifest (``files``: paths under
-  ``results``' parent, in the order to pack them)."""
+  ``results``' parent, in the order to pack them; ``digests``: those of the
+  runs it brings, for the ledger). ``sent``: name -> digest of the kept
+  runs home has (:func:`reproduce.ledger.load`)."""
   finished, carried, dropped, removed = [], [], [], []
+  digests: dict[str, str] = {}
   paths: list[str] = []
   size = 0
   candidates = []
   for entry in entries:
     kept = entry.archive(results)
     record = os.path.join(kept, archive.RUN_RECORD)
-    if _newer(record, since):
-      # finished here, or given an extra evaluation: reportable
+    if os.path.exists(record) and (
+        digest := ledger.digest(kept)) != sent.get(entry.name):
+      # finished, or given an extra evaluation, and not yet home
+      run_files = ledger.run_files(kept)
+      run_bytes = sum(os.path.getsize(p) for p in run_files)
+      if size + run_bytes > max_bytes:
+        dropped.append(entry.name)   # the next call brings it
+        continue
       finished.append(entry.name)
-      for name in sorted(os.listdir(kept)):
-        paths.append(os.path.join(kept, name))
-        size += os.path.getsize(paths[-1])
+      digests[entry.name] = digest
+      paths += run_files
+      size += run_bytes
+    if not (os.path.exists(entry.carry(results))
+            or carry.checkpoint_steps(entry.workdir(root))):
+      continue   # no state of it here nor home (and no plan to read)
     if (files.load_json(record) or {}).get("done") and not (
         queue_lib.pending_evals(entry, results)):
       # complete: nothing of it is carried any more
@@ -139,7 +153,8 @@ def gather(entries: Sequence[queue_lib.Entry], results: str, root: str,
     carried.append(entry.name)
     paths.append(path)
   return {"finished": finished, "carried": carried, "dropped": dropped,
-          "removed": removed, "files": paths, "bytes": size}
+          "removed": removed, "files": paths, "bytes": size,
+          "digests": digests}
 
 
 def write_parts(manifest: dict[str, Any], out: str, base: str,
@@ -230,8 +245,6 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--root", default="workdirs/reproduce")
   p.add_argument("--jobs", type=int, default=2)
   p.add_argument("--out", default=None, help="pack: where the files go")
-  p.add_argument("--since", default=None,
-                 help="pack: a file made when the lease began")
   p.add_argument("--logs", default=None, help="pack: a folder of logs")
   p.add_argument("--part-bytes", type=int, default=PART_BYTES)
   p.add_argument("--max-bytes", type=int, default=MAX_BYTES)
@@ -245,13 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     for job in prepare(entries, args.results, args.root, args.jobs):
       print(";".join(" ".join(u.runner_args()) for u in job))
     return 0
-  if not (args.out and args.since):
-    print("error: pack needs --out and --since", file=sys.stderr)
+  if not args.out:
+    print("error: pack needs --out", file=sys.stderr)
     return 2
   manifest = gather(entries, args.results, args.root,
-                    os.path.getmtime(args.since), args.max_bytes)
+                    ledger.load(args.root), args.max_bytes)
   parts = write_parts(manifest, args.out, os.path.dirname(
       os.path.abspath(args.results)), args.logs, args.part_bytes)
+  # only now: a call killed before here leaves them to the next one
+  ledger.add(args.root, manifest["digests"])
   print(json.dumps({k: manifest[k] for k in
                     ("finished", "carried", "dropped", "bytes")}))
   print(f"{len(parts)} part(s) and {MANIFEST} in {args.out}")

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,3 +106,33 @@ def test_a_variants_runs_are_run_and_packed_under_its_name(tmp_path):
           in log)
   assert _members(out / "workdirs.tgz") == {
       "workdirs/reproduce/tiny-long/table5/stopped_seed0/state"}
+
+
+def test_jobs_an_earlier_call_left_running_are_stopped_first(tmp_path):
+  # The device tool ends a killed call's processes, but not its jobs (each
+  # leads its own session): the next call on that machine stops them
+  # before its own jobs resume the workdirs they hold.
+  left = subprocess.Popen(["bash", "-c", "sleep 60; : python -m reproduce t"],
+                          start_new_session=True)
+  # a pid the list names, taken since by another program: left alone
+  other = subprocess.Popen(["bash", "-c", "sleep 60; : other"],
+                           start_new_session=True)
+  try:
+    pids = tmp_path / "workdirs/reproduce/lease_jobs.pids"
+    pids.parent.mkdir(parents=True)
+    pids.write_text(f"{left.pid}\n{other.pid}\n")
+    # reaped at once, as an orphan on the machine is (not a zombie the
+    # script would wait 5 s on)
+    reaper = threading.Thread(target=left.wait, daemon=True)
+    reaper.start()
+    _, log = _call(tmp_path, "--help", PY=sys.executable)
+    reaper.join(timeout=10)
+    assert left.poll() is not None
+    assert (f"stopping the jobs an earlier call left running: {left.pid}\n"
+            in log)
+    assert other.poll() is None
+    assert not pids.exists()   # this call's own jobs ended
+  finally:
+    for p in (left, other):
+      if p.poll() is None:
+        os.killpg(p.pid, 9)

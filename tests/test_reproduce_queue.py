@@ -29,6 +29,7 @@ from reproduce import __main__ as reproduce_main
 from reproduce import carry
 from reproduce import datapack
 from reproduce import lease
+from reproduce import ledger
 from reproduce import queue as queue_lib
 from reproduce import runner
 from reproduce import scales
@@ -586,8 +587,10 @@ def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
     for step, accuracy in saves:
       checkpointer.save(step, state, val_accuracy=accuracy)
     checkpointer.close()
+  # home has seed 0's record: not brought back again
   manifest = lease.gather([done, *entries], "results", "lent",
-                          since=time.time())
+                          sent=ledger.kept_runs([done], "results"))
+  assert manifest["finished"] == []
   assert manifest["carried"] == [e.name for e in entries]
   checkpointers = []
   for entry in entries:
@@ -600,6 +603,22 @@ def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
   finally:
     for c in checkpointers:
       c.close()
+
+
+def test_the_carry_benchmark_packs_a_checkpoint_at_each_preset(tmp_path):
+  # benchmarks/bench_carry.py, on a tiny state: what docs/reproduction.md
+  # states comes from it; a preset changes the bytes, never the contents.
+  from benchmarks import bench_carry  # pylint: disable=C0415
+  rng = np.random.default_rng(0)
+  state = {"params": {"kernel": rng.standard_normal((3, 3, 8, 8)).astype(
+      np.float32)}, "step": np.int32(4)}
+  rows = bench_carry.measure(state, [0, 6], str(tmp_path))
+  assert [r["preset"] for r in rows] == [0, 6]
+  assert all(0 < r["bytes"] < 2 * r["raw"] for r in rows)
+  unpacked = [_tree_digest(tmp_path / f"u{p}" / "checkpoints")
+              for p in (0, 6)]
+  assert unpacked[0] == unpacked[1] == _tree_digest(
+      tmp_path / "w" / "checkpoints")
 
 
 def test_a_kept_run_with_an_evaluation_pending_stays_carried(tmp_path):
@@ -644,8 +663,7 @@ def test_a_lease_brings_back_what_fits_and_home_checks_the_parts(
     (lent / e.workdir("workdirs") / "config.json").write_text("{}")
   monkeypatch.setattr(carry, "kept_steps", carry.checkpoint_steps)
   monkeypatch.chdir(lent)
-  since = time.time() - 1
-  manifest = lease.gather(entries, "results", "workdirs", since,
+  manifest = lease.gather(entries, "results", "workdirs", sent={},
                           max_bytes=45_000)
   assert manifest["carried"] == [entries[0].name]
   assert manifest["dropped"] == [entries[1].name]
@@ -666,6 +684,33 @@ def test_a_lease_brings_back_what_fits_and_home_checks_the_parts(
     lease.unpack(str(tmp_path / "out"), str(home))
 
 
+def test_finished_runs_over_the_limit_come_back_with_the_next_call(
+    tmp_path, monkeypatch):
+  # Finished runs past the limit would make parts the device tool does not
+  # bring back (and home refuses a tar with a part missing): the last one
+  # waits, unsent in the ledger, for the next call.
+  monkeypatch.chdir(tmp_path)
+  entries = [queue_lib.Entry("tiny", "table1", r, 0)
+             for r in ("resnet20_none", "en2resnet20_none")]
+  for e in entries:
+    kept = Path(e.archive("results"))
+    kept.mkdir(parents=True)
+    (kept / runner.RUN_RECORD).write_text('{"done": true}')
+    (kept / weights.WEIGHTS_FILE).write_bytes(os.urandom(30_000))
+    # a write that a killed call cut short is no part of the run
+    (kept / f".{weights.WEIGHTS_FILE}.x1.tmp").write_bytes(b"cut")
+  first = lease.gather(entries, "results", "w", ledger.load("w"),
+                       max_bytes=45_000)
+  assert (first["finished"], first["dropped"]) == ([entries[0].name],
+                                                   [entries[1].name])
+  assert sorted(Path(p).name for p in first["files"]) == [
+      runner.RUN_RECORD, weights.WEIGHTS_FILE]
+  ledger.add("w", first["digests"])
+  second = lease.gather(entries, "results", "w", ledger.load("w"),
+                        max_bytes=45_000)
+  assert (second["finished"], second["dropped"]) == ([entries[1].name], [])
+
+
 def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
   clone = _clone(tmp_path / "bad")
   (clone / "results" / queue_lib.QUEUE_FILE).write_text('{"runs": [{}]}')
@@ -679,12 +724,16 @@ def test_a_lease_on_a_bad_queue_fails_saying_why(tmp_path):
 
 
 def _documented_timeout():
-  """The ``timeout_s`` that docs/reproduction.md gives the training call."""
+  """The ``timeout_s`` that docs/reproduction.md gives the training call,
+  which tells the script so (``LIMIT``): a call cut shorter than the script
+  thinks is killed before its pack."""
   docs = (REPO / "docs" / "reproduction.md").read_text()
-  calls = re.findall(r'run\(command="bash benchmarks/gpu_reproduce\.sh"'
-                     r'[^)]*timeout_s=(\d+)\)', docs)
+  calls = re.findall(r'run\(command="LIMIT=(\d+) bash benchmarks/'
+                     r'gpu_reproduce\.sh"[^)]*timeout_s=(\d+)\)', docs)
   assert len(set(calls)) == 1, calls
-  return int(calls[0])
+  limit, timeout = map(int, calls[0])
+  assert limit == timeout
+  return timeout
 
 
 def test_a_lease_stops_its_jobs_a_stated_margin_before_the_calls_limit(
@@ -717,3 +766,58 @@ def test_a_lease_stops_its_jobs_a_stated_margin_before_the_calls_limit(
   assert f"leaves {margin - 1} s of the call's LIMIT={timeout} s" in (
       proc.stderr)
   assert "job 1" not in proc.stdout
+
+
+def _stand_in_python(folder):
+  """A ``python`` for the lease script: the lease's own steps
+  (``-m reproduce.lease``) run for real; a unit's command ``-m reproduce
+  <table> --scale=S --rows=R --seeds=N --sweep`` "finishes" its seeds at
+  once (their kept records) where R is in $FINISH, and leaves them
+  unfinished otherwise; with $KILL_AT_PACK set, the pack kills the script
+  first, as the device tool does at the call's timeout_s."""
+  script = folder / "python"
+  script.write_text(f"""#!/bin/bash
+if [ "$2" = reproduce.lease ]; then
+  if [ "$3" = pack ] && [ -n "${{KILL_AT_PACK:-}}" ]; then
+    kill -KILL $PPID; exit 137
+  fi
+  exec {sys.executable} "$@"
+fi
+table=$3
+for a in "$@"; do case $a in --scale=*) scale=${{a#*=}};;
+  --rows=*) row=${{a#*=}};; --seeds=*) seeds=${{a#*=}};; esac; done
+case " $FINISH " in *" $row "*) ;; *) exit 0;; esac
+for ((k = 0; k < seeds; k++)); do
+  d=results/$scale/runs/$table/${{row}}_seed$k
+  mkdir -p $d && echo '{{"done": true, "seed": '$k'}}' > $d/reproduce_run.json
+done
+""")
+  script.chmod(0o755)
+  return str(script)
+
+
+def test_a_call_killed_before_its_pack_is_brought_back_by_the_next(tmp_path):
+  # Two calls on one still-warm machine (one checkout, its untracked files
+  # kept): the first finishes run A and is killed before it packs; the next
+  # finishes B and must bring back A too (home has neither); a third brings
+  # back nothing again.
+  a, b = ENTRY, SWEEP[0]
+  clone = _clone(tmp_path / "machine", entries=[a, b])
+  data = _release(tmp_path / "data").parent
+  python = _stand_in_python(tmp_path)
+
+  def call(out, **env):
+    env = _env(tmp_path / "cache", tmp_path / out, PY=python,
+               LOGS=str(tmp_path / "logs"), FKJAX_DATA_DIR=str(data), **env)
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return proc, tmp_path / out / lease.MANIFEST
+
+  proc, manifest = call("out1", FINISH=a.row, KILL_AT_PACK="1")
+  assert proc.returncode == -9 and not manifest.exists(), proc.stdout
+  proc, manifest = call("out2", FINISH=b.row)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert json.loads(manifest.read_text())["finished"] == [a.name, b.name]
+  proc, manifest = call("out3", FINISH="")
+  assert "the queue has no run left" in proc.stdout
+  assert json.loads(manifest.read_text())["finished"] == []
