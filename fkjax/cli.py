@@ -233,13 +233,15 @@ def run_config_for_eval(argv: Sequence[str], workdir: str,
   # pylint: disable=import-outside-toplevel
   from absl import logging
   from ml_collections import config_flags
-  from fkjax import kernels
   from fkjax import run_config
   config = run_config.config_for_eval(
       workdir, loaded_config(config_flag.value),
       config_flags.get_override_values(config_flag),
       config_given=config_flag.present)
   run_config.validate(config)
+  # Only now: fkjax.kernels imports JAX (seconds), which a refused
+  # override needs no more than the rest of this check does.
+  from fkjax import kernels
   kernels.apply_xla_flags()
   logging.set_verbosity(logging.WARNING)
   return config

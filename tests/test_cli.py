@@ -177,6 +177,22 @@ def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
 
 
+def test_eval_refuses_an_override_before_importing_jax(tmp_path):
+  # The refusal needs the run's config and the override alone; importing
+  # JAX first cost ~2 s before the line.
+  sys.path.insert(0, str(REPO))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  run_config.save(tiny.get_config(), str(tmp_path))
+  proc = _run(["-X", "importtime", "eval.py", f"--workdir={tmp_path}",
+               "--config.sparsity.lamb=0.1"])
+  assert proc.returncode == 1
+  assert "would change what the run" in proc.stderr.splitlines()[-1]
+  imported = [l.rsplit("|", 1)[-1].strip() for l in proc.stderr.splitlines()
+              if l.startswith("import time:")]
+  assert "fkjax.run_config" in imported and "jax" not in imported
+
+
 @pytest.mark.parametrize("chunk", ["0", "-3"])
 def test_eval_refuses_nattack_chunks_below_one(tmp_path, chunk):
   # 0 ran NAttack until killed; a negative chunk failed inside JAX.
