@@ -10,9 +10,12 @@ sparsifier):
 * the share of channel groups with norm ``< 1e-15`` (the paper's channel
   sparsity) and ``< 1e-3``;
 * quantiles of ``|w|`` and of the channel norms;
-* histogram counts on fixed bins, all channel norms and one conv layer's
-  kernel (the same layer for every net), saved in ``analysis.npz`` so that a
-  table's figures are drawn without the checkpoints.
+* histogram counts on fixed bins, all channel norms and the block of one
+  conv layer's kernel that the paper's weight figures draw (its first
+  ``FIGURE_BLOCK`` inputs and filters, the same layer for every net), saved
+  in ``analysis.npz`` so that a table's figures are drawn without the
+  checkpoints. Only that block is kept: every committed run's file travels
+  to each lent GPU within its 64 MiB (docs/reproduction.md, "The queue").
 
 Both readings matter for ADMM, whose ``w`` stays dense while ``u`` is the
 projection (issue 16, protocol table).
@@ -32,6 +35,7 @@ from fkjax import sparsity
 
 ANALYSIS_JSON = "analysis.json"
 ANALYSIS_NPZ = "analysis.npz"
+FIGURE_BLOCK = 16   # inputs x filters of the figure layer kept
 
 # Fixed histogram bins, so that histograms of different runs add and compare.
 WEIGHT_BINS = np.linspace(-0.5, 0.5, 401)
@@ -123,7 +127,8 @@ def analyze_params(w: Any, u: Any, group: str = "input",
     arrays.update({f"{tag}_{k}": v for k, v in arr.items()})
   name, kernel = figure_layer(conv_kernels(u, layout))
   summary["figure_layer"] = name
-  arrays["figure_layer_kernel"] = kernel.astype(np.float32)
+  arrays["figure_layer_kernel"] = kernel[:, :, :FIGURE_BLOCK,
+                                         :FIGURE_BLOCK].astype(np.float32)
   return summary, arrays
 
 
