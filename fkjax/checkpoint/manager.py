@@ -192,10 +192,10 @@ class Checkpointer:
     shapes.check(want, saved, where)
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template)
     try:
-      return self._manager.restore(step,
-                                   args=ocp.args.StandardRestore(abstract))
+      with quiet.leftovers_dropped():
+        return self._manager.restore(step,
+                                     args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # orbax raises many types; name the cause
-      quiet.drop_orbax_leftovers()
       raise (shapes.other_arrays(want, saved, where)
              or errors.restore_error(which, step, where, e)) from e
 

@@ -10,14 +10,15 @@ Three kinds, each dropped only where fkjax's own message replaces it:
   disk gave ~1,000 lines): :func:`errors_held` holds them back, the caller
   drops them when it raises its one-line error, else they are replayed;
 * the reports orbax's failed concurrent reads leave behind (pages of
-  tensorstore internals): :func:`drop_orbax_leftovers`.
+  tensorstore internals): :func:`leftovers_dropped` around a read, and
+  :func:`drop_orbax_leftovers` for good once one has failed.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 # Orbax warns on each save without a metric when it tracks the best; fkjax's
 # mid-epoch saves carry none on purpose.
@@ -67,7 +68,7 @@ def errors_held() -> Iterator[list[logging.LogRecord]]:
       _absl().handle(record)
 
 
-def drop_orbax_leftovers() -> None:
+def drop_orbax_leftovers() -> Callable[[Any], Any] | None:
   """From now on, what orbax's failed reads report when their coroutines
   are collected (pages of tensorstore internals, some of them only after
   the restore has raised) or when they complete after it (a traceback of
@@ -76,9 +77,10 @@ def drop_orbax_leftovers() -> None:
   the first restore that fails (importing fkjax, saving and restoring
   intact checkpoints change nothing); it stays, since the reports come at
   any moment after the error (without it, a truncated chunk's restore
-  printed ~60 lines after its one-line error in 3 runs of 9)."""
-  if getattr(sys.unraisablehook, "_fkjax_drops_orbax_leftovers", False):
-    return
+  printed ~60 lines after its one-line error in 3 runs of 9). Returns the
+  hook it replaced, None if it was in place already."""
+  if _drops_leftovers(sys.unraisablehook):
+    return None
   before = sys.unraisablehook
 
   def hook(unraisable):
@@ -86,6 +88,25 @@ def drop_orbax_leftovers() -> None:
       before(unraisable)
   hook._fkjax_drops_orbax_leftovers = True
   sys.unraisablehook = hook
+  return before
+
+
+def _drops_leftovers(hook: Any) -> bool:
+  return getattr(hook, "_fkjax_drops_orbax_leftovers", False)
+
+
+@contextlib.contextmanager
+def leftovers_dropped() -> Iterator[None]:
+  """Around an orbax read: its leftover reports are dropped from the
+  start, since one can come before the read has raised (a truncated
+  chunk's restore printed a traceback of "Event loop is closed" above its
+  one-line error in 1 run of ~30). A read that succeeds leaves nothing to
+  drop, and the hook in place before is put back; after one that fails,
+  the dropping stays (:func:`drop_orbax_leftovers`)."""
+  before = drop_orbax_leftovers()
+  yield
+  if before is not None and _drops_leftovers(sys.unraisablehook):
+    sys.unraisablehook = before
 
 
 def is_orbax_leftover(unraisable: Any) -> bool:
