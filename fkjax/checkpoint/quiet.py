@@ -100,7 +100,7 @@ def leftovers_dropped() -> Iterator[None]:
   """Around an orbax read: its leftover reports are dropped from the
   start, since one can come before the read has raised (a truncated
   chunk's restore printed a traceback of "Event loop is closed" above its
-  one-line error in 1 run of ~30). A read that succeeds leaves nothing to
+  one-line error once in a CI run). A read that succeeds leaves nothing to
   drop, and the hook in place before is put back; after one that fails,
   the dropping stays (:func:`drop_orbax_leftovers`)."""
   before = drop_orbax_leftovers()
