@@ -34,6 +34,7 @@ import sys
 import numpy as np
 
 from fkjax import atomic
+from reproduce import files
 from reproduce import imagecodec
 
 MANIFEST = "cifar10.json"
@@ -76,14 +77,6 @@ def _folder(source: str) -> str:
       os.path.join(source, FOLDER))
 
 
-def _read_json(path: str) -> dict | None:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
 def _blob(stage: str, manifest: dict) -> bytes:
   """The parts of ``manifest`` in ``stage``, joined and checked."""
   missing = missing_parts(stage)
@@ -104,7 +97,7 @@ def _blob(stage: str, manifest: dict) -> bytes:
 def _packed_again(out: str, entries: list[dict]) -> bytes | None:
   """The packed bytes already in ``out`` if they are a whole pack of these
   very files with this codec, else None."""
-  old = _read_json(os.path.join(out, MANIFEST))
+  old = files.load_json(os.path.join(out, MANIFEST))
   if not old or old.get("codec") != imagecodec.NAME or [
       (e["name"], e["sha256"]) for e in old["files"]] != [
           (e["name"], e["sha256"]) for e in entries]:
@@ -214,7 +207,7 @@ def unpack(stage: str, dest: str, workers: int | None = None) -> str:
   Raises:
     ValueError: parts missing or damaged, or another codec's pack.
   """
-  manifest = _read_json(os.path.join(stage, MANIFEST))
+  manifest = files.load_json(os.path.join(stage, MANIFEST))
   if manifest is None:
     raise ValueError(f"no readable {MANIFEST} in {stage}: carry it with a "
                      "part")
