@@ -172,8 +172,8 @@ def traveling_bytes(repo: str, also: list[str]) -> int:
     top = os.path.join(repo, extra)
     if os.path.isfile(top):
       paths.append(top)
-    for root, _, files in os.walk(top):
-      paths.extend(os.path.join(root, f) for f in files)
+    for root, _, names in os.walk(top):
+      paths.extend(os.path.join(root, n) for n in names)
   return sum(os.lstat(p).st_size for p in paths if os.path.lexists(p))
 
 
