@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from fkjax import checkpoint
-from fkjax import experiment
+from fkjax.training import experiment
 from reproduce import carry
 from reproduce import queue as queue_lib
 from reproduce import scales

@@ -4,7 +4,7 @@
     SMOKE=1 python -m benchmarks.gpu_speed         # a CPU: tiny models
 
 Every measurement trains through the library's own entry points
-(``fkjax.train.train_and_evaluate`` for a run, ``fkjax.sweep.train_sweep``
+(``fkjax.training.train.train_and_evaluate`` for a run, ``fkjax.training.sweep.train_sweep``
 for a sweep) on synthetic CIFAR-shaped data (speed does not depend on pixel
 values; CIFAR-10 itself crosses to a lent machine only in parts), for two
 epochs: epoch 1 holds the compilations, epoch 2's ``train_seconds`` and
@@ -113,8 +113,8 @@ def _existing(overrides: dict[str, Any], config) -> dict[str, Any]:
 def row_configs(row: Row) -> list[Any]:
   """The configs of ``row``'s runs (seeds 0..runs-1, one data order)."""
   from configs import default  # pylint: disable=import-outside-toplevel
-  from fkjax import config_keys  # pylint: disable=import-outside-toplevel
-  from fkjax.sweep import spec  # pylint: disable=import-outside-toplevel
+  from fkjax.config import keys as config_keys  # pylint: disable=import-outside-toplevel
+  from fkjax.training.sweep import spec  # pylint: disable=import-outside-toplevel
   base = default.get_config(row.model)
   steps = None if row.full else SHORT_STEPS
   train = TRAIN_IMAGES if steps is None else steps * BATCH
@@ -159,8 +159,8 @@ def _last_epoch(workdir: str) -> dict[str, Any]:
 def measure(row: Row, root: str) -> dict[str, Any]:
   """Trains ``row`` for two epochs; its steady figures from epoch 2."""
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax import sweep  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax.training import sweep  # pylint: disable=import-outside-toplevel
+  from fkjax.training import train  # pylint: disable=import-outside-toplevel
   configs = row_configs(row)
   workdirs = [os.path.join(root, row.name, f"run{i}")
               for i in range(row.runs)]
@@ -287,7 +287,7 @@ def main() -> int:
   import jax  # pylint: disable=import-outside-toplevel
   from absl import logging  # pylint: disable=import-outside-toplevel
   logging.set_verbosity(logging.WARNING)
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   os.makedirs(OUT, exist_ok=True)
   meta = {"device": jax.devices()[0].device_kind,
           "devices": experiment.describe_devices(),

@@ -6,7 +6,7 @@ files (config, metrics log, progress, an evaluation's finished batches) and
 its *last* checkpoint, plus the best one where that is another step (the
 evaluation reads the best: without it a resumed run could evaluate another
 checkpoint than a run never stopped), plus, for a run of a sweep, the step
-the sweep resumes from (:func:`fkjax.sweep.loop.resume_step`: a sweep
+the sweep resumes from (:func:`fkjax.training.sweep.loop.resume_step`: a sweep
 saves its runs one after another, so a stop in between leaves some a save
 ahead of the others). Older checkpoints, locks and temporary files stay
 behind. The next lease, on any machine, unpacks it into the run's workdir

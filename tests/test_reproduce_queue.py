@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from fkjax import pretrained
-from fkjax import weights_file
+from fkjax.checkpoint import weights_file
 
 from reproduce import __main__ as reproduce_main
 from reproduce import carry
@@ -309,7 +309,7 @@ def test_the_finished_run_equals_a_run_never_stopped(session):
     a = json.loads((home / RUN / name).read_text())
     b = json.loads((reference / RUN / name).read_text())
     assert a["correct_per_image"] == b["correct_per_image"]
-  from fkjax import weights_file as weights  # pylint: disable=C0415
+  from fkjax.checkpoint import weights_file as weights  # pylint: disable=C0415
   a = weights.flatten(weights.load(str(home / RUN / weights.WEIGHTS_FILE)))
   b = weights.flatten(weights.load(str(reference / RUN /
                                        weights.WEIGHTS_FILE)))
@@ -353,7 +353,7 @@ def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
 @pytest.mark.slow   # the session fixture: two leases end to end
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     session, tmp_path):
-  from fkjax import experiment  # pylint: disable=C0415
+  from fkjax.training import experiment  # pylint: disable=C0415
   results = str(session["reference"] / "results")
   assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
   # Table 5's row is Table 1's run, loaded by either name
@@ -421,7 +421,7 @@ def test_a_dry_run_writes_nothing(session, tmp_path, capsys):
 
 # --------------------------------------------------------------------------
 # A sweep unit carried between leases: the queue merges a row's seeds into
-# one unit, trained as one vmapped program (fkjax.sweep); every run's last
+# one unit, trained as one vmapped program (fkjax.training.sweep); every run's last
 # checkpoint crosses to the next lease.
 
 # At the tiny scale every net is depth 8: this row has the session's run's
@@ -574,7 +574,7 @@ def test_a_sweep_stopped_between_its_runs_saves_is_carried_to_resume_whole(
   # steps and each trains alone). Seed 0 finished in an earlier lease: it
   # has no workdir here and is not in the sweep.
   from fkjax import checkpoint  # pylint: disable=C0415
-  from fkjax.sweep import loop  # pylint: disable=C0415
+  from fkjax.training.sweep import loop  # pylint: disable=C0415
   monkeypatch.chdir(tmp_path)
   done, *entries = [queue_lib.Entry("tiny", "table1", "resnet20_none", s)
                     for s in (0, 1, 2)]

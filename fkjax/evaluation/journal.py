@@ -2,7 +2,7 @@
 
 An evaluation under strong attacks can outlast the process running it
 (NAttack at the paper's budget, APGD with EOT on an ensemble: hours; a GPU
-lease: minutes). :class:`fkjax.eval_loop.Evaluator`, given a
+lease: minutes). :class:`fkjax.evaluation.loop.Evaluator`, given a
 :class:`Journal`, writes after every batch what it has counted so far: the
 batches done, the images, per attack the images right, the seconds and
 which images it left right; and, within a batch, after every attack, which
