@@ -363,18 +363,20 @@ def _todo(name: str, runs: list[runner_lib.Run], defer_extra_evals: bool
   """The runs of table ``name`` left to run."""
   todo = []
   for r in runs:
-    if runner_lib.status_of(r) == "done" or (
-        defer_extra_evals and runner_lib.finished(r)):
+    if not runner_lib.finished(r):
+      todo.append(r)
       continue
-    if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
+    # Its evaluations not yet run, or made with older defaults.
+    left = [] if defer_extra_evals else runner_lib.evals_to_run(r)
+    if not left:
+      continue
+    if not runner_lib.has_checkpoint(r):
       # Restored from results/ without checkpoints: reported as it is.
-      pending = ", ".join(f"eval_{e.protocol}"
-                          for e in runner_lib.pending_evals(r))
       runner_lib.log(
-          f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
-          "and its workdir has no checkpoint to evaluate (restored "
-          f"from results/); to train it again, remove {r.workdir} and "
-          "rerun with --no-restore")
+          f"{name}/{r.row.name} seed {r.seed}: {', '.join(left)} not yet "
+          "run with the settings of now, and its workdir has no checkpoint "
+          "to evaluate (restored from results/); to train it again, remove "
+          f"{r.workdir} and rerun with --no-restore")
       continue
     todo.append(r)
   return todo
@@ -491,11 +493,16 @@ def _status_and_estimate(run: runner_lib.Run,
         step_times=step_times)
   if not extra_evals:
     return ("done" if status == "done" else f"{status} (deferred)"), 0.0
+  left = runner_lib.evals_to_run(view)
   if runner_lib.has_checkpoint(run):
     return status, runner_lib.estimate_seconds(
-        run, only=runner_lib.pending_evals(view), step_times=step_times)
-  if status != "done":
+        run, only=[e for e in run.extra_evals
+                   if f"eval_{e.protocol}" in left],
+        main_eval="eval" in left, step_times=step_times)
+  if runner_lib.pending_evals(view):
     status += " (no checkpoint here: reported without it)"
+  elif left:
+    status += " (no checkpoint here: reported as it ran)"
   return status, 0.0
 
 
