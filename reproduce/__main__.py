@@ -310,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
       step_times = calibrate.measure()
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,
-                    extra_evals=not args.defer_extra_evals)
+                    extra_evals=not args.defer_extra_evals,
+                    from_scratch=_from_scratch(scale, table_rows,
+                                               step_times))
   return _run_tables(args, scale, plans, environment)
 
 
@@ -424,10 +426,25 @@ def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
   return stale, failed, 0
 
 
+def _from_scratch(scale: scales_lib.Scale,
+                  table_rows: dict[str, list[str]],
+                  step_times: runner_lib.StepTimes | None
+                  ) -> dict[str, tuple[float, float]]:
+  """Per table, its estimated time if nothing had run: with 1 seed a row,
+  and with the table's seeds (docs/reproduction.md's figures)."""
+  step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
+  one, every = (runner_lib.from_scratch_seconds(
+      table_rows, scale, seeds=seeds, step_times=step_times)
+                for seeds in (1, None))
+  return {name: (one[name], every[name]) for name in table_rows}
+
+
 def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
              max_runs: int | None = None,
              step_times: runner_lib.StepTimes | None = None,
-             extra_evals: bool = True) -> int:
+             extra_evals: bool = True,
+             from_scratch: dict[str, tuple[float, float]] | None = None
+             ) -> int:
   where = "on 2 idle CPU cores"
   if step_times is not None:
     where = "on this machine"
@@ -457,11 +474,23 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
       print(f"    {run.eval_command}")
       for e in run.extra_evals:
         print(f"    {e.command}")
-    print(f"# {name}: ~{runner_lib.format_seconds(table_total)} left to run "
-          "(runs not shared with a table listed before it)\n")
+    scratch = ""
+    if from_scratch:
+      one, every = from_scratch[name]
+      scratch = (f"; from scratch ~{runner_lib.format_seconds(one)} with 1 "
+                 f"seed a row, ~{runner_lib.format_seconds(every)} with the "
+                 "table's seeds")
+    print(f"# {name}: ~{runner_lib.format_seconds(table_total)} left to run"
+          f"{scratch} (runs not shared with a table listed before it)\n")
     total += table_total
   if len(plans) > 1:
-    print(f"# total: ~{runner_lib.format_seconds(total)} {where}")
+    scratch = ""
+    if from_scratch:
+      one, every = (sum(t[i] for t in from_scratch.values()) for i in (0, 1))
+      scratch = (f" (from scratch ~{runner_lib.format_seconds(one)} with 1 "
+                 f"seed a row, ~{runner_lib.format_seconds(every)} with the "
+                 "tables' seeds)")
+    print(f"# total: ~{runner_lib.format_seconds(total)} {where}{scratch}")
   return 0
 
 

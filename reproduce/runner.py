@@ -1017,6 +1017,28 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
   return total
 
 
+def from_scratch_seconds(tables: Mapping[str, Iterable[str] | None],
+                         scale: scales_lib.Scale, *,
+                         seeds: int | None = None,
+                         step_times: StepTimes = REFERENCE_STEP_TIMES
+                         ) -> dict[str, float]:
+  """Per table (name -> its rows, None: all), the estimated seconds of its
+  runs as if none had run (``seeds``: per row, default the table's),
+  counting only the runs that no table before it in ``tables`` has: what
+  docs/reproduction.md tabulates. Reads no file."""
+  seen: set[str] = set()
+  out = {}
+  for name, rows in tables.items():
+    total = 0.0
+    for run in plan(tables_lib.TABLES[name], scale, rows=rows or None,
+                    seeds=seeds):
+      if run.key not in seen:
+        seen.add(run.key)
+        total += estimate_seconds(run, step_times=step_times)
+    out[name] = total
+  return out
+
+
 def format_seconds(seconds: float) -> str:
   seconds = int(round(seconds))
   h, rest = divmod(seconds, 3600)

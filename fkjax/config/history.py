@@ -59,12 +59,9 @@ CHANGES: tuple[Change, ...] = (
            "version"),
 )
 
-_BY_KEY = {c.key: c for c in CHANGES}
-
-
 def change_of(key: str) -> Change | None:
   """The entry of ``key``, or None if it was never added nor changed."""
-  return _BY_KEY.get(key)
+  return next((c for c in CHANGES if c.key == key), None)
 
 
 def complete(recorded: Mapping[str, Any],
