@@ -114,13 +114,21 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
                     for e in run.extra_evals if e not in pending]
         stale = {c for e in pending for c in e.columns}
         main = runner_lib.main_eval(run)
+        if standing["eval"] is None:
+          # Its main evaluation ran with other settings: none of its
+          # columns are reported until it runs again.
+          main = {}
+          stale |= set(runner_lib.MAIN_EVAL_COLUMNS) - {
+              c for e in reported for c in e.columns}
         metrics = {k: v for k, v in {
             **record.get("metrics", {}), **runner_lib.metrics_of(
                 run.workdir, run.eval_result, reported, main)}.items()
                    if k not in stale}
         older = {stage: list(o) for stage, o in standing.items() if o}
         entries.append({**record, "metrics": metrics, "status": "done",
-                        "pending": [f"eval_{e.protocol}" for e in pending],
+                        "pending": (["eval"] if standing["eval"] is None
+                                    else []) + [f"eval_{e.protocol}"
+                                                for e in pending],
                         "older_settings": older,
                         "older_columns": _older_columns(
                             older, run.extra_evals, table.metrics),

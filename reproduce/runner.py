@@ -727,6 +727,11 @@ def main_eval(run: Run) -> dict[str, Any]:
   return files.load_json(_main_result_path(run)) or {}
 
 
+# The columns the main evaluation's result file fills (metrics_of).
+MAIN_EVAL_COLUMNS = (*tables_lib.ATTACK_OF, "sparsity", "channel_sparsity",
+                     "w_A1", "w_A2", "w_A3")
+
+
 def metrics_of(workdir: str, eval_result: str,
                extra: Iterable[ExtraEvalRun] = (),
                main: Mapping[str, Any] | None = None) -> dict[str, float]:
@@ -832,11 +837,11 @@ def record_failure(run: Run, error: BaseException) -> None:
   progress._save()   # pylint: disable=protected-access
 
 
-def _core_stages_done(run: Run, record: Mapping[str, Any] | None) -> bool:
+def _trained(run: Run, record: Mapping[str, Any] | None) -> bool:
   if not (record and record.get("done")):
     return False
-  now = standings(run, record.get("fingerprints", {}))
-  return now["train"] is not None and now["eval"] is not None
+  return _standing(run, "train",
+                   record.get("fingerprints", {}).get("train")) is not None
 
 
 def pending_evals(run: Run) -> list[ExtraEvalRun]:
@@ -862,11 +867,12 @@ def evals_to_run(run: Run) -> list[str]:
 
 
 def finished(run: Run) -> bool:
-  """Trained and evaluated with its current settings (or older defaults:
-  :func:`older_settings`): reportable, though an extra evaluation may still
-  be pending (:func:`pending_evals`)."""
-  return _core_stages_done(
-      run, files.load_json(os.path.join(run.workdir, RUN_RECORD)))
+  """Trained with its current training settings (or older defaults:
+  :func:`older_settings`) and evaluated: reportable, though an evaluation
+  may be pending (:func:`evals_to_run`; evaluation settings never make a
+  run train again)."""
+  return _trained(run, files.load_json(os.path.join(run.workdir,
+                                                    RUN_RECORD)))
 
 
 def has_checkpoint(run: Run) -> bool:
@@ -883,8 +889,8 @@ def status_of(run: Run) -> str:
   record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
   if record and record.get("done"):
     now = standings(run, record.get("fingerprints", {}))
-    if now["train"] is not None and now["eval"] is not None:
-      pending = [s for s in now if s.startswith("eval_") and now[s] is None]
+    if now["train"] is not None:
+      pending = [s for s in now if s != "train" and now[s] is None]
       status = ("done" if not pending else
                 f"done, {', '.join(pending)} not yet run")
       older = {stage: o for stage, o in now.items() if o}
@@ -892,7 +898,7 @@ def status_of(run: Run) -> str:
         status += ", " + "; ".join(
             f"{stage} made with {', '.join(o)}" for stage, o in older.items())
       return status
-    # e.g. an evaluation setting (a new attack) changed since
+    # a training setting changed since
     return "to update (settings changed since it ran)"
   progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
   if progress.get("error"):

@@ -119,6 +119,19 @@ def test_a_changed_training_setting_still_trains_again(tmp_path):
   assert runner.status_of(changed).startswith("to update")
 
 
+def test_a_changed_evaluation_setting_never_trains_again(tmp_path):
+  # Another main evaluation (fewer test images, say) is an evaluation to
+  # run again; the training stays finished.
+  _, run = _committed(tmp_path)[0]
+  config = run.config.copy_and_resolve_references()
+  config.eval.num_examples = 1000
+  changed = runner.dataclasses.replace(run, config=config)
+  assert runner.finished(changed)
+  assert runner.standings(changed)["train"] == ()
+  assert runner.evals_to_run(changed)[0] == "eval"
+  assert runner.status_of(changed).startswith("done, eval not yet run")
+
+
 def test_every_key_the_committed_records_lack_is_in_history(tmp_path):
   # What a key added since reads as must be said, not guessed: every
   # setting (but where and how a run executes) that a committed run's
