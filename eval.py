@@ -30,8 +30,8 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   config = cli.run_config_for_eval(argv, FLAGS.workdir, FLAGS["config"])
   from fkjax import checkpoint  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   from fkjax import workdir  # pylint: disable=import-outside-toplevel
   # Before the lock, whose file would otherwise be left in a directory that
   # holds no run to evaluate.

@@ -42,7 +42,7 @@ def restore_pruned(config, workdir: str):
   its checkpoint restored, the variables evaluated (the sparse ``u`` of
   RVSM/RGSM).
   """
-  from fkjax import experiment
+  from fkjax.training import experiment
   exp, step, state = experiment.restore_checkpoint(workdir, config)
   return exp, int(step), experiment.eval_variables(state, config)
 

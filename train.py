@@ -36,7 +36,7 @@ def main(argv):
     cli.fail(f"unexpected arguments: {argv[1:]} (flags take the form "
              "--name=value)", code=2)
   # Before anything is loaded or compiled: a bad value fails in a second.
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   from fkjax import workdir  # pylint: disable=import-outside-toplevel
   config = cli.loaded_config(FLAGS.config)
   run_config.validate(config)
@@ -45,16 +45,16 @@ def main(argv):
   kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
   logging.set_verbosity(logging.WARNING)
-  from fkjax import parallel  # pylint: disable=import-outside-toplevel
+  from fkjax.training import parallel  # pylint: disable=import-outside-toplevel
   parallel.initialize_distributed(FLAGS.coordinator_address,
                                   FLAGS.num_processes, FLAGS.process_id,
                                   auto=FLAGS.distributed)
   # after jax.distributed.initialize
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import train  # pylint: disable=import-outside-toplevel
   experiment.enable_compilation_cache(config)
   if config.get("sweep") is not None:
-    from fkjax import sweep  # pylint: disable=import-outside-toplevel
+    from fkjax.training import sweep  # pylint: disable=import-outside-toplevel
     sweep.train_from_config(config, FLAGS.workdir)
   else:
     train.train_and_evaluate(config, FLAGS.workdir)

@@ -3,7 +3,7 @@
     python -m benchmarks.bench_dispatch [--model=resnet20] [--batch=128]
         [--attack_steps=10] [--steps=16] [--variants=host:1,host:8,device:1,device:8]
 
-Times a single run's step program (``fkjax.train.train_program``, what
+Times a single run's step program (``fkjax.training.train.train_program``, what
 ``train.py`` runs) on synthetic CIFAR-shaped data, for each ``pipeline:k``
 variant: the first dispatch (compilation included), then ``--steps`` steps
 after it (images per second). Also times the host's share of the two
@@ -65,7 +65,7 @@ def _host_costs(batch_size):
 
 def _time_variant(args, pipeline, k):
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax import dispatch, epoch_steps, experiment, train  # pylint: disable=import-outside-toplevel
+  from fkjax.training import dispatch, epoch_steps, experiment, train  # pylint: disable=import-outside-toplevel
   config = _config(args, pipeline, k)
   exp = experiment.Experiment.build(config)
   train_input = dispatch.TrainInput.build(config, exp.dataset.train)

@@ -12,7 +12,7 @@ fused noise, CPU only) times the original and the slim network alike:
 
 * latency: one jitted forward pass (eval mode, noise on unless
   ``--noise=false``) per batch size, median over ``--repeats``;
-* IFGSM^20: the attack of the paper's A3 (``fkjax.evaluate``'s settings) on
+* IFGSM^20: the attack of the paper's A3 (``fkjax.evaluation``'s settings) on
   ``--attack_batch`` test images, images per second.
 
 It also prints the parameters and multiply-adds, the largest logit
@@ -37,8 +37,8 @@ import numpy as np
 from benchmarks import bench_train
 from fkjax import argtypes
 from fkjax import data
-from fkjax import eval_run
-from fkjax import experiment
+from fkjax.evaluation import run as eval_run
+from fkjax.training import experiment
 from fkjax import kernels
 from fkjax import models
 from fkjax import slim

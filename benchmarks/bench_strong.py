@@ -1,4 +1,4 @@
-"""What each attack of the strong protocol costs (``fkjax.eval_suites``).
+"""What each attack of the strong protocol costs (``fkjax.evaluation.suites``).
 
 Usage (from the repository root):
 
@@ -29,9 +29,9 @@ import jax.numpy as jnp
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax import eval_names
-from fkjax import eval_suites
-from fkjax import experiment
+from fkjax.evaluation import names as eval_names
+from fkjax.evaluation import suites as eval_suites
+from fkjax.training import experiment
 from fkjax import kernels
 
 

@@ -1,4 +1,4 @@
-"""N runs as one program (fkjax.sweep) against N runs one after another.
+"""N runs as one program (fkjax.training.sweep) against N runs one after another.
 
 Usage (from the repository root):
 
@@ -12,7 +12,7 @@ For each model and each N of ``--runs`` it builds N RGSM runs that differ
 in their seed and lambda1 (``configs/default.py`` presets, synthetic
 CIFAR-shaped data: speed does not depend on pixel values) and times
 
-* the sweep's PGD-``--steps`` training step (``fkjax.sweep.Sweep``:
+* the sweep's PGD-``--steps`` training step (``fkjax.training.sweep.Sweep``:
   every run's ``train.make_train_step`` under ``jax.vmap``, state donated,
   one shared batch copied to the device inside every timed step);
 * the single run's step (``train.make_train_step`` jitted as
@@ -48,13 +48,13 @@ import jax
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax import config_keys
-from fkjax import experiment
+from fkjax.config import keys as config_keys
+from fkjax.training import experiment
 from fkjax import kernels
-from fkjax import parallel
-from fkjax import sweep as sweep_lib
-from fkjax import train
-from fkjax.sweep import spec
+from fkjax.training import parallel
+from fkjax.training import sweep as sweep_lib
+from fkjax.training import train
+from fkjax.training.sweep import spec
 
 
 def run_configs(model: str, num_runs: int, batch: int, pgd_steps: int,

@@ -14,9 +14,9 @@ Benches (each for every model):
               mode during the attack (the authors' choice, fkjax's default)
   pgd_bneval  the same with config.attack.bn_mode="eval"
   ifgsm       IFGSM^``--eval-steps`` evaluation of one ``--eval-batch`` batch
-              plus the prediction (fkjax.eval_loop.Evaluator)
+              plus the prediction (fkjax.evaluation.loop.Evaluator)
 
-The fkjax side is ``fkjax.train.make_train_step`` jitted exactly as
+The fkjax side is ``fkjax.training.train.make_train_step`` jitted exactly as
 ``train_and_evaluate`` jits it (state donated) with ``configs/default.py``
 presets; the PyTorch side is ``benchmarks/torch_reference.py``. Timings are
 medians (and minima, the robust figure on a shared machine) over
@@ -57,11 +57,11 @@ import numpy as np
 
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax import eval_loop
-from fkjax import eval_run
-from fkjax import experiment
+from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import run as eval_run
+from fkjax.training import experiment
 from fkjax import kernels
-from fkjax import train
+from fkjax.training import train
 
 BENCHES = ("clean", "pgd", "pgd_bneval", "ifgsm")
 

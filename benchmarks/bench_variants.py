@@ -26,9 +26,9 @@ import numpy as np
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax import experiment
+from fkjax.training import experiment
 from fkjax import kernels
-from fkjax import train
+from fkjax.training import train
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 

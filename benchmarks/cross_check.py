@@ -49,10 +49,10 @@ import numpy as np
 
 from fkjax import argtypes
 from fkjax import attacks as attacks_lib
-from fkjax import eval_strong
-from fkjax import experiment
+from fkjax.evaluation import strong as eval_strong
+from fkjax.training import experiment
 from fkjax import kernels
-from fkjax import run_config
+from fkjax.config import record as run_config
 
 ATTACKS = ("apgd_ce", "apgd_dlr", "apgd_t")
 _FKJAX_LOSS = {"apgd_ce": "ce", "apgd_dlr": "dlr", "apgd_t": "dlr_targeted"}

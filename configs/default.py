@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import ml_collections
 
-from fkjax import config_keys
+from fkjax.config import keys as config_keys
 
 
 @dataclasses.dataclass(frozen=True)

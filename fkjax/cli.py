@@ -45,7 +45,7 @@ def show_traceback(argv: Sequence[str] = ()) -> bool:
 # The exception types that mean a mistake of the user's, not a bug: module ->
 # class name.
 USER_ERRORS = {
-    "fkjax.run_config": "ConfigError",
+    "fkjax.config.record": "ConfigError",
     "fkjax.data.types": "DataError",
     "fkjax.checkpoint": "CheckpointError",
     "fkjax.errors": "TrainingError",
@@ -233,7 +233,7 @@ def run_config_for_eval(argv: Sequence[str], workdir: str,
   # pylint: disable=import-outside-toplevel
   from absl import logging
   from ml_collections import config_flags
-  from fkjax import run_config
+  from fkjax.config import record as run_config
   config = run_config.config_for_eval(
       workdir, loaded_config(config_flag.value),
       config_flags.get_override_values(config_flag),

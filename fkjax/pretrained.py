@@ -35,7 +35,7 @@ import re
 import sys
 from typing import Any, NamedTuple
 
-from fkjax import weights_file
+from fkjax.checkpoint import weights_file
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NAME = re.compile(r"([\w.-]+)/(\w+)/([\w.-]+)/seed(\d+)")
@@ -125,7 +125,7 @@ def load(name: str, results: str | None = None) -> Pretrained:
       not finished yet, or its scale does not publish them).
   """
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   folder = run_dir(name, results)
   path = os.path.join(folder, weights_file.WEIGHTS_FILE)
   if not os.path.exists(path):
@@ -152,9 +152,9 @@ def write_workdir(name: str, workdir: str, results: str | None = None
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
   from fkjax import checkpoint  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
-  from fkjax import parallel  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import parallel  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   published = load(name, results)
   if checkpoint.has_checkpoints(workdir):
     raise PretrainedError(f"{workdir} already holds checkpoints: use an "

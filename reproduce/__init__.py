@@ -6,6 +6,6 @@
 See docs/reproduction.md. Tables are data (:mod:`reproduce.tables`),
 scales are data (:mod:`reproduce.scales`), and the runner
 (:mod:`reproduce.runner`) trains and evaluates each row in its own
-workdir through ``fkjax.train.train_and_evaluate`` and
-``fkjax.eval_run.evaluate_checkpoint``.
+workdir through ``fkjax.training.train.train_and_evaluate`` and
+``fkjax.evaluation.run.evaluate_checkpoint``.
 """

@@ -95,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                       "runs them")
   p.add_argument("--sweep", action="store_true",
                  help="train the runs that differ only in seeds or "
-                      "hyperparameters (fkjax.sweep.SWEEPABLE_KEYS) as one "
+                      "hyperparameters (fkjax.training.sweep.SWEEPABLE_KEYS) as one "
                       "program each (docs/sweeps.md)")
   p.add_argument("--sweep-max-runs", "--sweep_max_runs", type=int,
                  default=None, help="at most this many runs a sweep")

@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 
 from fkjax import atomic
-from fkjax import experiment as experiment_lib
+from fkjax.training import experiment as experiment_lib
 from fkjax import sparsity
 
 ANALYSIS_JSON = "analysis.json"
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
   with its own ``config.json`` (as ``eval.py`` evaluates it)."""
   import argparse  # pylint: disable=import-outside-toplevel
   from fkjax import cli  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args(argv)

@@ -16,8 +16,8 @@ import jax
 import numpy as np
 
 from configs import default as default_config
-from fkjax import experiment
-from fkjax import train
+from fkjax.training import experiment
+from fkjax.training import train
 from reproduce import runner as runner_lib
 
 

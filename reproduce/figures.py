@@ -27,7 +27,7 @@ from matplotlib import transforms
 from matplotlib.figure import Figure
 import numpy as np
 
-from fkjax import metric_logging
+from fkjax.workdir import metric_logging
 from reproduce import files
 from reproduce import runner as runner_lib
 

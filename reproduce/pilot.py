@@ -88,9 +88,9 @@ def pilot_config(name: str):
 
 
 def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
-  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
+  from fkjax.training import train  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   config = pilot_config(name)
   experiment.enable_compilation_cache(config)
   workdir = os.path.join(root, name)
@@ -170,7 +170,7 @@ def _epoch_records(results_dir: str, name: str) -> list[dict[str, Any]]:
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)["epochs"]
-  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
   records = metric_logging.read_metrics(results_dir, f"{name}.metrics.jsonl")
   return [r for r in records if "val_natural_accuracy" in r]
 

@@ -74,7 +74,7 @@ def _checkpoint_epoch(record: dict[str, Any],
   out: dict[str, Any] = {"checkpoint_epoch": -(-step // per_epoch),
                          "epochs": config.training.num_epochs}
   if out["checkpoint_epoch"] < out["epochs"]:
-    from fkjax import metric_logging  # pylint: disable=C0415
+    from fkjax.workdir import metric_logging  # pylint: disable=C0415
     last = [r for r in metric_logging.read_metrics(workdir)
             if r.get("epoch") == out["epochs"] and "weight_sparsity" in r]
     if last:

@@ -4,9 +4,9 @@ Each (row, seed) is a *run* in its own workdir, ``<root>/<scale>/<table>/
 <row>_seed<k>`` (a row shared with another table runs in that table's
 workdir). A run goes through stages, each skipped when its result exists:
 
-1. ``train``: ``fkjax.train.train_and_evaluate`` (resumes from the last
+1. ``train``: ``fkjax.training.train.train_and_evaluate`` (resumes from the last
    checkpoint after a kill; ends with train.py's own ``final_eval.json``);
-2. ``eval``: ``fkjax.eval_run.evaluate_checkpoint`` (``eval_paper.json``);
+2. ``eval``: ``fkjax.evaluation.run.evaluate_checkpoint`` (``eval_paper.json``);
 3. one stage per extra evaluation of the table (``eval_<protocol>.json``);
 4. ``analysis``: weight statistics (:mod:`reproduce.analysis`);
 5. ``publish`` (scales that publish weights): the evaluated weights,
@@ -33,10 +33,10 @@ from typing import Any, Callable, Collection, Iterable, Mapping
 import ml_collections
 
 from fkjax import atomic
-from fkjax import config_keys
-from fkjax import eval_journal
-from fkjax import eval_strong_result
-from fkjax import run_config
+from fkjax.config import keys as config_keys
+from fkjax.evaluation import journal as eval_journal
+from fkjax.evaluation import strong_result as eval_strong_result
+from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
 from reproduce import archive as archive_lib
 from reproduce import files
@@ -397,7 +397,7 @@ def _train_done(run: Run) -> bool:
   if run.config.eval.final_attacks:
     path = os.path.join(run.workdir, "final_eval.json")
     return files.load_json(path) is not None
-  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
   epochs = [r.get("epoch") for r in metric_logging.read_metrics(run.workdir)]
   return run.config.training.num_epochs in epochs
 
@@ -407,15 +407,15 @@ def execute(run: Run, *, show_progress: bool = True,
   """Runs the stages of ``run`` that are not done; returns its record.
 
   ``show_progress``: progress output (a bar on a terminal, else a plain line
-  every 30 s, see :func:`fkjax.metric_logging.progress`). ``extra_evals``:
+  every 30 s, see :func:`fkjax.workdir.metric_logging.progress`). ``extra_evals``:
   False leaves the extra evaluations not yet done pending
   (:func:`pending_evals`): the run is finished and reported without their
   columns, and a later call with True runs them alone.
   """
   # JAX only now: planning and dry runs never load it.
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
 
   config = _with(run.config, {"progress": show_progress})
   check_workdir(run)
@@ -458,8 +458,8 @@ def _core_stages(run: Run, config: ml_collections.ConfigDict,
                  exp: Callable[[], Any], what: str) -> None:
   """Trains, evaluates (A1-A4), analyses and publishes ``run``: each stage
   not done with its current fingerprint."""
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax import train  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.training import train  # pylint: disable=import-outside-toplevel
   from reproduce import analysis  # pylint: disable=C0415
   train_fp, eval_fp = fps["train"], fps["eval"]
   if not (progress.done("train", train_fp) and _train_done(run)):
@@ -484,7 +484,7 @@ def _core_stages(run: Run, config: ml_collections.ConfigDict,
 
 # --------------------------------------------------------------------------
 # Sweeps (--sweep): runs that differ only in seeds or hyperparameters train
-# as one program (fkjax.sweep), then each goes through its other stages.
+# as one program (fkjax.training.sweep), then each goes through its other stages.
 
 
 def _train_pending(run: Run) -> bool:
@@ -496,10 +496,10 @@ def _train_pending(run: Run) -> bool:
 def sweep_groups(runs: Iterable[Run], max_runs: int | None = None
                  ) -> list[list[Run]]:
   """The runs whose training is not done, grouped into sweeps: runs that
-  differ only in :data:`fkjax.sweep.SWEEPABLE_KEYS` (a row's seeds; rows
+  differ only in :data:`fkjax.training.sweep.SWEEPABLE_KEYS` (a row's seeds; rows
   differing in lambda1, beta, ...), at most ``max_runs`` a group. A group
   of one trains alone."""
-  from fkjax import sweep as sweep_lib  # pylint: disable=C0415
+  from fkjax.training import sweep as sweep_lib  # pylint: disable=C0415
   seen, pending = set(), []
   for run in runs:
     if run.workdir not in seen and _train_pending(run):
@@ -552,7 +552,7 @@ def _timed_together(progresses: list[Progress], name: str,
 def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
                     show_progress: bool = True) -> list[str]:
   """Trains the runs of every group of :func:`sweep_groups` with two or more
-  runs as one ``fkjax.sweep.train_sweep`` program; returns their keys.
+  runs as one ``fkjax.training.sweep.train_sweep`` program; returns their keys.
 
   Each run's workdir ends up as its own training leaves it (``data_order=
   "per_run"``: every run sees its own seed's batches, so its config and
@@ -561,8 +561,8 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
   then runs its other stages. A group that fails leaves its runs to train
   one at a time.
   """
-  from fkjax import experiment  # pylint: disable=C0415
-  from fkjax import sweep as sweep_lib  # pylint: disable=C0415
+  from fkjax.training import experiment  # pylint: disable=C0415
+  from fkjax.training import sweep as sweep_lib  # pylint: disable=C0415
   trained = []
   for group in sweep_groups(runs, max_runs):
     if len(group) < 2:
@@ -667,7 +667,7 @@ def make_record(run: Run, progress: Progress) -> dict[str, Any]:
       "commands": commands_of(run),
       "stage_seconds": {k: v["seconds"] for k, v in stages.items()},
       "stage_attempts": {k: v["attempts"] for k, v in stages.items()},
-      # runs its training stage shared (fkjax.sweep, --sweep); 1: alone
+      # runs its training stage shared (fkjax.training.sweep, --sweep); 1: alone
       "train_sweep_runs": stages.get("train", {}).get("sweep_runs", 1),
       "wall_seconds": sum(v["seconds"] for v in stages.values()),
       "metrics": metrics_of(run.workdir, run.eval_result, extras, main),
@@ -757,7 +757,7 @@ def trained_epochs(run: Run) -> int | None:
   """The epochs its training log has finished (None: no log yet)."""
   if not os.path.exists(os.path.join(run.workdir, "metrics.jsonl")):
     return None
-  from fkjax import metric_logging  # pylint: disable=import-outside-toplevel
+  from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
   return max((r.get("epoch", 0) for r in metric_logging.read_metrics(
       run.workdir)), default=0)
 
@@ -791,7 +791,7 @@ _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}
 # APGD (eval_strong.json) against 1,007 s predicted without this factor.
 _NOISY_EOT_COST = 1.41
 # Attack iterations per image of each paper-protocol attack but NAttack
-# (costed by its queries below); keyed by fkjax.eval_names.ATTACK_NAMES.
+# (costed by its queries below); keyed by fkjax.evaluation.names.ATTACK_NAMES.
 _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
                "cw_authors": 51}
 # One NAttack query (a forward pass of one population sample) per image, in

@@ -23,8 +23,8 @@ from typing import Any, Mapping
 import ml_collections
 
 from configs import default as default_config
-from fkjax import config_keys
-from fkjax import run_config
+from fkjax.config import keys as config_keys
+from fkjax.config import record as run_config
 from fkjax.data import batching
 
 # The paper's schedule: 45,000 training images in batches of 128 (the last,

@@ -1,6 +1,6 @@
 """Publishing a finished run's evaluated weights, and what it costs.
 
-The file's format is the library's (:mod:`fkjax.weights_file`); it is kept
+The file's format is the library's (:mod:`fkjax.checkpoint.weights_file`); it is kept
 with the run under ``results/`` (:mod:`reproduce.archive`) and read back by
 :func:`fkjax.pretrained.load`, which finds a row that another table trains
 through ``results/run_names.json`` (:func:`write_names`).
@@ -13,14 +13,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from fkjax import atomic
-from fkjax import weights_file
-from fkjax.weights_file import WEIGHTS_FILE, flatten, unflatten
+from fkjax.checkpoint import weights_file
+from fkjax.checkpoint.weights_file import WEIGHTS_FILE, flatten, unflatten
 from reproduce import tables
 
 
 def names() -> dict[str, dict[str, str]]:
   """Every table's rows, each with the ``"<table>/<row>"`` that trains its
-  runs: what :data:`fkjax.weights_file.NAMES_FILE` holds."""
+  runs: what :data:`fkjax.checkpoint.weights_file.NAMES_FILE` holds."""
   out: dict[str, dict[str, str]] = {}
   for table in tables.TABLES.values():
     out[table.name] = {}
@@ -43,7 +43,7 @@ def publish(config: Any, workdir: str, exp: Any = None) -> str:
   """Writes ``<workdir>/weights.npz``: the evaluated variables of the
   checkpoint ``config.eval.checkpoint``; returns its path."""
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   _, _, state = experiment.restore_checkpoint(workdir, config, exp)
   variables = jax.device_get(experiment.eval_variables(state, config))
   path = os.path.join(workdir, WEIGHTS_FILE)
@@ -56,7 +56,7 @@ def publish(config: Any, workdir: str, exp: Any = None) -> str:
 
 
 def compressed_bytes(variables: Mapping[str, Any]) -> int:
-  """The size of ``variables`` as :func:`fkjax.weights_file.save` writes them."""
+  """The size of ``variables`` as :func:`fkjax.checkpoint.weights_file.save` writes them."""
   import io  # pylint: disable=import-outside-toplevel
   buffer = io.BytesIO()
   np.savez_compressed(buffer, **flatten(variables))
@@ -86,7 +86,7 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
   of the channels pruned."""
   import jax  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   config = default.get_config(presets)
   model = experiment.create_model(config, 10)
   variables = jax.device_get(model.init(

@@ -1,6 +1,6 @@
 """Two epochs of the tiny config (ResNet8, PGD-1, batch 16, 4 steps an
 epoch) through today's step loop (a jitted step per batch, NumPy batches)
-and through fkjax.dispatch's step programs, for a single run and a 2-run
+and through fkjax.training.dispatch's step programs, for a single run and a 2-run
 sweep; prints one JSON line: every variant's largest difference from the
 loop's state and whether its per-step losses are the loop's.
 
@@ -15,12 +15,12 @@ import numpy as np
 
 from configs import tiny
 from fkjax import data
-from fkjax import dispatch
-from fkjax import epoch_steps
-from fkjax import experiment
+from fkjax.training import dispatch
+from fkjax.training import epoch_steps
+from fkjax.training import experiment
 from fkjax import kernels
-from fkjax import parallel
-from fkjax import train
+from fkjax.training import parallel
+from fkjax.training import train
 
 EPOCHS = 2
 
@@ -89,7 +89,7 @@ def sweep_runs(program_of, k):
   ``program_of(sweep, keys, values)`` is its step program, None for the
   sweep's jitted step on host batches (the sweep loop before step
   programs)."""
-  from fkjax import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
+  from fkjax.training import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
   configs = [config_for(data_pipeline="device") for _ in range(2)]
   configs[1].seed = 1
   sw = sweep_lib.Sweep.build(configs)

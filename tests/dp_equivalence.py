@@ -11,7 +11,11 @@ import jax
 import numpy as np
 
 from configs import tiny
-from fkjax import data, experiment, kernels, parallel, train
+from fkjax import data
+from fkjax import kernels
+from fkjax.training import experiment
+from fkjax.training import parallel
+from fkjax.training import train
 
 
 def run(num_devices: int, num_steps: int, adversarial: bool = True):

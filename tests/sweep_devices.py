@@ -11,7 +11,12 @@ import jax
 import numpy as np
 
 from configs import tiny
-from fkjax import data, experiment, kernels, parallel, sweep, train
+from fkjax import data
+from fkjax import kernels
+from fkjax.training import experiment
+from fkjax.training import parallel
+from fkjax.training import sweep
+from fkjax.training import train
 
 NUM_STEPS = 2
 

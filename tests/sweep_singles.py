@@ -7,7 +7,10 @@ must equal.
 import os
 import sys
 
-from fkjax import experiment, kernels, run_config, train
+from fkjax import kernels
+from fkjax.config import record as run_config
+from fkjax.training import experiment
+from fkjax.training import train
 
 
 def main():

@@ -14,8 +14,8 @@ import optax
 import pytest
 
 from configs import default
-from fkjax import experiment
-from fkjax import run_config
+from fkjax.training import experiment
+from fkjax.config import record as run_config
 from fkjax import sparsity as sp
 
 RHO, LR = 0.3, 0.1

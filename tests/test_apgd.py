@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fkjax import attacks
-from fkjax import evaluate
+from fkjax import evaluation
 from fkjax.attacks import auto_pgd
 from tests import tiny_models
 
@@ -280,7 +280,7 @@ def test_eot_apgd_beats_single_draw_apgd_on_a_model_with_misleading_draws():
                                                   jnp.sin(200.0 * flat))
 
   def accuracy(x_adv):
-    probs = evaluate.predict_probs(noisy, params, x_adv, jax.random.key(9),
+    probs = evaluation.predict_probs(noisy, params, x_adv, jax.random.key(9),
                                    num_noise_draws=32)
     return float(jnp.mean(jnp.argmax(probs, -1) == labels))
 

@@ -1,11 +1,12 @@
-"""fkjax.atomic (whole files or none) and fkjax.config_keys (dotted keys)."""
+"""fkjax.atomic (whole files or none) and fkjax.config.keys (dotted keys)."""
 import json
 import os
 
 import ml_collections
 import pytest
 
-from fkjax import atomic, config_keys
+from fkjax import atomic
+from fkjax.config import keys as config_keys
 
 
 def test_a_write_replaces_the_file_and_leaves_no_temporary(tmp_path):

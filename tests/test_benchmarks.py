@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import bench_train
 from configs import default as default_config
-from fkjax import experiment
+from fkjax.training import experiment
 
 
 def test_forward_macs_matches_a_direct_count():

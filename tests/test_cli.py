@@ -105,7 +105,7 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
 def test_a_user_error_is_named_without_importing_jax():
   # Importing every error's module (fkjax.checkpoint: JAX and orbax) cost
   # seconds before each one-line error.
-  proc = _run(["-c", "import sys; from fkjax import cli, run_config; "
+  proc = _run(["-c", "import sys; from fkjax import cli; from fkjax.config import record as run_config; "
                "e = run_config.ConfigError('x'); "
                "print(cli.is_user_error(e), cli.is_user_error(ValueError()), "
                "'jax' in sys.modules)"])
@@ -157,7 +157,7 @@ def test_eval_names_an_overrides_unknown_field_in_one_line(tmp_path):
 def test_eval_refuses_an_override_that_changes_the_run(tmp_path):
   sys.path.insert(0, str(REPO))
   from configs import tiny  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   run_config.save(tiny.get_config(), str(tmp_path))
   proc = _run(["eval.py", f"--workdir={tmp_path}",
                "--config.sparsity.lamb=0.1"])
@@ -182,7 +182,7 @@ def test_eval_refuses_an_override_before_importing_jax(tmp_path):
   # JAX first cost ~2 s before the line.
   sys.path.insert(0, str(REPO))
   from configs import tiny  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   run_config.save(tiny.get_config(), str(tmp_path))
   proc = _run(["-X", "importtime", "eval.py", f"--workdir={tmp_path}",
                "--config.sparsity.lamb=0.1"])
@@ -190,7 +190,7 @@ def test_eval_refuses_an_override_before_importing_jax(tmp_path):
   assert "would change what the run" in proc.stderr.splitlines()[-1]
   imported = [l.rsplit("|", 1)[-1].strip() for l in proc.stderr.splitlines()
               if l.startswith("import time:")]
-  assert "fkjax.run_config" in imported and "jax" not in imported
+  assert "fkjax.config.record" in imported and "jax" not in imported
 
 
 @pytest.mark.parametrize("chunk", ["0", "-3"])
@@ -198,7 +198,7 @@ def test_eval_refuses_nattack_chunks_below_one(tmp_path, chunk):
   # 0 ran NAttack until killed; a negative chunk failed inside JAX.
   sys.path.insert(0, str(REPO))
   from configs import tiny  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   run_config.save(tiny.get_config(), str(tmp_path))
   proc = _run(["eval.py", f"--workdir={tmp_path}",
                f"--config.eval.nattack_chunk={chunk}"])

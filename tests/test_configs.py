@@ -46,7 +46,7 @@ def test_unknown_preset_is_rejected():
 
 
 def test_kernels_may_change_between_runs_of_a_workdir(tmp_path):
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   run_config.save(config, str(tmp_path))
   # How the model runs may change (e.g. trained on a GPU, resumed on a CPU)...
@@ -62,7 +62,7 @@ def test_kernels_may_change_between_runs_of_a_workdir(tmp_path):
 
 def test_describe_model_names_the_resolved_kernels():
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   config = default.get_config("en2resnet20")
   config.kernels.conv = "xla"
   config.kernels.noise = "jnp"
@@ -79,7 +79,7 @@ def test_describe_model_names_the_resolved_kernels():
 
 
 def test_a_batch_larger_than_the_training_set_is_a_clear_error():
-  from fkjax import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.batch_size = 128  # the tiny training split has 64 images
   with pytest.raises(ValueError, match="exceeds the 64 training examples"):

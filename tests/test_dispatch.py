@@ -1,4 +1,4 @@
-"""Data pipelines and steps per dispatch (fkjax.dispatch) change no state.
+"""Data pipelines and steps per dispatch (fkjax.training.dispatch) change no state.
 
 tests/dispatch_equivalence.py trains two epochs of the tiny config through
 today's step loop and through the step programs (the host or the device
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from configs import tiny
-from fkjax import dispatch
-from fkjax.run_config import ConfigError
+from fkjax.training import dispatch
+from fkjax.config.record import ConfigError
 from tests.subprocess_env import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]

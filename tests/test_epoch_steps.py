@@ -1,8 +1,8 @@
-"""The steps of one epoch (fkjax.epoch_steps), with a counting step."""
+"""The steps of one epoch (fkjax.training.epoch_steps), with a counting step."""
 import numpy as np
 import pytest
 
-from fkjax import epoch_steps
+from fkjax.training import epoch_steps
 
 
 def _run(steps_per_epoch=6, skip=0, checkpoint_every=0, bad_step=None,

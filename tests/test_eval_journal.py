@@ -1,4 +1,4 @@
-"""A killed evaluation resumes at its next batch (fkjax.eval_journal)."""
+"""A killed evaluation resumes at its next batch (fkjax.evaluation.journal)."""
 import functools
 import json
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from fkjax import attacks
-from fkjax import eval_journal
-from fkjax import evaluate
+from fkjax.evaluation import journal as eval_journal
+from fkjax import evaluation
 from fkjax import workdir as workdir_lib
 from tests import tiny_models
 from tests.killed import Killed, killed_after
@@ -43,8 +43,8 @@ def test_a_killed_evaluation_resumes_to_the_uninterrupted_result(
     mlp, tmp_path):
   params, batches = mlp
   seen = []
-  evaluator = evaluate.Evaluator(_noisy_mlp, {
-      "natural": evaluate.natural, "fgsm": _attacked_batches(seen)})
+  evaluator = evaluation.Evaluator(_noisy_mlp, {
+      "natural": evaluation.natural, "fgsm": _attacked_batches(seen)})
   key = jax.random.key(4)
   whole = evaluator(params, batches, key, per_image=True)
   assert len(seen) == 3
@@ -77,8 +77,8 @@ def _set_seconds(journal, seconds, compile_seconds):
 def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
     mlp, tmp_path):
   params, batches = mlp
-  evaluator = evaluate.Evaluator(_noisy_mlp, {
-      "natural": evaluate.natural, "fgsm": _attacked_batches([])})
+  evaluator = evaluation.Evaluator(_noisy_mlp, {
+      "natural": evaluation.natural, "fgsm": _attacked_batches([])})
   key = jax.random.key(4)
   journal = _journal(tmp_path)
   with pytest.raises(Killed):
@@ -92,7 +92,7 @@ def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
   assert fresh.resumed_seconds == 0.0
   # The strong protocol's wall time adds its seeds' earlier attempts.
   run = functools.partial(
-      evaluate.strong_evaluation, _noisy_mlp, params, batches[:2],
+      evaluation.strong_evaluation, _noisy_mlp, params, batches[:2],
       jax.random.key(2), epsilon=0.1, num_iters=1, num_seeds=1,
       journal=journal.scoped("strong"))
   first = run()
@@ -104,7 +104,7 @@ def test_a_resumed_evaluation_counts_the_earlier_attempts_seconds(
 def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
   params, batches = mlp
   seen = []
-  evaluator = evaluate.Evaluator(_noisy_mlp, {
+  evaluator = evaluation.Evaluator(_noisy_mlp, {
       "fgsm": _attacked_batches(seen)})
   journal = _journal(tmp_path)
   with pytest.raises(Killed):
@@ -130,10 +130,10 @@ def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
 def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
   params, batches = mlp
   seen = []
-  evaluator = evaluate.Evaluator(_noisy_mlp, {
-      "natural": evaluate.natural, "fgsm": _attacked_batches(seen)})
+  evaluator = evaluation.Evaluator(_noisy_mlp, {
+      "natural": evaluation.natural, "fgsm": _attacked_batches(seen)})
   key = jax.random.key(9)
-  whole = evaluate.repeat_evaluation(evaluator, params, batches, key,
+  whole = evaluation.repeat_evaluation(evaluator, params, batches, key,
                                      num_seeds=2)
   journal = _journal(tmp_path)
 
@@ -144,12 +144,12 @@ def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
             else killed_after(batches, 1))
   cut_in_seed_two.calls = 0
   with pytest.raises(Killed):
-    evaluate.repeat_evaluation(evaluator, params, cut_in_seed_two, key,
+    evaluation.repeat_evaluation(evaluator, params, cut_in_seed_two, key,
                                num_seeds=2, journal=journal)
   assert journal.scoped("seed0").batches_done() == 3
   assert journal.scoped("seed1").batches_done() == 1
   seen.clear()
-  resumed = evaluate.repeat_evaluation(evaluator, params, batches, key,
+  resumed = evaluation.repeat_evaluation(evaluator, params, batches, key,
                                        num_seeds=2, journal=journal)
   assert len(seen) == 2
   assert resumed.attacks["fgsm"].accuracy.per_seed == (
@@ -161,7 +161,7 @@ def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):
   params, batches = mlp
   journal = _journal(tmp_path)
   run = functools.partial(
-      evaluate.strong_evaluation, _noisy_mlp, params, batches[:1],
+      evaluation.strong_evaluation, _noisy_mlp, params, batches[:1],
       jax.random.key(2), epsilon=0.1, num_iters=1, num_seeds=1,
       sanity_batches=batches[1:],
       # 0: the clean images, no APGD to compile for the sweep's first radius.
@@ -197,10 +197,10 @@ def test_a_kill_within_a_batch_keeps_the_attacks_it_finished(mlp, tmp_path):
       if armed:
         raise Killed()
     jax.debug.callback(check)
-    return evaluate.natural(apply_fn, variables, images, labels, key)
+    return evaluation.natural(apply_fn, variables, images, labels, key)
 
-  evaluator = evaluate.Evaluator(_noisy_mlp, {
-      "natural": evaluate.natural, "fgsm": _attacked_batches(seen),
+  evaluator = evaluation.Evaluator(_noisy_mlp, {
+      "natural": evaluation.natural, "fgsm": _attacked_batches(seen),
       "last": last})
   key = jax.random.key(5)
   journal = _journal(tmp_path)

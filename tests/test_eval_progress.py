@@ -1,4 +1,4 @@
-"""Tests for the evaluation's progress in model calls (fkjax.evaluate)."""
+"""Tests for the evaluation's progress in model calls (fkjax.evaluation)."""
 import functools
 import io
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fkjax import attacks
-from fkjax import evaluate
-from fkjax import metric_logging
+from fkjax import evaluation
+from fkjax.workdir import metric_logging
 from fkjax import models
 from tests import tiny_models
 
@@ -31,8 +31,8 @@ FGSM = functools.partial(attacks.fgsm, epsilon=0.1, eot_samples=3)
 
 def _count(attack, args):
   """The traced count of ``attack`` on the counted model."""
-  counted = evaluate.counting_apply(_noisy_mlp, lambda: None)
-  return evaluate.count_model_calls(
+  counted = evaluation.counting_apply(_noisy_mlp, lambda: None)
+  return evaluation.count_model_calls(
       jax.jit(functools.partial(attack, counted)).trace(*args).jaxpr)
 
 
@@ -67,7 +67,7 @@ def test_counts_of_loops_restarts_and_early_stopping(mlp):
   assert count(nattack) == 6
   assert count(functools.partial(nattack, chunk=3)) == 9
   assert count(functools.partial(nattack, image_chunk=4)) == 12
-  assert count(evaluate.natural) == 0
+  assert count(evaluation.natural) == 0
 
 
 @pytest.mark.parametrize("attack, exact", [
@@ -80,10 +80,10 @@ def test_counted_attacks_tick_per_call_and_give_identical_images(
     mlp, attack, exact):
   params, images, labels = mlp
   args = (params, images, labels, jax.random.key(5))
-  counter = evaluate.CallCounter()
+  counter = evaluation.CallCounter()
   seen = []
   counter.watch(seen.append)
-  counted = evaluate.counting_apply(_noisy_mlp, counter.tick)
+  counted = evaluation.counting_apply(_noisy_mlp, counter.tick)
   plain = jax.jit(functools.partial(attack, _noisy_mlp))(*args)
   ticked = jax.jit(functools.partial(attack, counted))(*args)
   np.testing.assert_array_equal(np.asarray(ticked), np.asarray(plain))
@@ -94,8 +94,8 @@ def test_counted_attacks_tick_per_call_and_give_identical_images(
 
 def test_chunked_calls_tick_once_per_chunk(mlp):
   params, images, _ = mlp
-  counter = evaluate.CallCounter()
-  counted = evaluate.counting_apply(_noisy_mlp, counter.tick)
+  counter = evaluation.CallCounter()
+  counted = evaluation.counting_apply(_noisy_mlp, counter.tick)
   keys = jax.random.split(jax.random.key(1), 12)
   # NAttack's population in chunks of 5: a scan over two vmapped chunks,
   # then the remaining 2 keys.
@@ -107,10 +107,10 @@ def test_chunked_calls_tick_once_per_chunk(mlp):
 
 def test_progress_off_compiles_no_callback_and_changes_no_result(mlp):
   params, images, labels = mlp
-  suite = {"natural": evaluate.natural, "fgsm": FGSM}
+  suite = {"natural": evaluation.natural, "fgsm": FGSM}
   batches = [{"image": images[:3], "label": labels[:3]},
              {"image": images[3:], "label": labels[3:]}]
-  evaluator = evaluate.Evaluator(_noisy_mlp, suite)
+  evaluator = evaluation.Evaluator(_noisy_mlp, suite)
   ticks = []
   evaluator.calls.watch(ticks.append)  # would see any callback
   off = evaluator(params, batches, jax.random.key(2), per_image=True)
@@ -139,7 +139,7 @@ def _progress_lines(mlp, monkeypatch, suite, work_per_image=None):
       metric_logging.progress, stream=stream, interval=0.0))
   batches = [{"image": images[:3], "label": labels[:3]},
              {"image": images[3:], "label": labels[3:]}]
-  evaluate.robust_accuracy(_noisy_mlp, params, batches, suite,
+  evaluation.robust_accuracy(_noisy_mlp, params, batches, suite,
                            jax.random.key(3), progress=True,
                            work_per_image=work_per_image)
   return stream.getvalue().splitlines()
@@ -149,7 +149,7 @@ def test_progress_lines_count_model_calls(mlp, monkeypatch):
   # At this radius NAttack never succeeds and runs all 3 iterations, a
   # check and a population pass each: its bound, 6 calls.
   lines = _progress_lines(mlp, monkeypatch, {
-      "natural": evaluate.natural, "fgsm": FGSM,
+      "natural": evaluation.natural, "fgsm": FGSM,
       "nattack": functools.partial(attacks.nattack, epsilon=1e-4,
                                    population=4, max_iters=3)})
   # Every call moves the display; one more line at the end.
@@ -206,8 +206,8 @@ def test_a_noisy_resnet_attacked_with_progress_gives_identical_images():
                                    "noise": jax.random.key(1)}, images)
   apply_fn = lambda v, x, k: model.apply(v, x, train=False,
                                          rngs={"noise": k})
-  counter = evaluate.CallCounter()
-  counted = evaluate.counting_apply(apply_fn, counter.tick)
+  counter = evaluation.CallCounter()
+  counted = evaluation.counting_apply(apply_fn, counter.tick)
   # A gradient through the noise, its EOT draws in a vmap.
   attack = functools.partial(attacks.fgsm, epsilon=8 / 255, eot_samples=2)
   args = (variables, images, labels, jax.random.key(5))
@@ -229,12 +229,12 @@ def _ticking_loop(cond):
 
 
 def test_a_while_loop_counts_only_under_a_counter_limit():
-  assert evaluate.count_model_calls(_ticking_loop(
+  assert evaluation.count_model_calls(_ticking_loop(
       lambda c: jnp.logical_and(jnp.any(c[1] > 0.1), c[0] < 5))) == 5
   # No limit on the counter, or one an "or" does not enforce: unknown.
-  assert evaluate.count_model_calls(_ticking_loop(
+  assert evaluation.count_model_calls(_ticking_loop(
       lambda c: jnp.any(c[1] > 0.1))) is None
-  assert evaluate.count_model_calls(_ticking_loop(
+  assert evaluation.count_model_calls(_ticking_loop(
       lambda c: jnp.logical_or(jnp.any(c[1] > 0.1), c[0] < 5))) is None
 
 
@@ -250,10 +250,10 @@ def test_nattack_ticks_at_most_its_count_and_all_of_it_when_never_done(
   attack = functools.partial(attacks.nattack, epsilon=0.1, population=4,
                              max_iters=3)
   args = (params, images, labels, jax.random.key(3))
-  counter = evaluate.CallCounter()
-  counted = evaluate.counting_apply(fixed, counter.tick)
+  counter = evaluation.CallCounter()
+  counted = evaluation.counting_apply(fixed, counter.tick)
   jax.block_until_ready(jax.jit(functools.partial(attack, counted))(*args))
-  bound = evaluate.count_model_calls(jax.jit(
+  bound = evaluation.count_model_calls(jax.jit(
       functools.partial(attack, counted)).trace(*args).jaxpr)
   if fooled:   # done at the first check: one call, then the population's
     assert counter.count == 2 < bound

@@ -1,4 +1,4 @@
-"""Tests for fkjax.eval_result: the typed result and its file form."""
+"""Tests for fkjax.evaluation.result: the typed result and its file form."""
 import dataclasses
 import json
 import math
@@ -8,15 +8,15 @@ import jax
 import numpy as np
 import pytest
 
-from fkjax import eval_loop
-from fkjax import eval_strong
-from fkjax import eval_tables
+from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import strong as eval_strong
+from fkjax.evaluation import tables as eval_tables
 from fkjax import workdir as workdir_lib
-from fkjax.eval_result import AttackResult
-from fkjax.eval_result import EvalResult
-from fkjax.eval_strong_result import Spread
-from fkjax.eval_strong_result import StrongResult
-from fkjax.eval_strong_result import StrongSettings
+from fkjax.evaluation.result import AttackResult
+from fkjax.evaluation.result import EvalResult
+from fkjax.evaluation.strong_result import Spread
+from fkjax.evaluation.strong_result import StrongResult
+from fkjax.evaluation.strong_result import StrongSettings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests for fkjax.evaluate: masked accuracy, compile caching, tables, JSON."""
+"""Tests for fkjax.evaluation: masked accuracy, compile caching, tables, JSON."""
 import functools
 import json
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from fkjax import attacks
-from fkjax import eval_strong
-from fkjax import eval_strong_result
-from fkjax import evaluate
+from fkjax.evaluation import strong as eval_strong
+from fkjax.evaluation import strong_result as eval_strong_result
+from fkjax import evaluation
 from fkjax import models
 from fkjax import workdir as workdir_lib
 
@@ -64,11 +64,11 @@ def test_robust_accuracy_counts_only_real_examples_and_compiles_per_shape(
     setup):
   params, batches = setup
   fgsm = functools.partial(attacks.fgsm, epsilon=0.1)
-  results = evaluate.robust_accuracy(
-      _linear, params, batches, {"natural": evaluate.natural, "fgsm": fgsm},
+  results = evaluation.robust_accuracy(
+      _linear, params, batches, {"natural": evaluation.natural, "fgsm": fgsm},
       jax.random.key(1), progress=False)
   assert results.num_examples == 21
-  natural = _manual_correct(params, batches, evaluate.natural)
+  natural = _manual_correct(params, batches, evaluation.natural)
   unmasked = sum(int(np.sum(np.asarray(_linear(
       params, jnp.asarray(b["image"]), None)).argmax(-1) == b["label"]))
                  for b in batches)
@@ -89,28 +89,28 @@ def test_robust_accuracy_counts_only_real_examples_and_compiles_per_shape(
 def test_robust_accuracy_compiles_once_per_batch_shape(setup):
   params, batches = setup
   small = {k: v[:4] for k, v in batches[0].items()}
-  results = evaluate.robust_accuracy(
+  results = evaluation.robust_accuracy(
       _linear, params, [batches[0], small, batches[1], small],
-      {"natural": evaluate.natural}, jax.random.key(2), progress=False)
+      {"natural": evaluation.natural}, jax.random.key(2), progress=False)
   assert results.attacks["natural"].num_compiles == 2
   assert results.num_examples == 8 + 4 + 8 + 4
 
 
 def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
   params, batches = setup
-  default = evaluate.default_attacks(
+  default = evaluation.default_attacks(
       nattack_iters=3, nattack_population=8, ifgsm_steps=2, cw_steps=2,
       epsilon=0.1, step_size=0.05)
   assert list(default) == ["natural", "fgsm", "ifgsm20", "cw", "nattack"]
-  assert list(default) == list(evaluate.PAPER_COLUMNS)
-  results = evaluate.robust_accuracy(
+  assert list(default) == list(evaluation.PAPER_COLUMNS)
+  results = evaluation.robust_accuracy(
       _noisy_linear, params, batches[:1], default, jax.random.key(3),
       num_noise_draws=3, progress=True)
   assert results.num_noise_draws == 3
   accuracies = [e.accuracy for e in results.attacks.values()]
   assert all(0.0 <= a <= 100.0 for a in accuracies)
 
-  table = evaluate.format_table(results, sparsity=12.345,
+  table = evaluation.format_table(results, sparsity=12.345,
                                 channel_sparsity=6.0)
   header, rule, row = table.splitlines()
   for label in ["A1 natural", "A2 FGSM", "A3 IFGSM20", "A4 C&W", "A5 NAttack",
@@ -119,7 +119,7 @@ def test_default_attacks_run_in_paper_order_and_table(setup, tmp_path):
   cells = [c.strip() for c in row.strip("|").split("|")]
   assert cells == [f"{a:.2f}" for a in accuracies] + ["12.35", "6.00"]
   assert set(rule) <= {"|", "-"}
-  assert "Sparsity" not in evaluate.format_table(results)
+  assert "Sparsity" not in evaluation.format_table(results)
 
   path = tmp_path / "sub" / "results.json"
   workdir_lib.write_results(path, results.to_json(), {})
@@ -132,7 +132,7 @@ def test_predict_probs_averages_softmax_over_noise_draws(setup):
   x = jnp.asarray(batches[0]["image"])
   key = jax.random.key(4)
   predict = lambda fn, k: jax.jit(functools.partial(
-      evaluate.predict_probs, fn, num_noise_draws=k))(params, x, key)
+      evaluation.predict_probs, fn, num_noise_draws=k))(params, x, key)
   # A deterministic model gives the same probabilities for any draw count.
   np.testing.assert_allclose(predict(_linear, 1), predict(_linear, 4),
                              rtol=1e-5)
@@ -152,9 +152,9 @@ def test_predict_probs_averages_softmax_over_noise_draws(setup):
 def _result_of(per_image):
   """An ``EvalResult`` with these per-image vectors (its counts from them)."""
   n = len(next(iter(per_image.values())))
-  return evaluate.EvalResult(
+  return evaluation.EvalResult(
       num_examples=n, num_noise_draws=1, predict_compile_seconds=0.0,
-      attacks={name: evaluate.AttackResult(
+      attacks={name: evaluation.AttackResult(
           accuracy=100.0 * right.mean(), correct=int(right.sum()),
           seconds=0.0, compile_seconds=0.0, num_compiles=0)
                for name, right in per_image.items()},
@@ -167,26 +167,26 @@ def test_worst_case_counts_each_image_once():
                         "b": np.array([0, 0, 1, 1, 0], bool)})
   # Image 0 is broken by both attacks, image 4 is wrong when clean: the
   # worst case is images 2 and 3, not 5 minus the 6 breaks.
-  worst = evaluate.worst_case(results)
+  worst = evaluation.worst_case(results)
   assert (worst.accuracy, worst.correct, worst.num_examples, worst.attacks
           ) == (40.0, 2, 5, ("natural", "a", "b"))
   np.testing.assert_array_equal(worst.robust, [0, 0, 1, 1, 0])
-  assert evaluate.worst_case(results, ["a"]).correct == 3
+  assert evaluation.worst_case(results, ["a"]).correct == 3
 
 
 def test_per_image_vectors_and_worst_case_from_an_evaluation(setup):
   params, batches = setup
-  suite = {"natural": evaluate.natural,
+  suite = {"natural": evaluation.natural,
            "fgsm": functools.partial(attacks.fgsm, epsilon=0.05),
            "fgsm_big": functools.partial(attacks.fgsm, epsilon=0.2)}
-  results = evaluate.robust_accuracy(_linear, params, batches, suite,
+  results = evaluation.robust_accuracy(_linear, params, batches, suite,
                                      jax.random.key(1), progress=False,
                                      per_image=True)
   per_image = results.per_image
   for name, entry in results.attacks.items():
     assert per_image[name].shape == (21,)  # real rows only, in order
     assert int(per_image[name].sum()) == entry.correct
-  worst = evaluate.worst_case(results)
+  worst = evaluation.worst_case(results)
   manual = per_image["natural"] & per_image["fgsm"] & per_image["fgsm_big"]
   assert worst.correct == int(manual.sum())
   assert worst.correct <= min(e.correct
@@ -222,7 +222,7 @@ def test_padding_rows_no_longer_change_the_real_rows(setup):
                                    key)[:6]
   # The defect: zero rows change std(out) and so the real rows' noise.
   assert float(jnp.max(jnp.abs(logits_padded - logits_alone))) > 1e-2
-  real = evaluate.real_rows(padded)
+  real = evaluation.real_rows(padded)
   assert set(real) == {"image", "label"}
   np.testing.assert_array_equal(
       _batch_std_model(params, jnp.asarray(real["image"]), key), logits_alone)
@@ -230,8 +230,8 @@ def test_padding_rows_no_longer_change_the_real_rows(setup):
   # A mask with holes keeps the real rows in order; no real row: None.
   holes = {"image": padded["image"][:4], "label": np.arange(4),
            "mask": np.array([True, False, True, False])}
-  np.testing.assert_array_equal(evaluate.real_rows(holes)["label"], [0, 2])
-  assert evaluate.real_rows({**holes, "mask": np.zeros(4, bool)}) is None
+  np.testing.assert_array_equal(evaluation.real_rows(holes)["label"], [0, 2])
+  assert evaluation.real_rows({**holes, "mask": np.zeros(4, bool)}) is None
 
 
 def test_evaluator_predicts_a_padded_batch_as_its_real_rows_alone(setup):
@@ -241,8 +241,8 @@ def test_evaluator_predicts_a_padded_batch_as_its_real_rows_alone(setup):
   key = jax.random.key(6)
 
   def run(batch):
-    return evaluate.robust_accuracy(
-        _batch_std_model, params, [batch], {"natural": evaluate.natural},
+    return evaluation.robust_accuracy(
+        _batch_std_model, params, [batch], {"natural": evaluation.natural},
         key, progress=False, per_image=True).per_image["natural"]
 
   np.testing.assert_array_equal(run(padded), run(alone))
@@ -259,10 +259,10 @@ def test_evaluator_predicts_a_padded_batch_as_its_real_rows_alone(setup):
 
 def test_repeat_evaluation_reports_mean_and_spread(setup):
   params, batches = setup
-  evaluator = evaluate.Evaluator(
-      _noisy_linear, {"natural": evaluate.natural,
+  evaluator = evaluation.Evaluator(
+      _noisy_linear, {"natural": evaluation.natural,
                       "fgsm": functools.partial(attacks.fgsm, epsilon=0.05)})
-  results = evaluate.repeat_evaluation(evaluator, params, batches,
+  results = evaluation.repeat_evaluation(evaluator, params, batches,
                                        jax.random.key(7), num_seeds=3)
   assert results.num_seeds == 3
   for name in ("natural", "fgsm"):
@@ -289,21 +289,21 @@ def test_repeat_evaluation_reports_mean_and_spread(setup):
   assert worst.accuracy == pytest.approx(100 * worst.correct / 21)
   # Batches read once (an iterator) cannot be repeated.
   with pytest.raises(TypeError, match="fresh iterable"):
-    evaluate.repeat_evaluation(evaluator, params, iter(batches),
+    evaluation.repeat_evaluation(evaluator, params, iter(batches),
                                jax.random.key(7))
 
 
 def test_strong_attacks_presets():
-  stochastic = evaluate.strong_attacks(stochastic=True, targeted=True)
+  stochastic = evaluation.strong_attacks(stochastic=True, targeted=True)
   assert list(stochastic) == ["natural", "apgd_ce", "apgd_dlr", "apgd_t"]
   assert stochastic["apgd_ce"].keywords["eot_samples"] == 20
   assert stochastic["apgd_ce"].keywords["check_draws"] == 3
   assert stochastic["apgd_t"].keywords["loss"] == "dlr_targeted"
-  deterministic = evaluate.strong_attacks(4 / 255, num_iters=50)
+  deterministic = evaluation.strong_attacks(4 / 255, num_iters=50)
   # APGD-T by default, as AutoAttack's standard version.
   assert list(deterministic) == ["natural", "apgd_ce", "apgd_dlr", "apgd_t"]
   assert deterministic["apgd_t"].keywords["num_targets"] == 9
-  assert list(evaluate.strong_attacks(targeted=False)) == [
+  assert list(evaluation.strong_attacks(targeted=False)) == [
       "natural", "apgd_ce", "apgd_dlr"]
   assert deterministic["apgd_dlr"].keywords == {
       "loss": "dlr", "epsilon": 4 / 255, "num_iters": 50, "n_restarts": 1,
@@ -312,7 +312,7 @@ def test_strong_attacks_presets():
 
 def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   params, batches = setup
-  results = evaluate.strong_evaluation(
+  results = evaluation.strong_evaluation(
       _noisy_linear, params, batches[:2], jax.random.key(8), epsilon=0.1,
       stochastic=True, eot_samples=2, check_draws=1, num_noise_draws=2,
       num_iters=3, num_seeds=2, num_targets=2, sanity_batches=batches[:1],
@@ -341,7 +341,7 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
       "more_eot", "blackbox_weaker"}
   # The sanity checks test the reported APGD at its own budget.
   assert sanity["settings"]["apgd_budget"] == [3, 1]
-  text = evaluate.format_strong(results)
+  text = evaluation.format_strong(results)
   assert "worst case" in text and "APGD-T" in text and "+-" in text
   assert "every attack, every seed" in text
   assert "sanity checks" in text
@@ -357,7 +357,7 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
 
 def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
   from configs import cpu  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
   config = cpu.get_config()
   names = config.eval.attacks.split(",")
   costs = eval_run.attack_costs(names, config)
@@ -387,8 +387,8 @@ _ITERATIONS = {"ifgsm20": "num_steps", "cw": "num_steps",
 @pytest.mark.parametrize("name", sorted(_ITERATIONS))
 def test_an_attack_s_cost_follows_its_suite_s_iterations(name, monkeypatch):
   from configs import cpu  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
   config = cpu.get_config()
   before = eval_run.attack_costs([name], config)[name]
   # The suites with this attack's iterations doubled: its cost (beyond the
@@ -425,14 +425,14 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
     return [min(n, 1 << int(np.ceil(np.log2(alive[s:s + n].sum()))))
             for s, n in zip(starts, counts) if alive[s:s + n].any()]
 
-  suite = {"natural": evaluate.natural,
+  suite = {"natural": evaluation.natural,
            "fgsm": functools.partial(attacks.fgsm, epsilon=0.3),
            "strong": strong}
-  every = evaluate.Evaluator(_linear, suite)(params, batches,
+  every = evaluation.Evaluator(_linear, suite)(params, batches,
                                              jax.random.key(9), per_image=True)
   assert sizes == counts
   sizes.clear()
-  cascade = evaluate.Evaluator(_linear, suite, survivors_only=["strong"])(
+  cascade = evaluation.Evaluator(_linear, suite, survivors_only=["strong"])(
       params, batches, jax.random.key(9), per_image=True)
   alive = every.per_image["natural"] & every.per_image["fgsm"]
   # Only the images the first two left right were attacked, in buckets of
@@ -448,7 +448,7 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
   # A mapping names the attacks whose survivors an attack gets: here the
   # images right when clean, whatever FGSM did.
   sizes.clear()
-  after_clean = evaluate.Evaluator(
+  after_clean = evaluation.Evaluator(
       _linear, suite, survivors_only={"strong": ["natural"]})(
           params, batches, jax.random.key(9), per_image=True)
   clean = every.per_image["natural"]
@@ -458,11 +458,11 @@ def test_an_attack_on_survivors_gets_only_the_images_left_robust(setup):
   np.testing.assert_array_equal(after_clean.per_image["fgsm"],
                                 every.per_image["fgsm"])
   with pytest.raises(ValueError, match="survivors_only"):
-    evaluate.Evaluator(_linear, suite, survivors_only=["nope"])
+    evaluation.Evaluator(_linear, suite, survivors_only=["nope"])
   with pytest.raises(ValueError, match="unknown attacks"):
-    evaluate.Evaluator(_linear, suite, survivors_only={"nope": ["natural"]})
+    evaluation.Evaluator(_linear, suite, survivors_only={"nope": ["natural"]})
   with pytest.raises(ValueError, match="only attacks that run before it"):
-    evaluate.Evaluator(_linear, suite, survivors_only={"fgsm": ["strong"]})
+    evaluation.Evaluator(_linear, suite, survivors_only={"fgsm": ["strong"]})
 
 
 def test_the_strong_protocol_attacks_only_what_autoattack_attacks():
@@ -481,10 +481,10 @@ def test_the_strong_protocol_attacks_only_what_autoattack_attacks():
 
 def test_attack_names_are_defined_once_and_the_rest_derived():
   from configs import cpu  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_names  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import names as eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   names = eval_names.ATTACK_NAMES
   assert names == (*eval_names.PAPER_COLUMNS, *eval_names.AUTHORS_COLUMNS)
   assert list(eval_suites.default_attacks()) == list(eval_names.PAPER_COLUMNS)
@@ -503,13 +503,13 @@ def test_attack_names_are_defined_once_and_the_rest_derived():
 
 
 def test_suites_and_protocols_are_registered_by_name():
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_suites  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
   assert {"paper", "authors", "strong"} <= set(eval_suites.SUITES)
   assert list(eval_suites.suite("strong", targeted=False)) == [
       "natural", "apgd_ce", "apgd_dlr"]
   assert list(eval_suites.suite("paper", eot_samples=3)) == list(
-      evaluate.PAPER_COLUMNS)
+      evaluation.PAPER_COLUMNS)
   with pytest.raises(ValueError, match="unknown attack suite 'nope'"):
     eval_suites.suite("nope")
   with pytest.raises(ValueError, match="'paper' is registered twice"):
@@ -518,7 +518,7 @@ def test_suites_and_protocols_are_registered_by_name():
 
 
 def test_a_tally_resumes_and_gives_the_result():
-  from fkjax import eval_loop  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import loop as eval_loop  # pylint: disable=import-outside-toplevel
   tally = eval_loop.Tally.resume(["natural", "fgsm"], True, None)
   tally.add_batch({"natural": (np.array([True, True, False]), 1.0),
                    "fgsm": (np.array([True, False, False]), 2.0)})

@@ -2,7 +2,7 @@
 import jax
 import pytest
 
-from fkjax import experiment
+from fkjax.training import experiment
 from fkjax import host
 
 _X86 = """processor\t: 0

@@ -83,8 +83,8 @@ def test_find_cycle_finds_a_cycle_and_only_a_cycle():
 
 def test_the_graph_sees_function_level_imports():
   graph = import_graph()
-  # eval_run imports fkjax.plots inside a function (matplotlib on demand).
-  assert "fkjax.plots" in graph["fkjax.eval_run"]
+  # eval_run imports fkjax.evaluation.plots inside a function (matplotlib on demand).
+  assert "fkjax.evaluation.plots" in graph["fkjax.evaluation.run"]
   assert "fkjax.attacks.common" in graph["fkjax.attacks.auto_pgd"]
 
 

@@ -187,7 +187,7 @@ def log_setup():
 # add more.
 import orbax.checkpoint
 logging_before = log_setup()
-import fkjax, fkjax.sparsity, fkjax.train, fkjax.evaluate, fkjax.plots
+import fkjax, fkjax.sparsity, fkjax.training.train, fkjax.evaluation, fkjax.evaluation.plots
 import fkjax.kernels, fkjax.models, fkjax.checkpoint
 import reproduce.figures, reproduce.report
 from fkjax import sparsity

@@ -14,7 +14,7 @@ import pytest
 import tqdm
 from tensorboardX.proto import event_pb2
 
-from fkjax import metric_logging
+from fkjax.workdir import metric_logging
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def _scalars(events):
 
 _KILLED = textwrap.dedent("""
     import os, signal, sys
-    from fkjax import metric_logging
+    from fkjax.workdir import metric_logging
     logger = metric_logging.MetricLogger(sys.argv[1])
     for epoch in (1, 2):
       logger.write(4 * epoch, {"epoch": epoch, "train_loss": 1.0 / epoch})

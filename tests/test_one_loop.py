@@ -1,4 +1,4 @@
-"""A single run and a sweep share one training loop (fkjax.run_loop): a
+"""A single run and a sweep share one training loop (fkjax.training.loop): a
 sweep of one run writes the single run's records and selects and evaluates
 its checkpoint.
 
@@ -16,11 +16,11 @@ import pytest
 
 from configs import tiny
 from fkjax import checkpoint as ckpt_lib
-from fkjax import metric_logging
-from fkjax import run_loop
-from fkjax import sweep
-from fkjax import train
-from fkjax.sweep import loop as sweep_loop
+from fkjax.workdir import metric_logging
+from fkjax.training import loop as run_loop
+from fkjax.training import sweep
+from fkjax.training import train
+from fkjax.training.sweep import loop as sweep_loop
 
 # The loop's own times, which no two runs share.
 TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds")

@@ -6,10 +6,10 @@ import pytest
 
 from configs import tiny
 from fkjax import data
-from fkjax import dispatch
-from fkjax import experiment
-from fkjax import run_config
-from fkjax import train
+from fkjax.training import dispatch
+from fkjax.training import experiment
+from fkjax.config import record as run_config
+from fkjax.training import train
 
 
 def _config(precision):

@@ -10,10 +10,10 @@ import pytest
 from configs import default, tiny
 from fkjax import attacks
 from fkjax import data
-from fkjax import experiment
+from fkjax.training import experiment
 from fkjax import models
-from fkjax import run_config
-from fkjax import train
+from fkjax.config import record as run_config
+from fkjax.training import train
 
 
 def test_defaults_follow_the_text_then_the_authors_code():

@@ -23,10 +23,10 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from fkjax import eval_journal
 from fkjax import pretrained
-from fkjax import run_config
-from fkjax import weights_file
+from fkjax.checkpoint import weights_file
+from fkjax.config import record as run_config
+from fkjax.evaluation import journal as eval_journal
 from fkjax import workdir as workdir_lib
 from reproduce import __main__ as reproduce_main
 from reproduce import archive as archive_lib
@@ -521,7 +521,7 @@ def test_the_runner_writes_the_run_names_with_its_tables(tiny):
 @pytest.mark.slow   # eval.py evaluates the published weights in a process
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     tiny, tmp_path):
-  from fkjax import experiment  # pylint: disable=C0415
+  from fkjax.training import experiment  # pylint: disable=C0415
   import jax  # pylint: disable=C0415
   results = str(tiny["root"] / "results")
   kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
@@ -1034,7 +1034,7 @@ def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
   # strong evaluation (the last) stops as a killed session would: the
   # record, its copy under results/ and the table keep A5, and the strong
   # column stays pending.
-  from fkjax import eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
   shutil.copytree(tiny["root"] / "w", tmp_path / "w")
   workdir = tmp_path / "w" / os.path.join(*ROW_WORKDIR)
   # Another test may have run Table 1's strong column here already.
@@ -1106,7 +1106,7 @@ def test_a_partly_trained_run_is_estimated_by_what_is_left(tmp_path):
       f.write(json.dumps({"epoch": epoch, "step": 352 * epoch}) + "\n")
   assert runner.trained_epochs(run) == 2
   assert runner.status_of(run) == "trained 2/5 epochs"
-  # An evaluation killed after 3 batches says so (fkjax.eval_journal).
+  # An evaluation killed after 3 batches says so (fkjax.evaluation.journal).
   journal = eval_journal.Journal(
       os.path.join(run.workdir, eval_journal.JOURNAL_DIR, "eval_paper.json"),
       {})
@@ -1244,7 +1244,7 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
 
 
 def test_the_runners_evaluation_costs_cover_exactly_the_attack_names():
-  from fkjax import eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import names as eval_names  # pylint: disable=import-outside-toplevel
   from reproduce import runner  # pylint: disable=import-outside-toplevel
   costed = set(runner._EVAL_ITERS) | {"nattack"}  # pylint: disable=protected-access
   assert costed == set(eval_names.ATTACK_NAMES)

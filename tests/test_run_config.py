@@ -5,9 +5,9 @@ import os
 import pytest
 
 from configs import cpu, default, tiny
-from fkjax import experiment
-from fkjax import run_config
-from fkjax.run_config import ConfigError
+from fkjax.training import experiment
+from fkjax.config import record as run_config
+from fkjax.config.record import ConfigError
 
 
 @pytest.mark.parametrize("module", [default, cpu, tiny])
@@ -192,7 +192,7 @@ def test_a_run_resumes_with_other_speed_settings_not_another_precision(
 
 def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
   # One list: a pipeline (or data source) the code gains is valid at once.
-  from fkjax import dispatch  # pylint: disable=import-outside-toplevel
+  from fkjax.training import dispatch  # pylint: disable=import-outside-toplevel
   from fkjax.data import loader  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.data_pipeline = "sharded"
@@ -207,7 +207,7 @@ def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
 
 
 def test_every_key_has_one_rule():
-  from fkjax import config_schema  # pylint: disable=import-outside-toplevel
+  from fkjax.config import schema as config_schema  # pylint: disable=import-outside-toplevel
   keys = [key for key, _ in config_schema.rules(("natural",))]
   twice = sorted({k for k in keys if keys.count(k) > 1})
   # The one relation checked after its own key's values: PGD selection needs

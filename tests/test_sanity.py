@@ -1,10 +1,10 @@
-"""Tests for fkjax.sanity: the report flags masked gradients, not models."""
+"""Tests for fkjax.evaluation.sanity: the report flags masked gradients, not models."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fkjax import sanity
+from fkjax.evaluation import sanity
 from tests import tiny_models
 
 # A short sweep and small attacks keep the test fast; the checks are the

@@ -1,4 +1,4 @@
-"""Sweeps (fkjax.sweep): runs as one program equal the runs trained alone.
+"""Sweeps (fkjax.training.sweep): runs as one program equal the runs trained alone.
 
 The whole-run tests train a 2-run RGSM sweep through ``train.py`` (the runs
 differ in every traced key and in their seed), each run alone from its
@@ -22,10 +22,10 @@ import pytest
 from configs import sweep as sweep_config
 from configs import tiny
 from fkjax import checkpoint as ckpt_lib
-from fkjax import experiment
-from fkjax import run_config
+from fkjax.training import experiment
+from fkjax.config import record as run_config
 from fkjax import sparsity
-from fkjax import sweep
+from fkjax.training import sweep
 from tests import sweep_devices
 from tests.subprocess_env import subprocess_env
 

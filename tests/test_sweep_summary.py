@@ -1,9 +1,9 @@
-"""The table that ends a sweep (fkjax.sweep.summary)."""
+"""The table that ends a sweep (fkjax.training.sweep.summary)."""
 import io
 import sys
 from pathlib import Path
 
-from fkjax.sweep import summary
+from fkjax.training.sweep import summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs import tiny  # pylint: disable=wrong-import-position

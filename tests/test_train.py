@@ -24,8 +24,8 @@ from configs import tiny
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data
 from fkjax import sparsity
-from fkjax import eval_run
-from fkjax import experiment
+from fkjax.evaluation import run as eval_run
+from fkjax.training import experiment
 from tests.killed import Killed, killed_after
 from tests.subprocess_env import subprocess_env
 
@@ -252,8 +252,8 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
 
 def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
                                                        monkeypatch, capsys):
-  from fkjax import eval_journal  # pylint: disable=import-outside-toplevel
-  from fkjax import run_config  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import journal as eval_journal  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   workdir = tmp_path / "run"
   shutil.copytree(runs["full"], workdir)
   overrides = {"eval.attacks": "natural,fgsm", "eval.batch_size": 8,

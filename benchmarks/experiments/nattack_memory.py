@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from configs import default
-from fkjax import experiment
+from fkjax.training import experiment
 from fkjax import kernels
 
 nattack_lib = importlib.import_module("fkjax.attacks.nattack")

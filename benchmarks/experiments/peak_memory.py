@@ -7,7 +7,7 @@
 Each workload runs in a fresh process (``ru_maxrss`` only grows), on random
 CIFAR-shaped data at the batch sizes of ``configs/default.py``: ``train``
 is two PGD-10 training steps at ``training.batch_size``; an attack name runs
-:class:`fkjax.evaluate.Evaluator` with that attack of the default suite on
+:class:`fkjax.evaluation.Evaluator` with that attack of the default suite on
 one batch of ``eval.batch_size``. NAttack's iterations run in a loop whose
 buffers do not grow with their number, so ``--nattack-iters`` only shortens
 the run, and with ``--eval-batch 100`` (``eval.nattack_image_chunk``) it
@@ -37,7 +37,9 @@ def _measure(model: str, workload: str, nattack_iters: int,
 
   from benchmarks import bench_train  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
-  from fkjax import eval_run, evaluate, experiment  # pylint: disable=import-outside-toplevel
+  from fkjax import evaluation  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
 
   config = default.get_config(model)
   config.eval.nattack_iters = nattack_iters
@@ -62,7 +64,7 @@ def _measure(model: str, workload: str, nattack_iters: int,
     rng = np.random.default_rng(0)
     data = [{"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
              "label": rng.integers(0, 10, batch).astype(np.int32)}]
-    evaluator = evaluate.Evaluator(eval_apply,
+    evaluator = evaluation.Evaluator(eval_apply,
                                    eval_run.attack_suite(workload, config))
     evaluator(variables, data, jax.random.key(1))
     estimate = bench_train._memory_mb(  # pylint: disable=protected-access

@@ -82,7 +82,7 @@ def load_slim(path: str, conv: Callable = lax.conv_general_dilated,
 
   ``apply_fn(variables, images, key) -> logits`` (noise drawn from ``key``
   when the model injects noise), the form :mod:`fkjax.attacks` and
-  :mod:`fkjax.evaluate` take.
+  :mod:`fkjax.evaluation` take.
   """
   model, variables, _ = load_slim_model(path, conv, inject)
 

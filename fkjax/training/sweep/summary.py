@@ -7,8 +7,8 @@ from typing import Any, Mapping, Sequence, TextIO
 
 import ml_collections
 
-from fkjax import run_config
-from fkjax.sweep import spec
+from fkjax.config import record as run_config
+from fkjax.training.sweep import spec
 
 
 _DATA_SEED = "training.data_seed"

@@ -25,8 +25,8 @@ from fkjax import data as data_lib
 from fkjax import host
 from fkjax import kernels
 from fkjax import models
-from fkjax import parallel
-from fkjax import run_config
+from fkjax.training import parallel
+from fkjax.config import record as run_config
 from fkjax import sparsity
 
 PyTree = Any
@@ -91,7 +91,7 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int,
   """The model of ``config.model``, running ``config.kernels``' kernels.
 
   ``inject_noise`` replaces the resolved noise kernel (a sweep passes one
-  whose coefficient is its run's traced value, :mod:`fkjax.sweep`).
+  whose coefficient is its run's traced value, :mod:`fkjax.training.sweep`).
   """
   m = config.model
   kwargs = resolve_kernels(config).model_kwargs

@@ -1,8 +1,8 @@
 """Progress of an evaluation in model calls: an optional layer.
 
-An ``fkjax.eval_loop.Evaluator`` asked for progress hands its attacks the
+An ``fkjax.evaluation.loop.Evaluator`` asked for progress hands its attacks the
 model through ``counting_apply``, whose ``jax.debug.callback`` ticks a
-host-side ``CallCounter`` on each call, and ``fkjax.metric_logging.progress``
+host-side ``CallCounter`` on each call, and ``fkjax.workdir.metric_logging.progress``
 shows ``batch 2/8, ifgsm20 call 13/21: 55/168 model calls``. A call
 evaluated with ``vmap`` (the EOT draws of one gradient, a NAttack population
 chunk) counts once. The expected counts come from the attack's traced
@@ -27,7 +27,7 @@ import jax
 from jax.extend import core as jax_core
 
 from fkjax import attacks as attacks_lib
-from fkjax import metric_logging
+from fkjax.workdir import metric_logging
 
 
 class CallCounter:
@@ -242,7 +242,7 @@ class CallCounting:
   Args:
     apply_fn: the model; ``self.apply_fn`` is it counted.
     work_per_image: each attack's cost per image in any unit (e.g. forward
-      passes, ``fkjax.eval_run.attack_costs``). Given, the progress moves
+      passes, ``fkjax.evaluation.run.attack_costs``). Given, the progress moves
       by work units (one call of an attack weighs its work over its calls
       per batch), so that the time-left estimate does not take a cheap
       attack's calls for an expensive one's; None: by model calls.

@@ -1,9 +1,9 @@
 """The names of the evaluation's attacks and of its table columns, once.
 
 Every other list of attack names is derived from these:
-``fkjax.eval_suites.default_attacks`` keys its attacks by ``PAPER_COLUMNS``,
-``fkjax.eval_run.attack_suite`` accepts ``ATTACK_NAMES``,
-``fkjax.run_config`` validates ``config.eval.attacks`` against them, and the
+``fkjax.evaluation.suites.default_attacks`` keys its attacks by ``PAPER_COLUMNS``,
+``fkjax.evaluation.run.attack_suite`` accepts ``ATTACK_NAMES``,
+``fkjax.config.record`` validates ``config.eval.attacks`` against them, and the
 tables label their columns with ``COLUMN_LABELS`` and ``STRONG_COLUMNS``.
 This module imports nothing, so that the config's validation can read it
 without JAX.

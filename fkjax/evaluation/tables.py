@@ -1,11 +1,11 @@
 """The printed tables of an evaluation: the paper's row, the strong text."""
 from __future__ import annotations
 
-from fkjax.eval_names import COLUMN_LABELS
-from fkjax.eval_names import STRONG_COLUMNS
-from fkjax.eval_result import EvalResult
-from fkjax.eval_strong_result import RepeatedResult
-from fkjax.eval_strong_result import StrongResult
+from fkjax.evaluation.names import COLUMN_LABELS
+from fkjax.evaluation.names import STRONG_COLUMNS
+from fkjax.evaluation.result import EvalResult
+from fkjax.evaluation.strong_result import RepeatedResult
+from fkjax.evaluation.strong_result import StrongResult
 
 
 def format_table(results: EvalResult,

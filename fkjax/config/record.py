@@ -18,9 +18,9 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 
 from fkjax import atomic
-from fkjax import config_keys
-from fkjax import config_schema
-from fkjax.eval_names import ATTACK_NAMES as _ATTACK_NAMES
+from fkjax.config import keys as config_keys
+from fkjax.config import schema as config_schema
+from fkjax.evaluation.names import ATTACK_NAMES as _ATTACK_NAMES
 
 CONFIG_FILE = "config.json"
 
@@ -52,7 +52,7 @@ def validate(config: ml_collections.ConfigDict,
   sizes and counts, depth ``6n+2``, the attack radius in ``(0, 1]`` (images
   live in ``[0, 1]``: 8/255, not 8), the learning-rate schedule, the
   sparsifier's hyperparameters, the attack and checkpoint names. What each
-  key may hold is declared once, in :func:`fkjax.config_schema.rules`.
+  key may hold is declared once, in :func:`fkjax.config.schema.rules`.
   """
   for key, check in config_schema.rules(tuple(attack_names)):
     value = config_keys.get(config, key)

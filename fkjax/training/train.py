@@ -8,10 +8,10 @@ resets its auxiliary variables instead), the model is validated, and a
 checkpoint is written. Running the same command again resumes from the last
 complete checkpoint and reaches the same parameters as an uninterrupted run.
 
-What is built from the config lives in :mod:`fkjax.experiment`; the epoch
+What is built from the config lives in :mod:`fkjax.training.experiment`; the epoch
 loop, which a sweep shares (:class:`SingleRun` is one run of it), in
-:mod:`fkjax.run_loop`; the test evaluation of a checkpoint in
-:mod:`fkjax.eval_run`.
+:mod:`fkjax.training.loop`; the test evaluation of a checkpoint in
+:mod:`fkjax.evaluation.run`.
 """
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ import ml_collections
 import optax
 
 from fkjax import attacks
-from fkjax import dispatch
-from fkjax import eval_run
-from fkjax import evaluate
-from fkjax import experiment as experiment_lib
-from fkjax import parallel
-from fkjax import precision
-from fkjax import run_config
-from fkjax import run_loop
+from fkjax.training import dispatch
+from fkjax.evaluation import run as eval_run
+from fkjax import evaluation
+from fkjax.training import experiment as experiment_lib
+from fkjax.training import parallel
+from fkjax.training import precision
+from fkjax.config import record as run_config
+from fkjax.training import loop as run_loop
 from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
 
@@ -82,7 +82,7 @@ def pgd_updating_batch_stats(model, variables, images, labels, key, *,
 def make_train_step(model, optimizer: optax.GradientTransformation,
                     config: ml_collections.ConfigDict) -> Callable:
   """``train_step(state, batch, key) -> (state, metrics)``, pure; in
-  ``config.precision`` (:mod:`fkjax.precision`)."""
+  ``config.precision`` (:mod:`fkjax.training.precision`)."""
   model = precision.training_model(model, config)
   eval_apply, train_apply = experiment_lib.model_fns(model)
   a = config.attack
@@ -219,8 +219,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict,
 
 
 class SingleRun(run_loop.Runs):
-  """One run for :func:`fkjax.run_loop.train`: its state on the mesh,
-  batches split over it, validated by :class:`fkjax.evaluate.Evaluator`."""
+  """One run for :func:`fkjax.training.loop.train`: its state on the mesh,
+  batches split over it, validated by :class:`fkjax.evaluation.Evaluator`."""
 
   def __init__(self, exp: experiment_lib.Experiment, workdir: str):
     super().__init__([exp.config], [workdir], [exp])
@@ -267,9 +267,9 @@ class SingleRun(run_loop.Runs):
                                    self._val_key))]
 
   @functools.cached_property
-  def _validator(self) -> evaluate.Evaluator:
+  def _validator(self) -> evaluation.Evaluator:
     eval_apply, _ = experiment_lib.model_fns(self.exp.model)
-    return evaluate.Evaluator(eval_apply,
+    return evaluation.Evaluator(eval_apply,
                               eval_run.validation_attacks(self.config))
 
   def validate(self, evaluated: PyTree, split, epoch: int

@@ -9,7 +9,7 @@ give the states of ``k`` calls of one step (bit for bit on one CPU device,
 states agree to float rounding). So both are environment keys: a run may
 be resumed with other values.
 
-A single run (:mod:`fkjax.train`) and a sweep (:mod:`fkjax.sweep`) build
+A single run (:mod:`fkjax.training.train`) and a sweep (:mod:`fkjax.training.sweep`) build
 their step programs here, from their own ``step_fn``.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fkjax import run_config
+from fkjax.config import record as run_config
 from fkjax.data import batching
 from fkjax.data import device_pipeline
 from fkjax.data.types import Split
@@ -153,7 +153,7 @@ class TrainInput:
 class StepProgram:
   """Runs one or several training steps per call: ``(state, feeds, step)
   -> (state, metrics)``, the signature of
-  :func:`fkjax.epoch_steps.run_epoch_steps`'s ``step_fn``.
+  :func:`fkjax.training.epoch_steps.run_epoch_steps`'s ``step_fn``.
 
   Attributes:
     one: jitted ``(state, data, feed, step, extra) -> (state, metrics)``.

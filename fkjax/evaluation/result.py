@@ -1,12 +1,12 @@
 """An evaluation's result: per attack its accuracy and costs, typed.
 
-``fkjax.eval_loop.Evaluator`` and ``robust_accuracy`` return an
+``fkjax.evaluation.loop.Evaluator`` and ``robust_accuracy`` return an
 ``EvalResult``: one ``AttackResult`` per attack, in the suite's order, and,
 when asked for, which images each attack left classified right
 (``per_image``). ``to_json`` gives the dict the result files hold (the
 evaluation's part of ``eval_paper.json``, ``final_eval.json``, ...), key for
 key as written since the files have existed; ``from_json`` reads one back.
-The strong protocol's result, over seeds, is ``fkjax.eval_strong_result``'s.
+The strong protocol's result, over seeds, is ``fkjax.evaluation.strong_result``'s.
 """
 from __future__ import annotations
 

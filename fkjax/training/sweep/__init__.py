@@ -7,7 +7,7 @@ axis and stepped together by ``jax.vmap`` of the single run's own step. Each
 run keeps its own PRNG streams, epoch-end projection, validation, best
 checkpoint, metrics, final evaluation and workdir::
 
-    from fkjax import sweep
+    from fkjax.training import sweep
     sweep.train_sweep(configs, workdirs)          # one workdir per run
 
 or ``python train.py --config=configs/sweep.py:rgsm --workdir=W`` with a
@@ -18,13 +18,13 @@ imported at once; the programs and the loop when first used.
 """
 import importlib
 
-from fkjax.sweep.spec import check_configs
-from fkjax.sweep.spec import DATA_ORDERS
-from fkjax.sweep.spec import expand
-from fkjax.sweep.spec import groups
-from fkjax.sweep.spec import SHARD_MODES
-from fkjax.sweep.spec import SWEEPABLE_KEYS
-from fkjax.sweep.spec import with_data_seed
+from fkjax.training.sweep.spec import check_configs
+from fkjax.training.sweep.spec import DATA_ORDERS
+from fkjax.training.sweep.spec import expand
+from fkjax.training.sweep.spec import groups
+from fkjax.training.sweep.spec import SHARD_MODES
+from fkjax.training.sweep.spec import SWEEPABLE_KEYS
+from fkjax.training.sweep.spec import with_data_seed
 
 # name -> submodule, imported on first use (they import JAX).
 _LAZY = {"Sweep": "program", "resume_step": "loop", "SWEEP_FILE": "loop",
@@ -48,6 +48,6 @@ __all__ = [
 
 def __getattr__(name):
   if name in _LAZY:
-    return getattr(importlib.import_module(f"fkjax.sweep.{_LAZY[name]}"),
+    return getattr(importlib.import_module(f"fkjax.training.sweep.{_LAZY[name]}"),
                    name)
-  raise AttributeError(f"module 'fkjax.sweep' has no attribute {name!r}")
+  raise AttributeError(f"module 'fkjax.training.sweep' has no attribute {name!r}")

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any, Callable, Mapping, Sequence, Tuple, Union
 
-from fkjax import config_keys
+from fkjax.config import keys as config_keys
 
 
 class ConfigError(ValueError):
@@ -251,8 +251,8 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       # elsewhere is said before JAX loads (seconds).
       ("kernels", kernel_choices),
       ("training.data_pipeline",
-       optional(one_of(names_in("fkjax.dispatch", "PIPELINES")))),
-      ("precision", optional(one_of(names_in("fkjax.precision",
+       optional(one_of(names_in("fkjax.training.dispatch", "PIPELINES")))),
+      ("precision", optional(one_of(names_in("fkjax.training.precision",
                                              "PRECISIONS")))),
       # Checked whatever the method: the authors preset sets it for every
       # run.

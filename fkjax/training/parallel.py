@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fkjax import run_config
+from fkjax.config import record as run_config
 
 DATA_AXIS = "data"
 

@@ -5,10 +5,10 @@ result with the (possibly noisy) model (``predict_probs``) and counts, per
 attack, the real (non-padding) images it left classified right, with the
 seconds each attack took; ``robust_accuracy`` is one evaluation with a
 fresh ``Evaluator``. Its counts accumulate in a ``Tally``, which a
-``fkjax.eval_journal.Journal`` keeps after every batch and attack so that a
+``fkjax.evaluation.journal.Journal`` keeps after every batch and attack so that a
 killed evaluation resumes, and which gives the result (an
-``fkjax.eval_result.EvalResult``). Progress in model calls is the optional
-layer of ``fkjax.eval_progress``.
+``fkjax.evaluation.result.EvalResult``). Progress in model calls is the optional
+layer of ``fkjax.evaluation.progress``.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fkjax import attacks as attacks_lib
-from fkjax import eval_journal
-from fkjax import eval_progress
-from fkjax import eval_result
-from fkjax.eval_suites import Attack
+from fkjax.evaluation import journal as eval_journal
+from fkjax.evaluation import progress as eval_progress
+from fkjax.evaluation import result as eval_result
+from fkjax.evaluation.suites import Attack
 
 
 def predict_probs(apply_fn: attacks_lib.ApplyFn,
@@ -214,7 +214,7 @@ class Evaluator:
   Keeps its compiled functions (one per attack and batch shape, plus the
   shared prediction) across calls, so a training loop that validates every
   epoch compiles once. With ``progress`` the attacks are compiled once more,
-  counting their model calls (``fkjax.eval_progress``).
+  counting their model calls (``fkjax.evaluation.progress``).
 
   Only real rows reach the model: a batch with padding rows (``mask``
   False) is cut to its real rows first (``real_rows``), so the last, padded
@@ -382,7 +382,7 @@ class Evaluator:
     progress display its total; ``desc`` starts its line. With ``journal``
     the counts are written after every batch, and the batches an earlier
     attempt of the same evaluation finished are taken from it instead of
-    attacked again (:mod:`fkjax.eval_journal`; the result is the same, its
+    attacked again (:mod:`fkjax.evaluation.journal`; the result is the same, its
     seconds and compile seconds those of all attempts, ``num_compiles`` this
     one's, ``resumed_seconds`` the part of the seconds earlier attempts
     spent).
@@ -471,12 +471,12 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
       ``len(batches)`` if it has one).
     journal: where the counts are written after every batch; the batches an
       earlier attempt of the same evaluation finished are read from it, not
-      attacked again (:mod:`fkjax.eval_journal`).
+      attacked again (:mod:`fkjax.evaluation.journal`).
     work_per_image: each attack's cost per image, for the progress (see
       ``Evaluator``); None: progress in model calls.
 
   Returns:
-    An ``fkjax.eval_result.EvalResult``: per attack (in the order given)
+    An ``fkjax.evaluation.result.EvalResult``: per attack (in the order given)
     the accuracy (%), the count, the seconds (attack and prediction,
     compilation included), compile seconds and compilations; the
     prediction's compile seconds; ``resumed_seconds`` (of the seconds,

@@ -13,7 +13,7 @@ results of different protocols never overwrite each other:
 
 A killed evaluation (not train.py's short one) resumes at its next batch
 when run again: its finished batches are kept in
-``<workdir>/eval_journal/`` (:mod:`fkjax.eval_journal`) until its result
+``<workdir>/eval_journal/`` (:mod:`fkjax.evaluation.journal`) until its result
 file is written.
 """
 from __future__ import annotations
@@ -29,17 +29,17 @@ import ml_collections
 
 from fkjax import attacks
 from fkjax import data as data_lib
-from fkjax import eval_journal
-from fkjax import eval_loop
-from fkjax import eval_names
-from fkjax import eval_result
-from fkjax import eval_strong
-from fkjax import eval_suites
-from fkjax import eval_tables
-from fkjax import experiment as experiment_lib
-from fkjax import metric_logging
-from fkjax import parallel
-from fkjax import run_config
+from fkjax.evaluation import journal as eval_journal
+from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import names as eval_names
+from fkjax.evaluation import result as eval_result
+from fkjax.evaluation import strong as eval_strong
+from fkjax.evaluation import suites as eval_suites
+from fkjax.evaluation import tables as eval_tables
+from fkjax.training import experiment as experiment_lib
+from fkjax.workdir import metric_logging
+from fkjax.training import parallel
+from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
 
 
@@ -387,7 +387,7 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
            plots: bool | None = None) -> dict[str, Any]:
   """The paper's protocol (A1..A5, or ``config.eval.attacks``), and
   train.py's short final evaluation."""
-  from fkjax import plots as plots_lib  # matplotlib only when needed
+  from fkjax.evaluation import plots as plots_lib  # matplotlib only when needed
 
   config = r.config
   suite = attack_suite(attacks_csv or config.eval.attacks, config)
@@ -422,7 +422,7 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
 
 # Protocol name -> how it evaluates a restored checkpoint. A name not
 # registered is a further paper-protocol evaluation kept in its own file
-# (``fkjax.run_config``'s rule for ``eval.protocol``).
+# (``fkjax.config.record``'s rule for ``eval.protocol``).
 PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
     "paper": _paper,
     "strong": _strong,

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import ml_collections
 
-from fkjax import config_keys
-from fkjax import run_config
+from fkjax.config import keys as config_keys
+from fkjax.config import record as run_config
 
 ConfigError = run_config.ConfigError
 
@@ -116,7 +116,7 @@ def groups(configs: Sequence[ml_collections.ConfigDict],
   :data:`SWEEPABLE_KEYS` (and agree on which :data:`NONZERO_KEYS` are 0);
   ``max_size`` splits larger groups (memory) into the fewest groups of
   sizes as equal as possible. A reproduction runner trains
-  each group with :func:`fkjax.sweep.train_sweep`.
+  each group with :func:`fkjax.training.sweep.train_sweep`.
   """
   if max_size is not None and max_size < 1:
     raise ValueError(f"max_size must be >= 1, got {max_size}")

@@ -1,11 +1,11 @@
 """The strong protocol: APGD suite, per-image worst case, seeds, sanity.
 
-``strong_evaluation`` runs ``fkjax.eval_suites.strong_attacks`` (APGD-CE
+``strong_evaluation`` runs ``fkjax.evaluation.suites.strong_attacks`` (APGD-CE
 and APGD-DLR, APGD-T on the images they leave robust, with EOT for a noisy
 model), counts an image as robust only if every attack fails on it under
 every seed (``worst_case``, ``worst_case_over_seeds``), repeats the
 evaluation over several seeds (``repeat_evaluation``) and runs the sanity
-checks of ``fkjax.sanity`` with it.
+checks of ``fkjax.evaluation.sanity`` with it.
 """
 from __future__ import annotations
 
@@ -17,18 +17,18 @@ import jax
 import numpy as np
 
 from fkjax import attacks as attacks_lib
-from fkjax import eval_journal
-from fkjax import eval_suites
-from fkjax import sanity
-from fkjax.eval_loop import Evaluator
-from fkjax.eval_names import STRONG_COLUMNS
-from fkjax.eval_result import EvalResult
-from fkjax.eval_strong_result import RepeatedResult
-from fkjax.eval_strong_result import SeededAttackResult
-from fkjax.eval_strong_result import Spread
-from fkjax.eval_strong_result import StrongResult
-from fkjax.eval_strong_result import StrongSettings
-from fkjax.eval_strong_result import WorstCase
+from fkjax.evaluation import journal as eval_journal
+from fkjax.evaluation import suites as eval_suites
+from fkjax.evaluation import sanity
+from fkjax.evaluation.loop import Evaluator
+from fkjax.evaluation.names import STRONG_COLUMNS
+from fkjax.evaluation.result import EvalResult
+from fkjax.evaluation.strong_result import RepeatedResult
+from fkjax.evaluation.strong_result import SeededAttackResult
+from fkjax.evaluation.strong_result import Spread
+from fkjax.evaluation.strong_result import StrongResult
+from fkjax.evaluation.strong_result import StrongSettings
+from fkjax.evaluation.strong_result import WorstCase
 
 
 def worst_case(results: EvalResult,
@@ -197,7 +197,7 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   (``repeat_evaluation``), reports each attack's accuracy and the
   per-image worst case over all of them (clean images included) as mean
   and std over the seeds, and, given ``sanity_batches``, runs
-  ``fkjax.sanity.sanity_checks`` on them with the same settings.
+  ``fkjax.evaluation.sanity.sanity_checks`` on them with the same settings.
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``.

@@ -1,5 +1,5 @@
-"""The training steps of one epoch, for one run (``fkjax.train``) or a sweep
-of runs stepped as one program (``fkjax.sweep``).
+"""The training steps of one epoch, for one run (``fkjax.training.train``) or a sweep
+of runs stepped as one program (``fkjax.training.sweep``).
 
 What the two loops share: a progress bar over the epoch's batches, several
 steps per dispatch (``config.training.steps_per_dispatch``), metrics read
@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 
-from fkjax import metric_logging
+from fkjax.workdir import metric_logging
 
 PyTree = Any
 
@@ -93,7 +93,7 @@ def run_epoch_steps(
     checkpoint_every: steps between mid-epoch checkpoints; 0: none.
     desc: the progress bar's label.
     progress: whether to show progress (see
-      :func:`fkjax.metric_logging.progress`).
+      :func:`fkjax.workdir.metric_logging.progress`).
     steps_per_dispatch: steps per call of ``step_fn`` where
       :func:`dispatch_size` allows.
     scan_limit: the steps of the epoch whose batches have the full size

@@ -1,8 +1,8 @@
-"""The training loop of a single run (``fkjax.train``) and of a sweep of runs
-stepped as one program (``fkjax.sweep``): one loop, two kinds of runs.
+"""The training loop of a single run (``fkjax.training.train``) and of a sweep of runs
+stepped as one program (``fkjax.training.sweep``): one loop, two kinds of runs.
 
 ``train(runs)`` logs the start, restores or initialises the state, and then
-per epoch runs the steps (:func:`fkjax.epoch_steps.run_epoch_steps`), ends
+per epoch runs the steps (:func:`fkjax.training.epoch_steps.run_epoch_steps`), ends
 the epoch (the sparsifier's projection), checks the loss of the weights
 about to be saved, validates, logs one record per run and saves every run's
 checkpoint with the validation accuracy that selects its best; at the end
@@ -10,8 +10,8 @@ it evaluates every run's best checkpoint on the test split.
 
 What differs between one run and N runs (the step program, where states
 and batches live, how validation is computed, messages) is a
-:class:`Runs` implementation: ``fkjax.train.SingleRun`` and
-``fkjax.sweep.loop.SweepRuns``.
+:class:`Runs` implementation: ``fkjax.training.train.SingleRun`` and
+``fkjax.training.sweep.loop.SweepRuns``.
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ import numpy as np
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
-from fkjax import dispatch
-from fkjax import epoch_steps
-from fkjax import eval_run
-from fkjax import experiment as experiment_lib
-from fkjax import metric_logging
-from fkjax import run_config
+from fkjax.training import dispatch
+from fkjax.training import epoch_steps
+from fkjax.evaluation import run as eval_run
+from fkjax.training import experiment as experiment_lib
+from fkjax.workdir import metric_logging
+from fkjax.config import record as run_config
 
 PyTree = Any
 
@@ -165,7 +165,7 @@ class Runs(abc.ABC):
   def validate(self, evaluated: PyTree, split: data_lib.Split, epoch: int
                ) -> list[dict[str, float]]:
     """Every run's ``{attack name: accuracy (%)}``, in the order of
-    :func:`fkjax.eval_run.validation_attacks`."""
+    :func:`fkjax.evaluation.run.validation_attacks`."""
 
   @abc.abstractmethod
   def per_run(self, evaluated: PyTree) -> list[PyTree]:

@@ -1,6 +1,6 @@
 """The strong protocol's result: each attack over seeds, the worst case, typed.
 
-``fkjax.eval_strong.repeat_evaluation`` returns a ``RepeatedResult`` (an
+``fkjax.evaluation.strong.repeat_evaluation`` returns a ``RepeatedResult`` (an
 evaluation run once per seed: per attack a ``Spread`` of its accuracy, the
 per-image worst case as a ``WorstCase``); ``strong_evaluation`` a
 ``StrongResult``, which adds the protocol's settings, its one-line
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from fkjax.eval_result import nan_as_none
+from fkjax.evaluation.result import nan_as_none
 from fkjax.workdir import per_image as per_image_lib
 
 
@@ -293,7 +293,7 @@ class StrongResult(RepeatedResult):
 
   def to_json(self) -> dict[str, Any]:
     """The dict ``eval_strong.json`` holds (without the sparsity, step and
-    metadata ``fkjax.eval_run`` writes beside it)."""
+    metadata ``fkjax.evaluation.run`` writes beside it)."""
     out = {"protocol": "strong", "description": self.description,
            "settings": self.settings.to_json(), **super().to_json(),
            "seconds": self.seconds}

@@ -1,5 +1,5 @@
 """``train_sweep``: N runs trained at once, through the single run's own
-loop (:func:`fkjax.run_loop.train`) with :class:`SweepRuns`.
+loop (:func:`fkjax.training.loop.train`) with :class:`SweepRuns`.
 
 Every run keeps its own workdir, written as ``train.py`` writes a single
 run's (``config.json``, ``checkpoints/``, ``metrics.jsonl``,
@@ -19,15 +19,15 @@ import numpy as np
 from fkjax import atomic
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
-from fkjax import dispatch
-from fkjax import evaluate
-from fkjax import parallel
-from fkjax import run_loop
+from fkjax.training import dispatch
+from fkjax import evaluation
+from fkjax.training import parallel
+from fkjax.training import loop as run_loop
 from fkjax import workdir as workdir_lib
 from fkjax.errors import NonFiniteLossError
-from fkjax.sweep import program
-from fkjax.sweep import spec
-from fkjax.sweep import summary
+from fkjax.training.sweep import program
+from fkjax.training.sweep import spec
+from fkjax.training.sweep import summary
 
 ConfigError = spec.ConfigError
 SWEEP_FILE = "sweep.json"
@@ -46,7 +46,7 @@ def train_sweep(configs: Sequence[ml_collections.ConfigDict],
 
   Args:
     configs: the runs' configs, equal except for
-      :data:`fkjax.sweep.SWEEPABLE_KEYS` (a ``sweep`` section is ignored).
+      :data:`fkjax.training.sweep.SWEEPABLE_KEYS` (a ``sweep`` section is ignored).
     workdirs: one directory per run.
     names: the runs' names in messages; default the workdirs' base names.
     shard: ``"batch"`` (default: every batch split over the devices, the
@@ -141,7 +141,7 @@ def _write_sweep_record(root: str, record: dict[str, Any]) -> None:
 def train_from_config(config: ml_collections.ConfigDict, workdir: str
                       ) -> list[dict[str, Any]]:
   """``train.py`` with a ``config.sweep`` section: the runs it describes
-  (:func:`fkjax.sweep.expand`) in ``workdir/<run name>/``, and
+  (:func:`fkjax.training.sweep.expand`) in ``workdir/<run name>/``, and
   ``workdir/sweep.json`` listing them."""
   runs = spec.expand(config)
   if not runs:
@@ -165,8 +165,8 @@ def _train_sweep(configs, workdirs, names, shard) -> list[dict[str, Any]]:
 
 
 class SweepRuns(run_loop.Runs):
-  """A sweep's runs for :func:`fkjax.run_loop.train`: one state with a run
-  axis, stepped by :class:`fkjax.sweep.program.Sweep`'s programs; each run
+  """A sweep's runs for :func:`fkjax.training.loop.train`: one state with a run
+  axis, stepped by :class:`fkjax.training.sweep.program.Sweep`'s programs; each run
   saved, logged and evaluated in its own workdir."""
 
   def __init__(self, sweep: program.Sweep, workdirs: Sequence[str]):
@@ -219,7 +219,7 @@ class SweepRuns(run_loop.Runs):
 
   def weights_loss(self, evaluated: Any, split: data_lib.Split
                    ) -> np.ndarray:
-    batch = self.sweep.place_eval_batch(evaluate.real_rows(next(
+    batch = self.sweep.place_eval_batch(evaluation.real_rows(next(
         data_lib.eval_batches(split, self.template.validation.batch_size))))
     return jax.device_get(self.sweep.loss_check(
         evaluated, batch["image"], batch["label"], self._val_keys,
@@ -276,14 +276,14 @@ class SweepRuns(run_loop.Runs):
 def _validation_accuracy(sweep: program.Sweep, evaluated: Any, split,
                          val_keys: jax.Array, epoch: int, values: Any
                          ) -> np.ndarray:
-  """``[runs, attacks]`` accuracies (%) of ``evaluate.Evaluator`` on the
+  """``[runs, attacks]`` accuracies (%) of ``evaluation.Evaluator`` on the
   validation split, every run under its own keys and attack settings."""
   names = sweep.validation_names()
   correct = np.zeros((sweep.size, len(names)), np.int64)
   num_examples = 0
   for batch_index, batch in enumerate(data_lib.eval_batches(
       split, sweep.template.validation.batch_size)):
-    batch = evaluate.real_rows(batch)   # padding rows never reach a model
+    batch = evaluation.real_rows(batch)   # padding rows never reach a model
     if batch is None:
       continue
     num_examples += len(batch["label"])

@@ -40,9 +40,9 @@ import jax
 import numpy as np
 
 from fkjax import attacks as attacks_lib
-from fkjax import eval_journal
-from fkjax import eval_loop
-from fkjax import eval_suites
+from fkjax.evaluation import journal as eval_journal
+from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import suites as eval_suites
 
 SWEEP_EPSILONS = tuple(e / 255 for e in (0, 2, 4, 8, 16, 32, 64))
 
@@ -212,9 +212,9 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     zero_threshold: largest accuracy (%) accepted at the largest radius.
     z, min_points: the noise tolerance of every comparison (see
       ``paired_excess``).
-    progress: progress output (see :func:`fkjax.metric_logging.progress`).
+    progress: progress output (see :func:`fkjax.workdir.metric_logging.progress`).
     journal: keeps the finished batches, so that a killed run resumes
-      (:mod:`fkjax.eval_journal`).
+      (:mod:`fkjax.evaluation.journal`).
 
   Returns:
     A ``SanityReport``; ``report.format()`` prints it and

@@ -20,15 +20,15 @@ import ml_collections
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from fkjax import config_keys
-from fkjax import dispatch
-from fkjax import eval_run
-from fkjax import evaluate
-from fkjax import experiment as experiment_lib
-from fkjax import parallel
-from fkjax import train as train_lib
+from fkjax.config import keys as config_keys
+from fkjax.training import dispatch
+from fkjax.evaluation import run as eval_run
+from fkjax import evaluation
+from fkjax.training import experiment as experiment_lib
+from fkjax.training import parallel
+from fkjax.training import train as train_lib
 from fkjax.kernels import noise_jnp
-from fkjax.sweep import spec
+from fkjax.training.sweep import spec
 
 PyTree = Any
 ConfigError = spec.ConfigError
@@ -44,7 +44,7 @@ class Sweep:
   Attributes:
     configs: the runs' configs (equal but for :data:`spec.SWEEPABLE_KEYS`).
     names: the runs' names, for messages.
-    exps: one :class:`fkjax.experiment.Experiment` per run, sharing the data
+    exps: one :class:`fkjax.training.experiment.Experiment` per run, sharing the data
       and the mesh.
     varying: the keys whose values differ between the runs.
     traced_keys: those of them that enter the program as arrays (all but
@@ -154,7 +154,7 @@ class Sweep:
     return jax.device_put(dict(batch), NamedSharding(self.mesh, P()))
 
   def keys(self, stream: str) -> jax.Array:
-    """Every run's key of ``stream`` (:func:`fkjax.experiment.prng_key`)."""
+    """Every run's key of ``stream`` (:func:`fkjax.training.experiment.prng_key`)."""
     return self.place_runs(jnp.stack(
         [experiment_lib.prng_key(c.seed, stream) for c in self.configs]))
 
@@ -248,7 +248,7 @@ class Sweep:
 
   def program(self, train_input: dispatch.TrainInput, base_keys: jax.Array,
               values: Mapping[str, jax.Array]) -> dispatch.StepProgram:
-    """:meth:`step` as a :class:`fkjax.dispatch.StepProgram` on
+    """:meth:`step` as a :class:`fkjax.training.dispatch.StepProgram` on
     ``train_input``'s feeds: one feed a step, or (a batch stream per run)
     the runs' feeds stacked on a leading run axis."""
     per_run = not self.shared_batch
@@ -303,8 +303,8 @@ class Sweep:
   def validation_counts(self):
     """``counts(variables, images, labels, keys, epoch, batch_index, values)
     -> int32 [N, attacks]``: every run's correct predictions on one batch
-    under :func:`fkjax.eval_run.validation_attacks`, with the keys the
-    single run's ``evaluate.Evaluator`` draws."""
+    under :func:`fkjax.evaluation.run.validation_attacks`, with the keys the
+    single run's ``evaluation.Evaluator`` draws."""
     def one(variables, val_key, values, images, labels, epoch, batch_index):
       config = self.run_config(values)
       eval_apply, _ = experiment_lib.model_fns(
@@ -316,7 +316,7 @@ class Sweep:
       counts = []
       for attack, attack_key in zip(suite.values(), attack_keys):
         x_adv = attack(eval_apply, variables, images, labels, attack_key)
-        probs = evaluate.predict_probs(eval_apply, variables, x_adv,
+        probs = evaluation.predict_probs(eval_apply, variables, x_adv,
                                        predict_key)
         counts.append(jnp.sum(jnp.argmax(probs, axis=-1) == labels))
       return jnp.stack(counts)

@@ -1,0 +1,1 @@
+"""Training: the PGD step, the epoch loop (a run or a sweep), the mesh, precision."""
