@@ -1244,7 +1244,7 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
 
 
 def test_the_runners_evaluation_costs_cover_exactly_the_attack_names():
-  from fkjax.evaluation import names as eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax.config import names as eval_names  # pylint: disable=import-outside-toplevel
   from reproduce import runner  # pylint: disable=import-outside-toplevel
   costed = set(runner._EVAL_ITERS) | {"nattack"}  # pylint: disable=protected-access
   assert costed == set(eval_names.ATTACK_NAMES)
