@@ -995,7 +995,9 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
       # APGD-CE + APGD-DLR (+ APGD-T per target), each num_iters + 1
       # gradients of eot_samples draws and a check of check_draws forward
       # passes (a third of a gradient each) per iteration; sanity checks
-      # not counted.
+      # not counted. Every attack is costed on every image: an upper bound,
+      # as APGD-T attacks only the images the others (and its earlier
+      # targets) left robust, which no estimate knows before the run.
       st = cfg.eval.strong
       noisy = bool(cfg.model.noise_coef)
       eot = (st.eot_samples or 20) if noisy else 1
