@@ -190,7 +190,7 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
           sync_archive(run, restore if isinstance(restore, bool)
                        else run.workdir not in restore)
       # Results named before subsets said _n<N> are read where they are
-      # (_main_result_path, _kept_result): renamed here, they would reach
+      # (_main_result_path, kept_result): renamed here, they would reach
       # results/ as copies.
       runs.append(run)
   return runs
@@ -359,8 +359,9 @@ def _computed(config: ml_collections.ConfigDict | Mapping[str, Any],
   """
   data = (run_config.as_dict(config)
           if isinstance(config, ml_collections.ConfigDict) else config)
-  return {k: v for k, v in run_config.flatten(data).items() if (not run_config.is_environment_key(k)
-                       or (with_eval and k.startswith("eval.")))
+  return {k: v for k, v in run_config.flatten(data).items()
+          if (not run_config.is_environment_key(k)
+              or (with_eval and k.startswith("eval.")))
           and (saved_keys is None or k in saved_keys or v is not None)}
 
 
