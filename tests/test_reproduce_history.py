@@ -275,3 +275,45 @@ def test_a_missing_key_reads_as_the_value_that_reproduced_the_run():
       "2026-12-03")
   assert history.older("eval.strong.targeted", True, False) is None
   assert history.older("training.batch_size", 64, 128) is None
+
+
+def test_an_evaluation_made_with_an_older_default_runs_again_only_where_it_can(
+    tmp_path):
+  # A run whose strong evaluation predates APGD-T in it: reported as made,
+  # never pending; with checkpoints in its workdir the runner evaluates it
+  # again (the training stays), without them it reports it as it is.
+  run = runner.plan(tables.TABLES["table1"], scales.SCALES["tiny"],
+                    rows=["resnet20_none"], seeds=1,
+                    root=str(tmp_path / "w"))[0]
+  (strong,) = run.extra_evals
+  assert run.config.eval.strong.targeted is True
+  os.makedirs(run.workdir)
+  run_config.save(run.config, run.workdir)
+  older = runner._with(run.config, {**strong.overrides,   # pylint: disable=W0212
+                                    "eval.strong.targeted": False})
+  recorded = run_config.as_dict(older)
+  name = os.path.basename(workdir_lib.eval_result_path("", older))
+  Path(run.workdir, name).write_text(json.dumps(
+      {"metadata": {"config": recorded}}))
+  now = runner.fingerprints(run)
+  record = {"done": True, "fingerprints": {
+      "train": now["train"], "eval": now["eval"],
+      "eval_strong": runner._fingerprint(   # pylint: disable=W0212
+          runner._computed(recorded, True))}}   # pylint: disable=W0212
+  assert record["fingerprints"]["eval_strong"] != now["eval_strong"]
+  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
+
+  assert runner.finished(run) and runner.pending_evals(run) == []
+  assert runner.evals_to_run(run) == ["eval_strong"]
+  assert runner.status_of(run).startswith(
+      "done, eval_strong made with eval.strong.targeted=False")
+  assert runner.kept_result(run, strong, record["fingerprints"][
+      "eval_strong"]).result_file == name
+  assert reproduce_main._todo("table1", [run], False) == []   # pylint: disable=W0212
+  os.makedirs(os.path.join(run.workdir, "checkpoints", "1"))
+  assert reproduce_main._todo("table1", [run], False) == [run]   # pylint: disable=W0212
+  assert reproduce_main._todo("table1", [run], True) == []   # pylint: disable=W0212
+  # another strong setting, not a default history lists: pending
+  record["fingerprints"]["eval_strong"] = "0" * 16
+  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
+  assert runner.pending_evals(run) == [strong]
