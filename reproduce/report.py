@@ -286,11 +286,10 @@ def markdown(data: dict[str, Any]) -> str:
     else:
       cells.append("—")
     lines.append("| " + " | ".join(cells) + " |")
-  if marks:
-    lines.append("")
-    lines += [f"{mark} made with {note}: kept as it ran; a run with a "
+  for note, mark in marks.items():
+    lines += ["", f"{mark} made with {note}: kept as it ran; a run with a "
               "checkpoint in its workdir runs it again with the setting of "
-              "now." for note, mark in marks.items()]
+              "now."]
   lines += ["", "Columns:"]
   for m in metrics:
     lines.append(f"- {data['metrics'][m]}: {_COLUMN_DOC[m]}")
