@@ -34,6 +34,7 @@ from typing import (Any, Callable, Collection, Iterable, Mapping, Optional,
 
 import ml_collections
 
+from configs import default as default_config
 from fkjax import atomic
 from fkjax.config import history
 from fkjax.config import keys as config_keys
@@ -414,8 +415,9 @@ def fingerprints(run: Run) -> dict[str, str]:
 # only, an evaluation by its eval.* keys only (a paper-protocol one not by
 # the strong protocol's). fkjax.config.history reads a key the record lacks
 # (added since) as the value that reproduced the run, and names the older
-# default a stage ran with; any other difference means that the stage ran
-# with other settings, and runs again.
+# default a stage ran with (where the table asks for today's default, not a
+# value of its own); any other difference means that the stage ran with
+# other settings, and runs again.
 
 # A stage that ran with today's settings, or with these older defaults
 # (descriptions, fkjax.config.history.Change.describe); None: not done with
@@ -480,10 +482,18 @@ def _standing(run: Run, stage: str, fingerprint: str | None,
     if key not in ran or ran[key] == now.get(key):
       continue   # a key added since that history does not list: as it ran
     change = history.older(key, ran[key], now.get(key))
-    if change is None:
-      return None
+    if change is None or now.get(key) != _default(key):
+      return None   # another setting, or one the table asks for itself
     older.append(change.describe(now.get(key)))
   return tuple(older)
+
+
+def _default(key: str) -> Any:
+  """``key``'s default in configs/default.py (None where it has none)."""
+  value = default_config.DEFAULTS.get(key)
+  if isinstance(value, default_config.Nullable):
+    return value.default
+  return list(value) if isinstance(value, tuple) else value
 
 
 def standings(run: Run, kept: Mapping[str, str] | None = None

@@ -317,3 +317,20 @@ def test_an_evaluation_made_with_an_older_default_runs_again_only_where_it_can(
   record["fingerprints"]["eval_strong"] = "0" * 16
   Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
   assert runner.pending_evals(run) == [strong]
+
+
+def test_a_value_the_table_asks_for_itself_is_another_run(tmp_path,
+                                                         monkeypatch):
+  # A row that sets an added key to a value of its own (not today's
+  # default) asks for another run than the records made before the key:
+  # those train again.
+  _, run = _committed(tmp_path)[0]
+  config = run.config.copy_and_resolve_references()
+  config.precision = "bfloat16"
+  asks = runner.dataclasses.replace(run, config=config)
+  assert not runner.finished(asks)
+  # the same value as today's default: made before it, kept and marked
+  monkeypatch.setitem(default_config.DEFAULTS, "precision", "bfloat16")
+  assert runner.finished(asks)
+  (note,) = runner.standings(asks)["train"]
+  assert note.startswith("precision='float32', the default before 2026-12-03")

@@ -12,7 +12,8 @@ such key, the value that reproduces how the runs saved before it ran.
 * A recorded ``before`` value where the config now asks another is a run
   (or an evaluation) made under older settings (:func:`older`): kept and
   reported as such, never thrown away; ``reproduce`` marks the columns it
-  fills. A difference in a key not listed here is a different run.
+  fills (where its table asks for today's default, not a value of its
+  own). A difference in a key not listed here is a different run.
 
 Contributors: when you add a config key whose default is not None, or
 change a default, add a line here (docs/reproduction.md, "Adding or changing
