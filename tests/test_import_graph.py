@@ -1,8 +1,10 @@
-"""The fkjax package's import graph has no cycle.
+"""The import graphs of fkjax, and of the tools beside it (reproduce/,
+benchmarks/), have no cycle.
 
 Every import counts, at module level or inside a function: a function-level
 import only hides a cycle from Python's loader, not from the reader who has
-to understand one module before the other.
+to understand one module before the other. The tools import at module level
+only, so that one reads a module's dependencies at its top.
 """
 from __future__ import annotations
 
@@ -11,18 +13,20 @@ import pathlib
 
 import fkjax
 
-ROOT = pathlib.Path(fkjax.__file__).parent
+REPO = pathlib.Path(fkjax.__file__).parent.parent
+PACKAGES = ("fkjax", "reproduce", "benchmarks")
 
 
 def _module_name(path: pathlib.Path) -> str:
-  parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+  parts = list(path.relative_to(REPO).with_suffix("").parts)
   if parts[-1] == "__init__":
     parts.pop()
   return ".".join(parts)
 
 
-def _modules() -> dict[str, pathlib.Path]:
-  return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def _modules(package: str) -> dict[str, pathlib.Path]:
+  return {_module_name(p): p
+          for p in sorted((REPO / package).rglob("*.py"))}
 
 
 def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
@@ -39,13 +43,31 @@ def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
   return {name for name in found if name in known}
 
 
-def import_graph() -> dict[str, set[str]]:
-  """fkjax module -> the fkjax modules it imports. The package ``fkjax``
-  itself is left out: every module's parent is imported first anyway."""
-  modules = _modules()
+def import_graph(packages=PACKAGES) -> dict[str, set[str]]:
+  """module -> the modules of ``packages`` it imports. The packages
+  themselves are left out: every module's parent is imported first
+  anyway."""
+  modules = {}
+  for package in packages:
+    modules.update(_modules(package))
   known = set(modules)
-  return {name: _imports(path, known) - {name, "fkjax"}
+  return {name: _imports(path, known) - {name, *packages}
           for name, path in modules.items()}
+
+
+def _inner_import_lines(source: str) -> set[int]:
+  """The lines of the imports inside a function of ``source``."""
+  return {inner.lineno for node in ast.walk(ast.parse(source))
+          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          for inner in ast.walk(node)
+          if isinstance(inner, (ast.Import, ast.ImportFrom))}
+
+
+def function_level_imports(package: str) -> list[str]:
+  """``module:line`` of every import inside a function of ``package``."""
+  return sorted(f"{name}:{line}"
+                for name, path in _modules(package).items()
+                for line in _inner_import_lines(path.read_text()))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -88,6 +110,25 @@ def test_the_graph_sees_function_level_imports():
   assert "fkjax.attacks.common" in graph["fkjax.attacks.auto_pgd"]
 
 
-def test_fkjax_has_no_import_cycle():
+def test_the_graph_covers_the_tools():
+  graph = import_graph()
+  assert "reproduce.__main__" in graph
+  assert any(name.startswith("benchmarks.") for name in graph)
+
+
+def test_no_import_cycle_in_fkjax_or_its_tools():
   cycle = find_cycle(import_graph())
   assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_function_level_imports_are_found():
+  source = ("import os\n"
+            "def f():\n"
+            "  import json\n"
+            "  def g():\n"
+            "    from a import b\n")
+  assert _inner_import_lines(source) == {3, 5}
+
+
+def test_reproduce_imports_at_module_level():
+  assert function_level_imports("reproduce") == []
