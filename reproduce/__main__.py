@@ -12,9 +12,9 @@ Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 ``<results>/<scale>/<table>.json``, ``.md`` and its figures (also after each
 run), and ``<results>/run_names.json`` (the names :mod:`fkjax.pretrained`
-loads published runs by). Rerunning the same command skips finished runs and resumes a killed
-one from its last checkpoint. ``claims`` judges the paper's claims from
-the tables written so far (``<results>/<scale>/claims.{json,md}``, with
+loads published runs by). Rerunning the same command skips finished runs
+and resumes a killed one from its last checkpoint. ``claims`` judges the
+paper's claims from the tables written so far (``<results>/<scale>/claims.{json,md}``, with
 ``claims.png``: every comparison beside the paper's; also rewritten with
 every table); ``overview`` lists every row run so far in one
 table (``<results>/<scale>/overview.md``, with ``overview.png``: the rows
@@ -36,22 +36,32 @@ import dataclasses
 import os
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 # Every module the runner uses is imported here, at its start, not when the
 # first run finishes: a run takes an hour, and a checkout edited meanwhile
 # would otherwise mix old modules in memory with new ones from disk.
+from absl import logging
+
 from fkjax import cli
 from fkjax import kernels
 from fkjax.data.types import DataError
-from reproduce import claims
-from reproduce import figures
-from reproduce import overview
-from reproduce import report
-from reproduce import runner as runner_lib
-from reproduce import scales as scales_lib
-from reproduce import tables as tables_lib
-from reproduce import weights
+from reproduce.report import claims
+from reproduce.report import figures
+from reproduce.report import overview
+from reproduce.report import report
+from reproduce.run import calibrate
+from reproduce.run import estimate as estimate_lib
+from reproduce.run import execute as execute_lib
+from reproduce.run import plan as plan_lib
+from reproduce.run import standing as standing_lib
+from reproduce.run import sweeps
+from reproduce.run import weights
+from reproduce.run.estimate import format_seconds
+from reproduce.run.progress import log
+from reproduce.run.runs import Run
+from reproduce.spec import scales as scales_lib
+from reproduce.spec import tables as tables_lib
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,9 +88,9 @@ def _parser() -> argparse.ArgumentParser:
                  choices=sorted(scales_lib.VARIANTS),
                  help="a protocol variant (e.g. authors: the authors' "
                       "released code); results go to <scale>-<variant>")
-  p.add_argument("--root", default=runner_lib.DEFAULT_ROOT,
+  p.add_argument("--root", default=plan_lib.DEFAULT_ROOT,
                  help="workdirs go to <root>/<scale>/<table>/<row>_seed<k>")
-  p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS,
+  p.add_argument("--results", default=plan_lib.DEFAULT_RESULTS,
                  help="tables go to <results>/<scale>/<table>.{json,md}")
   p.add_argument("--no-restore", "--no_restore", action="store_true",
                  help="do not restore finished runs missing from their "
@@ -127,8 +137,8 @@ def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
       if out:
         drawn.append(out)
     if drawn:
-      runner_lib.log(f"figures: {', '.join(drawn)}")
-  runner_lib.log(f"table written: {md_path}")
+      log(f"figures: {', '.join(drawn)}")
+  log(f"table written: {md_path}")
   # What fkjax.pretrained resolves a published run's name with (a row that
   # another table trains): rewritten with every table, so it follows them.
   weights.write_names(results)
@@ -145,7 +155,7 @@ _SUMMARIES = {"claims": lambda results, scale: claims.write(results, scale)[1],
 
 def _write_summary(name: str, results: str, scale: str) -> str:
   path = _SUMMARIES[name](results, scale)
-  runner_lib.log(f"{name} written: {path}")
+  log(f"{name} written: {path}")
   return path
 
 
@@ -180,7 +190,7 @@ def _summary_command(args: argparse.Namespace) -> int:
 
 
 def _table_names(args: argparse.Namespace) -> list[str]:
-  names = list(runner_lib.ORDER) if args.table == "all" else [args.table]
+  names = list(tables_lib.ORDER) if args.table == "all" else [args.table]
   unknown = [n for n in names if n not in tables_lib.TABLES]
   if unknown:
     raise _UsageError(
@@ -217,9 +227,9 @@ def _scale(args: argparse.Namespace) -> scales_lib.Scale:
 
 def _plans(args: argparse.Namespace, scale: scales_lib.Scale,
            table_rows: dict[str, list[str]], environment: dict[str, Any]
-           ) -> dict[str, list[runner_lib.Run]]:
+           ) -> dict[str, list[Run]]:
   try:
-    return {name: runner_lib.plan(
+    return {name: plan_lib.plan(
         tables_lib.TABLES[name], scale, root=args.root,
         rows=rows or None, seeds=args.seeds, environment=environment,
         results=args.results, restore=not args.no_restore,
@@ -253,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate:
       # Timed as the runs would train: with fkjax's CPU flags.
       kernels.apply_xla_flags()
-      # Only this needs JAX and the nets before a run: imported when asked.
-      from reproduce import calibrate  # pylint: disable=import-outside-toplevel
       step_times = calibrate.measure()
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,
@@ -265,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_tables(args: argparse.Namespace, scale: scales_lib.Scale,
-                plans: dict[str, list[runner_lib.Run]],
+                plans: dict[str, list[Run]],
                 environment: dict[str, Any]) -> int:
   """Runs what is left of each table, rewriting it as runs finish."""
   # --no-restore: the runs asked for train again; the rest of each table
@@ -275,24 +283,23 @@ def _run_tables(args: argparse.Namespace, scale: scales_lib.Scale,
   if not args.report_only:
     # As train.py and eval.py: the runs train and attack in this process.
     kernels.apply_xla_flags()
-    from absl import logging  # pylint: disable=import-outside-toplevel
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
   failed = not_started = 0
   for name, runs in plans.items():
     table = tables_lib.TABLES[name]
     # The table always shows all its rows, whatever --rows ran.
-    reported = runner_lib.plan_report(table, scale, root=args.root,
-                                      seeds=args.seeds,
-                                      environment=environment,
-                                      results=args.results,
-                                      restore=not_restored)
+    reported = plan_lib.plan_report(table, scale, root=args.root,
+                                    seeds=args.seeds,
+                                    environment=environment,
+                                    results=args.results,
+                                    restore=not_restored)
     stale = True   # whether the table on disk lacks what has happened since
     if not args.report_only:
       todo = _todo(name, runs, args.defer_extra_evals)
-      runner_lib.log(f"{name} at scale {scale.name}: {len(runs)} runs, "
-                     f"{len(runs) - len(todo)} done, {len(todo)} to run")
+      log(f"{name} at scale {scale.name}: {len(runs)} runs, "
+          f"{len(runs) - len(todo)} done, {len(todo)} to run")
       if args.sweep and todo:
-        runner_lib.train_in_sweeps(todo, max_runs=args.sweep_max_runs)
+        sweeps.train_in_sweeps(todo, max_runs=args.sweep_max_runs)
       stale, table_failed, table_not_started = _execute(
           name, todo, args.defer_extra_evals,
           lambda: _write_table(table, scale, reported, args.results))
@@ -302,27 +309,27 @@ def _run_tables(args: argparse.Namespace, scale: scales_lib.Scale,
       _write_table(table, scale, reported, args.results)
   if failed:
     also = f", {not_started} not started" if not_started else ""
-    runner_lib.log(f"{failed} run(s) failed{also}; rerun the same command to "
-                   "retry them (finished runs are skipped)")
+    log(f"{failed} run(s) failed{also}; rerun the same command to "
+        "retry them (finished runs are skipped)")
     return 1
   return 0
 
 
-def _todo(name: str, runs: list[runner_lib.Run], defer_extra_evals: bool
-          ) -> list[runner_lib.Run]:
+def _todo(name: str, runs: list[Run], defer_extra_evals: bool
+          ) -> list[Run]:
   """The runs of table ``name`` left to run."""
   todo = []
   for r in runs:
-    if not runner_lib.finished(r):
+    if not standing_lib.finished(r):
       todo.append(r)
       continue
     # Its evaluations not yet run, or made with older defaults.
-    left = [] if defer_extra_evals else runner_lib.evals_to_run(r)
+    left = [] if defer_extra_evals else standing_lib.evals_to_run(r)
     if not left:
       continue
-    if not runner_lib.has_checkpoint(r):
+    if not standing_lib.has_checkpoint(r):
       # Restored from results/ without checkpoints: reported as it is.
-      runner_lib.log(
+      log(
           f"{name}/{r.row.name} seed {r.seed}: {', '.join(left)} not yet "
           "run with the settings of now, and its workdir has no checkpoint "
           "to evaluate (restored from results/); to train it again, remove "
@@ -332,7 +339,7 @@ def _todo(name: str, runs: list[runner_lib.Run], defer_extra_evals: bool
   return todo
 
 
-def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
+def _execute(name: str, todo: list[Run], defer_extra_evals: bool,
              write_table: Callable[[], Any]) -> tuple[int, int, int]:
   """Runs ``todo`` in turn, rewriting the table after each run that
   finishes; returns whether the table on disk lacks the last run's outcome
@@ -341,34 +348,34 @@ def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
   stale = True
   failed = 0
   for i, run in enumerate(todo, 1):
-    runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                   f"{run.seed} ({runner_lib.status_of(run)})")
+    log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+        f"{run.seed} ({standing_lib.status_of(run)})")
     try:
-      record = runner_lib.execute(run, extra_evals=not defer_extra_evals)
+      record = execute_lib.execute(run, extra_evals=not defer_extra_evals)
     except Exception as e:  # pylint: disable=broad-except
       # One failed run (a diverged training, say) must not stop the
       # table: it is reported as failed and rerun next time.
       failed += 1
-      runner_lib.record_failure(run, e)
-      runner_lib.log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
-                     f"{run.seed} FAILED: {type(e).__name__}: "
-                     f"{cli.one_line(e)}")
+      execute_lib.record_failure(run, e)
+      log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
+          f"{run.seed} FAILED: {type(e).__name__}: "
+          f"{cli.one_line(e)}")
       # A user's mistake (missing data, a workdir in use) is said in
       # that one line; a bug also shows where it happened.
       if not cli.is_user_error(e):
         traceback.print_exc()
       if isinstance(e, DataError) and i < len(todo):
         # Every run of a table reads the same data: all would fail so.
-        runner_lib.log(f"{name}: its {len(todo) - i} other run(s) to "
-                       "run read the same data: not started")
+        log(f"{name}: its {len(todo) - i} other run(s) to "
+            "run read the same data: not started")
         return True, failed, len(todo) - i
       stale = True
       continue
     metrics = ", ".join(f"{k} {v:.2f}" for k, v in record["metrics"].items()
                         if k in tables_lib.TABLES[name].metrics)
-    runner_lib.log(
+    log(
         f"[{name} {i}/{len(todo)}] {run.row.name} seed {run.seed} done "
-        f"in {runner_lib.format_seconds(record['wall_seconds'])}: {metrics}")
+        f"in {format_seconds(record['wall_seconds'])}: {metrics}")
     write_table()
     stale = False
   return stale, failed, 0
@@ -376,20 +383,20 @@ def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
 
 def _from_scratch(scale: scales_lib.Scale,
                   table_rows: dict[str, list[str]],
-                  step_times: runner_lib.StepTimes | None
+                  step_times: estimate_lib.StepTimes | None
                   ) -> dict[str, tuple[float, float]]:
   """Per table, its estimated time if nothing had run: with 1 seed a row,
   and with the table's seeds (docs/reproduction.md's figures)."""
-  step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
-  one, every = (runner_lib.from_scratch_seconds(
+  step_times = step_times or estimate_lib.REFERENCE_STEP_TIMES
+  one, every = (estimate_lib.from_scratch_seconds(
       table_rows, scale, seeds=seeds, step_times=step_times)
                 for seeds in (1, None))
   return {name: (one[name], every[name]) for name in table_rows}
 
 
-def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
+def _dry_run(plans: dict[str, list[Run]], sweep: bool = False,
              max_runs: int | None = None,
-             step_times: runner_lib.StepTimes | None = None,
+             step_times: estimate_lib.StepTimes | None = None,
              extra_evals: bool = True,
              from_scratch: dict[str, tuple[float, float]] | None = None
              ) -> int:
@@ -397,13 +404,13 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
   if step_times is not None:
     where = "on this machine"
     _print_step_times(step_times)
-  step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
+  step_times = step_times or estimate_lib.REFERENCE_STEP_TIMES
   total = 0.0
   seen = set()
   for name, runs in plans.items():
     print(f"# {name}: {tables_lib.TABLES[name].title}")
     if sweep:
-      for group in runner_lib.sweep_groups(runs, max_runs):
+      for group in sweeps.sweep_groups(runs, max_runs):
         if len(group) > 1:
           print(f"- sweep of {len(group)} runs as one program: "
                 + ", ".join(r.key for r in group))
@@ -417,7 +424,7 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
       shared = (f" (shared: {run.owner_table}/{run.owner_row.name})"
                 if run.row.shared else "")
       print(f"- {run.row.name} seed {run.seed}{shared}: {status}, "
-            f"~{runner_lib.format_seconds(estimate)} {where}")
+            f"~{format_seconds(estimate)} {where}")
       print(f"    {run.train_command}")
       print(f"    {run.eval_command}")
       for e in run.extra_evals:
@@ -425,25 +432,25 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
     scratch = ""
     if from_scratch:
       one, every = from_scratch[name]
-      scratch = (f"; from scratch ~{runner_lib.format_seconds(one)} with 1 "
-                 f"seed a row, ~{runner_lib.format_seconds(every)} with the "
+      scratch = (f"; from scratch ~{format_seconds(one)} with 1 "
+                 f"seed a row, ~{format_seconds(every)} with the "
                  "table's seeds")
-    print(f"# {name}: ~{runner_lib.format_seconds(table_total)} left to run"
+    print(f"# {name}: ~{format_seconds(table_total)} left to run"
           f"{scratch} (runs not shared with a table listed before it)\n")
     total += table_total
   if len(plans) > 1:
     scratch = ""
     if from_scratch:
       one, every = (sum(t[i] for t in from_scratch.values()) for i in (0, 1))
-      scratch = (f" (from scratch ~{runner_lib.format_seconds(one)} with 1 "
-                 f"seed a row, ~{runner_lib.format_seconds(every)} with the "
+      scratch = (f" (from scratch ~{format_seconds(one)} with 1 "
+                 f"seed a row, ~{format_seconds(every)} with the "
                  "tables' seeds)")
-    print(f"# total: ~{runner_lib.format_seconds(total)} {where}{scratch}")
+    print(f"# total: ~{format_seconds(total)} {where}{scratch}")
   return 0
 
 
-def _print_step_times(step_times: runner_lib.StepTimes) -> None:
-  reference = runner_lib.REFERENCE_STEP_TIMES
+def _print_step_times(step_times: estimate_lib.StepTimes) -> None:
+  reference = estimate_lib.REFERENCE_STEP_TIMES
   load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
   print(f"# this machine's ResNet20 steps at batch 128: "
         f"{step_times.clean_step:.3f} s clean, "
@@ -455,28 +462,28 @@ def _print_step_times(step_times: runner_lib.StepTimes) -> None:
            "they would be shorter)" if load > 0.5 else "") + "\n")
 
 
-def _status_and_estimate(run: runner_lib.Run,
-                         step_times: runner_lib.StepTimes,
+def _status_and_estimate(run: Run,
+                         step_times: estimate_lib.StepTimes,
                          extra_evals: bool) -> tuple[str, float]:
   """Where ``run`` stands, and the seconds left to run it."""
   # A finished run kept under results/ but not in its workdir is read
   # there: a dry run copies nothing.
-  view = runner_lib.status_view(run)
-  status = runner_lib.status_of(view)
-  if not runner_lib.finished(view):
-    return status, runner_lib.estimate_seconds(
+  view = standing_lib.status_view(run)
+  status = standing_lib.status_of(view)
+  if not standing_lib.finished(view):
+    return status, estimate_lib.estimate_seconds(
         run if extra_evals else dataclasses.replace(run, extra_evals=[]),
-        epochs_done=runner_lib.trained_epochs(run) or 0,
+        epochs_done=standing_lib.trained_epochs(run) or 0,
         step_times=step_times)
   if not extra_evals:
     return ("done" if status == "done" else f"{status} (deferred)"), 0.0
-  left = runner_lib.evals_to_run(view)
-  if runner_lib.has_checkpoint(run):
-    return status, runner_lib.estimate_seconds(
+  left = standing_lib.evals_to_run(view)
+  if standing_lib.has_checkpoint(run):
+    return status, estimate_lib.estimate_seconds(
         run, only=[e for e in run.extra_evals
                    if f"eval_{e.protocol}" in left],
         main_eval="eval" in left, step_times=step_times)
-  if runner_lib.pending_evals(view):
+  if standing_lib.pending_evals(view):
     status += " (no checkpoint here: reported without it)"
   elif left:
     status += " (no checkpoint here: reported as it ran)"

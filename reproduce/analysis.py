@@ -15,7 +15,7 @@ sparsifier):
   ``FIGURE_BLOCK`` inputs and filters, the same layer for every net), saved
   in ``analysis.npz`` so that a table's figures are drawn without the
   checkpoints. Only that block is kept because it is all the figure draws:
-  ``reproduce.figures.filters`` tiles 16 inputs x 16 filters of 3x3 kernels
+  ``reproduce.report.figures.filters`` tiles 16 inputs x 16 filters of 3x3 kernels
   per net (the paper's Fig. 2a-b shows part of the layer, its appendix the
   whole; at 64 x 64 kernels a panel's tiles would be too small to compare
   side by side, and no figure reads the rest).
@@ -25,7 +25,9 @@ projection (issue 16, protocol table).
 """
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from typing import Any
 
 import jax
@@ -33,6 +35,8 @@ import ml_collections
 import numpy as np
 
 from fkjax import atomic
+from fkjax import cli
+from fkjax.config import record as run_config
 from fkjax.training import experiment as experiment_lib
 from fkjax import sparsity
 
@@ -158,9 +162,6 @@ def analyze_run(config: ml_collections.ConfigDict, workdir: str,
 def main(argv: list[str] | None = None) -> int:
   """``python -m reproduce.analysis --workdir=W``: analyses a run
   with its own ``config.json`` (as ``eval.py`` evaluates it)."""
-  import argparse  # pylint: disable=import-outside-toplevel
-  from fkjax import cli  # pylint: disable=import-outside-toplevel
-  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args(argv)
@@ -182,5 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  import sys  # pylint: disable=import-outside-toplevel
   sys.exit(main())

@@ -27,8 +27,11 @@ from matplotlib.figure import Figure
 
 from fkjax import atomic
 from fkjax import kernels
+from fkjax.training import experiment
+from fkjax.training import train
+from fkjax.workdir import metric_logging
 from reproduce import analysis
-from reproduce import scales as scales_lib
+from reproduce.spec import scales as scales_lib
 
 
 def _pilots() -> dict[str, dict[str, Any]]:
@@ -88,9 +91,6 @@ def pilot_config(name: str):
 
 
 def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
-  from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
-  from fkjax.training import train  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   config = pilot_config(name)
   experiment.enable_compilation_cache(config)
   workdir = os.path.join(root, name)
@@ -170,7 +170,6 @@ def _epoch_records(results_dir: str, name: str) -> list[dict[str, Any]]:
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)["epochs"]
-  from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
   records = metric_logging.read_metrics(results_dir, f"{name}.metrics.jsonl")
   return [r for r in records if "val_natural_accuracy" in r]
 

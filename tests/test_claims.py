@@ -6,9 +6,9 @@ import pytest
 
 from fkjax import workdir as workdir_lib
 from reproduce import __main__ as reproduce_main
-from reproduce import claims
-from reproduce import claims_figure
-from reproduce import tables
+from reproduce.report import claims
+from reproduce.report import claims_figure
+from reproduce.spec import tables
 
 
 def _table(rows):

@@ -189,7 +189,7 @@ import orbax.checkpoint
 logging_before = log_setup()
 import fkjax, fkjax.sparsity, fkjax.training.train, fkjax.evaluation, fkjax.evaluation.plots
 import fkjax.kernels, fkjax.models, fkjax.checkpoint
-import reproduce.figures, reproduce.report
+import reproduce.report.figures, reproduce.report.report
 from fkjax import sparsity
 changed = sorted(k for k, v in jax.config.values.items()
                  if config_before.get(k) != repr(v))

@@ -2,7 +2,7 @@
 import pytest
 
 from reproduce import pilot
-from reproduce import scales
+from reproduce.spec import scales
 
 
 def _decay(config) -> float:
@@ -93,11 +93,11 @@ def test_a_bad_command_line_is_one_error_line(argv, message, capsys):
 
 
 def test_the_doubled_rgsm_pilot_trains_table2s_row_of_the_long_variant():
-  from reproduce import runner
-  from reproduce import tables
+  from reproduce.run import plan as plan_lib
+  from reproduce.spec import tables
   scale = scales.with_variant(scales.SCALES["cpu"], "long")
-  (run,) = runner.plan(tables.TABLES["table2"], scale, root="w", seeds=1,
-                       rows=["resnet20_rgsm_l0.1"])
+  (run,) = plan_lib.plan(tables.TABLES["table2"], scale, root="w", seeds=1,
+                         rows=["resnet20_rgsm_l0.1"])
   row = scales.flat(run.config)
   mine = scales.flat(pilot.pilot_config("rgsm_m4_x2"))
   differ = {k for k in set(row) | set(mine) if row.get(k) != mine.get(k)}

@@ -29,12 +29,16 @@ from fkjax.config import record as run_config
 from fkjax.evaluation import journal as eval_journal
 from fkjax import workdir as workdir_lib
 from reproduce import __main__ as reproduce_main
-from reproduce import archive as archive_lib
-from reproduce import report
-from reproduce import runner
-from reproduce import scales
-from reproduce import tables
-from reproduce import weights
+from reproduce.report import report
+from reproduce.run import archive as archive_lib
+from reproduce.run import estimate as estimate_lib
+from reproduce.run import execute as execute_lib
+from reproduce.run import plan as plan_lib
+from reproduce.run import records as records_lib
+from reproduce.run import standing as standing_lib
+from reproduce.run import weights
+from reproduce.spec import scales
+from reproduce.spec import tables
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_TEX = REPO.parent / "shared" / "paper.tex"
@@ -148,7 +152,7 @@ SCALES = _scales()
 def _plans(scale, seeds=1):
   """Every table's runs at ``scale`` under ``--root=w``, planned once for
   the tests that only read them (every table's plan costs seconds)."""
-  return {name: runner.plan(table, SCALES[scale], root="w", seeds=seeds)
+  return {name: plan_lib.plan(table, SCALES[scale], root="w", seeds=seeds)
           for name, table in tables.TABLES.items()}
 
 
@@ -307,16 +311,16 @@ def test_dry_run_of_the_paper_scale_lists_every_command(tmp_path, capsys):
                          capsys)
   out = proc.stdout
   for table in tables.TABLES.values():
-    for run in runner.plan(table, scales.SCALES["paper"],
-                           root=str(tmp_path / "w")):
+    for run in plan_lib.plan(table, scales.SCALES["paper"],
+                             root=str(tmp_path / "w")):
       assert run.train_command in out
       assert run.eval_command in out
       for e in run.extra_evals:
         assert e.command in out
   # the paper's protocol is default.py itself: only the evaluation and the
   # row's own settings change
-  t1 = runner.plan(tables.TABLES["table1"], scales.SCALES["paper"],
-                   root="w")[0]
+  t1 = plan_lib.plan(tables.TABLES["table1"], scales.SCALES["paper"],
+                     root="w")[0]
   assert "num_epochs" not in t1.train_command
   assert "--config.eval.attacks=natural,fgsm,ifgsm20,cw" in t1.train_command
   assert not list(tmp_path.glob("w/*")), "a dry run must not create workdirs"
@@ -352,7 +356,9 @@ def test_the_runner_imports_every_module_it_uses_at_its_start():
   loaded = subprocess.run([sys.executable, "-c", code], check=True,
                           cwd=REPO, capture_output=True,
                           text=True).stdout.split()
-  for name in ("claims", "figures", "report", "runner", "tables"):
+  for name in ("report.claims", "report.figures", "report.report",
+               "run.execute", "run.plan", "run.records", "run.standing",
+               "run.sweeps", "run.estimate", "spec.tables"):
     assert f"reproduce.{name}" in loaded
 
 
@@ -415,7 +421,7 @@ def test_runner_writes_the_table_with_the_papers_columns(tiny):
     right = workdir_lib.decode_correct(run["correct_per_image"][column],
                                        run["test_images"])
     assert 100.0 * right.mean() == pytest.approx(run["metrics"][column])
-  wall = runner.format_seconds(run["wall_seconds"])
+  wall = estimate_lib.format_seconds(run["wall_seconds"])
   assert f"done, {wall} on {run['devices']}" in md
   # the epoch whose checkpoint the numbers are of
   assert 1 <= run["checkpoint_epoch"] <= run["epochs"]
@@ -531,7 +537,7 @@ def test_a_published_run_loads_by_name_and_evaluates_without_training(
   model, variables, config, record = pretrained.load(
       "tiny/table5/resnet20_skip/seed0", results)
   assert record["metrics"] == json.loads(
-      (kept / runner.RUN_RECORD).read_text())["metrics"]
+      (kept / archive_lib.RUN_RECORD).read_text())["metrics"]
   workdir = str(tiny["root"] / "w" / os.path.join(*ROW_WORKDIR))
   _, _, state = experiment.restore_checkpoint(workdir, config)
   evaluated = experiment.eval_variables(state, config)
@@ -607,16 +613,16 @@ def test_killed_row_resumes_to_the_uninterrupted_result(tiny):
     time.sleep(0.02)
   os.kill(proc.pid, signal.SIGKILL)
   proc.wait()
-  assert not (workdir / runner.RUN_RECORD).exists(), "killed too late"
-  progress = json.loads((workdir / runner.PROGRESS_FILE).read_text())
+  assert not (workdir / archive_lib.RUN_RECORD).exists(), "killed too late"
+  progress = json.loads((workdir / archive_lib.PROGRESS_FILE).read_text())
   assert not progress["stages"]["train"]["done"]
 
   rerun = _reproduce(args, root, tiny["cache"])
   assert "resumed from step" in rerun.stdout
-  record = json.loads((workdir / runner.RUN_RECORD).read_text())
+  record = json.loads((workdir / archive_lib.RUN_RECORD).read_text())
   assert record["stage_attempts"]["train"] == 2
   reference_dir = tiny["root"] / "w" / os.path.join(*ROW_WORKDIR)
-  reference = json.loads((reference_dir / runner.RUN_RECORD).read_text())
+  reference = json.loads((reference_dir / archive_lib.RUN_RECORD).read_text())
   assert record["metrics"] == reference["metrics"]
   for name in ("eval_paper.json", "analysis.json"):
     got = json.loads((workdir / name).read_text())
@@ -665,17 +671,17 @@ def _fake_run_files(run, rng):
   summary, arrays = analysis.analyze_params(w, u)
   np.savez(os.path.join(run.workdir, "analysis.npz"), **arrays)
   for name, data in (("analysis.json", summary),
-                     (runner.RUN_RECORD, {"done": True})):
+                     (archive_lib.RUN_RECORD, {"done": True})):
     Path(run.workdir, name).write_text(json.dumps(data))
   return summary
 
 
 @pytest.mark.parametrize("table", ["sec3", "table4"])
 def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
-  from reproduce import figures  # pylint: disable=C0415
+  from reproduce.report import figures  # pylint: disable=C0415
   rng = np.random.default_rng(0)
-  runs = runner.plan(tables.TABLES[table], scales.SCALES["tiny"],
-                     root=str(tmp_path))
+  runs = plan_lib.plan(tables.TABLES[table], scales.SCALES["tiny"],
+                       root=str(tmp_path))
   summary = [_fake_run_files(run, rng) for run in runs][0]
   # 1e-3 of a N(0, 0.05) kernel: about 1.6% of its weights
   assert 1.0 < summary["w"]["small_share"] < 2.5
@@ -690,10 +696,10 @@ def test_figures_are_drawn_from_the_runs_files(tmp_path, table):
 
 
 def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
-  from reproduce import figures  # pylint: disable=C0415
+  from reproduce.report import figures  # pylint: disable=C0415
   table = tables.TABLES["table2"]
-  runs = runner.plan(table, scales.SCALES["tiny"], root=str(tmp_path),
-                     seeds=2)
+  runs = plan_lib.plan(table, scales.SCALES["tiny"], root=str(tmp_path),
+                       seeds=2)
   for run in runs:
     os.makedirs(run.workdir)
     with open(os.path.join(run.workdir, "metrics.jsonl"), "w") as f:
@@ -736,7 +742,7 @@ def test_training_figure_marks_each_seeds_evaluated_checkpoint(tmp_path):
 
 
 def test_lambda_sweep_figure(tmp_path):
-  from reproduce import figures  # pylint: disable=C0415
+  from reproduce.report import figures  # pylint: disable=C0415
   data = {"metrics": tables.METRICS, "rows": [
       {"label": {"Net": net}, "overrides": {"sparsity.lamb1": lamb},
        "summary": {m: {"mean": 50.0 + lamb, "std": 1.0, "n": 3}
@@ -778,7 +784,7 @@ def test_lambda_sweep_figure(tmp_path):
 
 def test_beta_sweep_figure(tmp_path):
   # Table 1's rows against beta; the unpruned rows (no beta) are left out.
-  from reproduce import figures  # pylint: disable=C0415
+  from reproduce.report import figures  # pylint: disable=C0415
   rows = [{"label": {"Net": net}, "overrides": overrides,
            "paper": {"sparsity": 80.91} if overrides else {},
            "summary": {m: {"mean": 40.0, "std": 1.0, "n": 3}
@@ -807,21 +813,21 @@ def test_a_placeholder_added_after_a_run_keeps_it_done(tmp_path):
   # the key is set, or for a run that was saved with it, it counts.
   import dataclasses  # pylint: disable=import-outside-toplevel
   from ml_collections import config_dict  # pylint: disable=import-outside-toplevel
-  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
-                    rows=[ROW], seeds=1, root=str(tmp_path))[0]
+  run = plan_lib.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                      rows=[ROW], seeds=1, root=str(tmp_path))[0]
   os.makedirs(run.workdir)
   run_config.save(run.config, run.workdir)
-  before = runner.fingerprints(run)
+  before = standing_lib.fingerprints(run)
   config = run.config.copy_and_resolve_references()
   with config.unlocked():
     config.training.added_later = config_dict.placeholder(int)
   newer = dataclasses.replace(run, config=config)
-  assert runner.fingerprints(newer) == before
+  assert standing_lib.fingerprints(newer) == before
   config.training.added_later = 3
-  assert runner.fingerprints(newer)["train"] != before["train"]
+  assert standing_lib.fingerprints(newer)["train"] != before["train"]
   config.training.added_later = None
   run_config.save(config, run.workdir)
-  assert runner.fingerprints(newer)["train"] != before["train"]
+  assert standing_lib.fingerprints(newer)["train"] != before["train"]
 
 
 def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
@@ -832,7 +838,7 @@ def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
       "weight_sparsity": 80.0, "channel_sparsity": 1.0,
       "admm_dense_w": {"attacks": {"natural": {"accuracy": 27.0},
                                    "fgsm": {"accuracy": 18.0}}}}))
-  metrics = runner.metrics_of(str(tmp_path), "eval_paper.json")
+  metrics = records_lib.metrics_of(str(tmp_path), "eval_paper.json")
   assert (metrics["A1"], metrics["A2"]) == (15.0, 12.0)
   assert (metrics["w_A1"], metrics["w_A2"]) == (27.0, 18.0)
   assert "w_A3" not in metrics
@@ -844,16 +850,16 @@ def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
 
 
 def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):
-  from reproduce import archive  # pylint: disable=C0415
+  from reproduce.run import archive  # pylint: disable=C0415
   kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
       *ROW_WORKDIR[1:])
   names = {p.name for p in kept.iterdir()}
-  assert {runner.RUN_RECORD, "config.json", "metrics.jsonl",
+  assert {archive_lib.RUN_RECORD, "config.json", "metrics.jsonl",
           "eval_paper.json", "analysis.json", "analysis.npz"} <= names
   assert all(p.is_file() for p in kept.iterdir())   # no checkpoint folders
-  record = json.loads((kept / runner.RUN_RECORD).read_text())
+  record = json.loads((kept / archive_lib.RUN_RECORD).read_text())
   workdir = tiny["root"] / "w" / os.path.join(*ROW_WORKDIR)
-  assert record == json.loads((workdir / runner.RUN_RECORD).read_text())
+  assert record == json.loads((workdir / archive_lib.RUN_RECORD).read_text())
   assert kept == Path(archive.archive_dir(str(tiny["root"] / "results"),
                                           "tiny", "table1", "resnet20_none",
                                           0))
@@ -894,21 +900,21 @@ def test_an_archive_is_rewritten_when_its_runs_files_change(tmp_path):
 def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   # A run kept in results/ whose training settings are not the table's any
   # more (a changed default) trains again: its files are not restored.
-  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
-                    rows=[ROW], seeds=1, root=str(tmp_path / "w"))[0]
+  run = plan_lib.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                      rows=[ROW], seeds=1, root=str(tmp_path / "w"))[0]
   archive = archive_lib.archive_dir(str(tmp_path / "results"), "tiny",
                                     run.owner_table, run.owner_row.name, 0)
   os.makedirs(archive)
   kept = json.dumps({"metrics": {"A1": 41.0}, "done": True,
                      "fingerprints": {"train": "0" * 16, "eval": "0" * 16}})
-  Path(archive, runner.RUN_RECORD).write_text(kept)
-  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
-                    rows=[ROW], seeds=1, root=str(tmp_path / "w"),
-                    results=str(tmp_path / "results"))[0]
-  assert runner.status_of(run) == "not started"
+  Path(archive, archive_lib.RUN_RECORD).write_text(kept)
+  run = plan_lib.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                      rows=[ROW], seeds=1, root=str(tmp_path / "w"),
+                      results=str(tmp_path / "results"))[0]
+  assert standing_lib.status_of(run) == "not started"
   assert not os.path.exists(run.workdir)
   # what is kept stays as it was until the run finishes again
-  assert Path(archive, runner.RUN_RECORD).read_text() == kept
+  assert Path(archive, archive_lib.RUN_RECORD).read_text() == kept
 
 
 def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path,
@@ -945,22 +951,23 @@ def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
   # Table 2 adds A5 to the runs it shares with Tables 1, 4 and 5: that
   # extra evaluation's fingerprint in the record must not mark the run as
   # changed for the tables that do not ask for it.
-  run = runner.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
-                    rows=[ROW], seeds=1, root=str(tmp_path))[0]
+  run = plan_lib.plan(tables.TABLES["table5"], scales.SCALES["tiny"],
+                      rows=[ROW], seeds=1, root=str(tmp_path))[0]
   os.makedirs(run.workdir)
   run_config.save(run.config, run.workdir)
   record = {"done": True,
-            "fingerprints": {**runner.fingerprints(run), "eval_a5": "x"}}
-  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
-  assert runner.status_of(run) == "done"
+            "fingerprints": {**standing_lib.fingerprints(run), "eval_a5": "x"}}
+  Path(run.workdir, archive_lib.RUN_RECORD).write_text(json.dumps(record))
+  assert standing_lib.status_of(run) == "done"
   # Another main evaluation: it runs again, the training stays.
   record["fingerprints"]["eval"] = "changed"
-  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
-  assert runner.status_of(run) == "done, eval not yet run"
-  assert runner.finished(run) and runner.evals_to_run(run) == ["eval"]
+  Path(run.workdir, archive_lib.RUN_RECORD).write_text(json.dumps(record))
+  assert standing_lib.status_of(run) == "done, eval not yet run"
+  assert standing_lib.finished(run)
+  assert standing_lib.evals_to_run(run) == ["eval"]
   record["fingerprints"]["train"] = "changed"
-  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
-  assert runner.status_of(run).startswith("to update")
+  Path(run.workdir, archive_lib.RUN_RECORD).write_text(json.dumps(record))
+  assert standing_lib.status_of(run).startswith("to update")
 
 
 @pytest.mark.slow   # the row trained again in a subprocess, end to end
@@ -1043,9 +1050,9 @@ def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
   shutil.copytree(tiny["root"] / "w", tmp_path / "w")
   workdir = tmp_path / "w" / os.path.join(*ROW_WORKDIR)
   # Another test may have run Table 1's strong column here already.
-  progress = json.loads((workdir / runner.PROGRESS_FILE).read_text())
+  progress = json.loads((workdir / archive_lib.PROGRESS_FILE).read_text())
   progress["stages"].pop("eval_strong", None)
-  (workdir / runner.PROGRESS_FILE).write_text(json.dumps(progress))
+  (workdir / archive_lib.PROGRESS_FILE).write_text(json.dumps(progress))
   (workdir / "eval_strong.json").unlink(missing_ok=True)
 
   evaluate = eval_run.evaluate_checkpoint
@@ -1056,15 +1063,15 @@ def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
     return evaluate(config, directory, **kwargs)
 
   monkeypatch.setattr(eval_run, "evaluate_checkpoint", stopped_in_strong)
-  run = runner.plan(tables.TABLES["table2"], scales.SCALES["tiny"],
-                    rows=["resnet20_none"], seeds=1,
-                    root=str(tmp_path / "w"),
-                    results=str(tmp_path / "results"))[0]
+  run = plan_lib.plan(tables.TABLES["table2"], scales.SCALES["tiny"],
+                      rows=["resnet20_none"], seeds=1,
+                      root=str(tmp_path / "w"),
+                      results=str(tmp_path / "results"))[0]
   assert Path(run.workdir) == workdir
   with pytest.raises(RuntimeError, match="stopped"):
-    runner.execute(run, show_progress=False)
-  assert runner.status_of(run) == "done, eval_strong not yet run"
-  kept = json.loads(Path(run.archive, runner.RUN_RECORD).read_text())
+    execute_lib.execute(run, show_progress=False)
+  assert standing_lib.status_of(run) == "done, eval_strong not yet run"
+  kept = json.loads(Path(run.archive, archive_lib.RUN_RECORD).read_text())
   assert "eval_a5" in kept["fingerprints"]
   assert "eval_strong" not in kept["fingerprints"]
   assert 0 <= kept["metrics"]["A5"] <= kept["metrics"]["A1"]
@@ -1084,9 +1091,9 @@ def test_the_cpu_scale_checkpoints_within_an_epoch_without_changing_runs(
   # only what followed its last checkpoint; how often it checkpoints is not
   # what it computes, so finished runs stay done.
   import dataclasses  # pylint: disable=import-outside-toplevel
-  run = runner.plan(tables.TABLES["table2"], scales.SCALES["cpu"],
-                    rows=["en5resnet20_rgsm_l0.02"], seeds=1,
-                    root=str(tmp_path))[0]
+  run = plan_lib.plan(tables.TABLES["table2"], scales.SCALES["cpu"],
+                      rows=["en5resnet20_rgsm_l0.02"], seeds=1,
+                      root=str(tmp_path))[0]
   every = run.config.training.checkpoint_every_steps
   per_epoch = scales.steps_per_epoch(scales.train_size(run.config),
                                      run.config)
@@ -1095,22 +1102,22 @@ def test_the_cpu_scale_checkpoints_within_an_epoch_without_changing_runs(
       run.train_command)
   config = run.config.copy_and_resolve_references()
   config.training.checkpoint_every_steps = 0
-  assert runner.fingerprints(dataclasses.replace(run, config=config)) == (
-      runner.fingerprints(run))
+  assert standing_lib.fingerprints(dataclasses.replace(run, config=config)) == (
+      standing_lib.fingerprints(run))
 
 
 def test_a_partly_trained_run_is_estimated_by_what_is_left(tmp_path):
-  run = runner.plan(tables.TABLES["table1"], scales.SCALES["cpu"],
-                    rows=["en2resnet20_rvsm_b0.01"], seeds=1,
-                    root=str(tmp_path))[0]
-  whole = runner.estimate_seconds(run)
-  assert runner.trained_epochs(run) is None
+  run = plan_lib.plan(tables.TABLES["table1"], scales.SCALES["cpu"],
+                      rows=["en2resnet20_rvsm_b0.01"], seeds=1,
+                      root=str(tmp_path))[0]
+  whole = estimate_lib.estimate_seconds(run)
+  assert standing_lib.trained_epochs(run) is None
   os.makedirs(run.workdir)
   with open(os.path.join(run.workdir, "metrics.jsonl"), "w") as f:
     for epoch in (1, 2):
       f.write(json.dumps({"epoch": epoch, "step": 352 * epoch}) + "\n")
-  assert runner.trained_epochs(run) == 2
-  assert runner.status_of(run) == "trained 2/5 epochs"
+  assert standing_lib.trained_epochs(run) == 2
+  assert standing_lib.status_of(run) == "trained 2/5 epochs"
   # An evaluation killed after 3 batches says so (fkjax.evaluation.journal).
   journal = eval_journal.Journal(
       os.path.join(run.workdir, eval_journal.JOURNAL_DIR, "eval_paper.json"),
@@ -1118,43 +1125,43 @@ def test_a_partly_trained_run_is_estimated_by_what_is_left(tmp_path):
   journal.save({}, batches_done=3, num_examples=30, correct={}, seconds={},
                compile_seconds={}, predict_compile_seconds=0.0,
                per_image=None)
-  assert runner.status_of(run) == ("trained 2/5 epochs, evaluating (3 "
-                                   "batches done)")
+  assert standing_lib.status_of(run) == ("trained 2/5 epochs, evaluating (3 "
+                                         "batches done)")
   journal.remove()
-  evaluations = runner.estimate_seconds(run, epochs_done=5)
-  left = runner.estimate_seconds(run, epochs_done=2)
+  evaluations = estimate_lib.estimate_seconds(run, epochs_done=5)
+  left = estimate_lib.estimate_seconds(run, epochs_done=2)
   assert 0 < evaluations < left < whole
   assert left - evaluations == pytest.approx(0.6 * (whole - evaluations))
 
 
 def test_estimates_scale_with_the_machines_step_times(tmp_path):
-  run = runner.plan(tables.TABLES["table2"], scales.SCALES["cpu"],
-                    rows=["en2resnet20_rgsm_l0.05"], seeds=1,
-                    root=str(tmp_path))[0]
+  run = plan_lib.plan(tables.TABLES["table2"], scales.SCALES["cpu"],
+                      rows=["en2resnet20_rgsm_l0.05"], seeds=1,
+                      root=str(tmp_path))[0]
   assert run.extra_evals   # A5 and the strong column: evaluation-only costs
-  reference = runner.REFERENCE_STEP_TIMES
-  twice = runner.StepTimes(2 * reference.clean_step,
-                           2 * reference.attack_iteration)
-  assert runner.estimate_seconds(run, step_times=twice) == pytest.approx(
-      2 * runner.estimate_seconds(run))
-  assert runner.estimate_seconds(
+  reference = estimate_lib.REFERENCE_STEP_TIMES
+  twice = estimate_lib.StepTimes(2 * reference.clean_step,
+                                 2 * reference.attack_iteration)
+  assert estimate_lib.estimate_seconds(run, step_times=twice) == pytest.approx(
+      2 * estimate_lib.estimate_seconds(run))
+  assert estimate_lib.estimate_seconds(
       run, only=run.extra_evals, step_times=twice) == pytest.approx(
-          2 * runner.estimate_seconds(run, only=run.extra_evals))
+          2 * estimate_lib.estimate_seconds(run, only=run.extra_evals))
   # A slower clean step alone: training and compiling slow down, the
   # evaluations (attack iterations) do not.
-  slower_clean = runner.StepTimes(2 * reference.clean_step,
-                                  reference.attack_iteration)
-  assert (runner.estimate_seconds(run, only=run.extra_evals,
-                                  step_times=slower_clean)
-          == pytest.approx(runner.estimate_seconds(run,
-                                                   only=run.extra_evals)))
-  assert (runner.estimate_seconds(run)
-          < runner.estimate_seconds(run, step_times=slower_clean)
-          < runner.estimate_seconds(run, step_times=twice))
+  slower_clean = estimate_lib.StepTimes(2 * reference.clean_step,
+                                        reference.attack_iteration)
+  assert (estimate_lib.estimate_seconds(run, only=run.extra_evals,
+                                        step_times=slower_clean)
+          == pytest.approx(estimate_lib.estimate_seconds(run,
+                                                         only=run.extra_evals)))
+  assert (estimate_lib.estimate_seconds(run)
+          < estimate_lib.estimate_seconds(run, step_times=slower_clean)
+          < estimate_lib.estimate_seconds(run, step_times=twice))
 
 
 def test_calibration_times_a_clean_and_an_attacked_step():
-  from reproduce import calibrate  # pylint: disable=import-outside-toplevel
+  from reproduce.run import calibrate  # pylint: disable=import-outside-toplevel
   times = calibrate.measure(repeats=1, depth=8, batch_size=8)
   assert 0 < times.clean_step < 60
   assert times.attack_iteration >= 0.25 * times.clean_step
@@ -1178,8 +1185,8 @@ def test_a_calibrated_dry_run_estimates_for_this_machine(tmp_path, capsys,
   # the runner's flags must not touch the test process's XLA_FLAGS.
   from fkjax import kernels  # pylint: disable=import-outside-toplevel
   from reproduce import __main__ as cli_main  # pylint: disable=import-outside-toplevel
-  from reproduce import calibrate  # pylint: disable=import-outside-toplevel
-  slower = runner.StepTimes(clean_step=0.606, attack_iteration=0.2848)
+  from reproduce.run import calibrate  # pylint: disable=import-outside-toplevel
+  slower = estimate_lib.StepTimes(clean_step=0.606, attack_iteration=0.2848)
   monkeypatch.setattr(calibrate, "measure", lambda: slower)
   monkeypatch.setattr(kernels, "apply_xla_flags", lambda: None)
   monkeypatch.chdir(REPO)
@@ -1209,8 +1216,8 @@ def test_a_calibrated_dry_run_estimates_for_this_machine(tmp_path, capsys,
 
 
 def _seconds(duration: str) -> int:
-  """Seconds of a dry run's estimate (``runner.format_seconds``: ``1h02m``,
-  ``12m05s``)."""
+  """Seconds of a dry run's estimate (``estimate_lib.format_seconds``:
+  ``1h02m``, ``12m05s``)."""
   parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", duration)
   assert parts and duration, duration
   h, m, s = (int(x or 0) for x in parts.groups())
@@ -1250,6 +1257,5 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
 
 def test_the_runners_evaluation_costs_cover_exactly_the_attack_names():
   from fkjax.config import names as eval_names  # pylint: disable=import-outside-toplevel
-  from reproduce import runner  # pylint: disable=import-outside-toplevel
-  costed = set(runner._EVAL_ITERS) | {"nattack"}  # pylint: disable=protected-access
+  costed = set(estimate_lib._EVAL_ITERS) | {"nattack"}  # pylint: disable=protected-access
   assert costed == set(eval_names.ATTACK_NAMES)

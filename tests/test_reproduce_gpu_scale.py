@@ -4,9 +4,10 @@ import math
 import pytest
 
 from configs import default as default_config
-from reproduce import runner
-from reproduce import scales
-from reproduce import tables
+from reproduce.run import plan as plan_lib
+from reproduce.run import runs as runs_lib
+from reproduce.spec import scales
+from reproduce.spec import tables
 
 GPU = scales.SCALES["gpu"]
 
@@ -71,15 +72,15 @@ def test_summed_decay_is_the_papers(presets, overrides):
 
 
 def test_rows_have_three_seeds_and_their_extra_evaluations_a_budget():
-  runs = runner.plan(tables.TABLE2, GPU, root="w",
-                     rows=["resnet20_rgsm_l0.1"])
+  runs = plan_lib.plan(tables.TABLE2, GPU, root="w",
+                       rows=["resnet20_rgsm_l0.1"])
   assert [r.seed for r in runs] == [0, 1, 2]
   first = {e.protocol: e for e in runs[0].extra_evals}
   assert set(first) == {"a5", "strong"}
-  a5 = runner._with(runs[0].config, first["a5"].overrides)
+  a5 = runs_lib.with_overrides(runs[0].config, first["a5"].overrides)
   assert (a5.eval.attacks, a5.eval.num_examples, a5.eval.nattack_iters,
           a5.eval.nattack_population) == ("nattack", 500, 500, 300)
-  strong = runner._with(runs[0].config, first["strong"].overrides)
+  strong = runs_lib.with_overrides(runs[0].config, first["strong"].overrides)
   assert strong.eval.strong.targeted and strong.eval.num_examples == 500
   assert not runs[1].extra_evals and not runs[2].extra_evals
 

@@ -7,6 +7,7 @@ results/ (the report runs on a copy).
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -19,9 +20,15 @@ from fkjax.config import history
 from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
 from reproduce import __main__ as reproduce_main
-from reproduce import runner
-from reproduce import scales
-from reproduce import tables
+from reproduce.run import archive as archive_lib
+from reproduce.run import estimate as estimate_lib
+from reproduce.run import execute as execute_lib
+from reproduce.run import plan as plan_lib
+from reproduce.run import runs as runs_lib
+from reproduce.run import standing as standing_lib
+from reproduce.run import sweeps as sweeps_lib
+from reproduce.spec import scales
+from reproduce.spec import tables
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
@@ -36,12 +43,12 @@ def _committed(tmp_path):
   table's seeds, and of more seeds run with --seeds."""
   out, seen = [], set()
   for folder, scale in SCALES:
-    for name in runner.ORDER:
+    for name in tables.ORDER:
       # sync=False: nothing is restored nor copied (a dry run's reading).
-      for run in runner.plan(tables.TABLES[name], scale,
-                             root=str(tmp_path / "w"), seeds=5,
-                             results=str(RESULTS), sync=False):
-        view = runner.status_view(run)
+      for run in plan_lib.plan(tables.TABLES[name], scale,
+                               root=str(tmp_path / "w"), seeds=5,
+                               results=str(RESULTS), sync=False):
+        view = standing_lib.status_view(run)
         if view.workdir != run.workdir and view.workdir not in seen:
           seen.add(view.workdir)
           out.append((folder, view))
@@ -50,7 +57,7 @@ def _committed(tmp_path):
 
 def _kept_records(folder):
   return {os.path.dirname(p) for p in glob.glob(
-      str(RESULTS / folder / "runs" / "*" / "*" / runner.RUN_RECORD))}
+      str(RESULTS / folder / "runs" / "*" / "*" / archive_lib.RUN_RECORD))}
 
 
 def test_every_committed_run_is_finished(tmp_path):
@@ -61,17 +68,19 @@ def test_every_committed_run_is_finished(tmp_path):
         folder)
   assert len(runs) > 80
   for _, run in runs:
-    assert runner.finished(run), (run.workdir, runner.status_of(run))
-    standing = runner.standings(run)
+    assert standing_lib.finished(run), (run.workdir,
+                                        standing_lib.status_of(run))
+    standing = standing_lib.standings(run)
     assert standing["train"] == (), run.workdir
     assert standing["eval"] == (), run.workdir
   # The strong evaluations predate APGD-T in it: made with the older
   # default, named as such, and never pending.
-  strong = [r for _, r in runs if "eval_strong" in runner.older_settings(r)]
+  strong = [r for _, r in runs
+            if "eval_strong" in standing_lib.older_settings(r)]
   assert len(strong) >= 14
   for run in strong:
-    assert runner.pending_evals(run) == []
-    (note,) = runner.older_settings(run)["eval_strong"]
+    assert standing_lib.pending_evals(run) == []
+    (note,) = standing_lib.older_settings(run)["eval_strong"]
     assert note.startswith("eval.strong.targeted=False, the default before "
                            "2026-12-03")
 
@@ -91,32 +100,33 @@ def test_a_key_added_to_the_schema_keeps_committed_runs_finished(
   assert runs and all(run_config.flatten(
       run_config.as_dict(r.config))[key] == 7 for _, r in runs)
   for _, run in runs:
-    assert runner.finished(run), runner.status_of(run)
-    assert runner.standings(run)["train"] == ()
+    assert standing_lib.finished(run), standing_lib.status_of(run)
+    assert standing_lib.standings(run)["train"] == ()
 
   older = history.Change(key, "2027-01-01", 3, "a knob added")
   monkeypatch.setattr(history, "CHANGES", (*history.CHANGES[:-1], older))
   for _, run in runs:
-    assert runner.finished(run)
-    (note,) = runner.standings(run)["train"]
+    assert standing_lib.finished(run)
+    (note,) = standing_lib.standings(run)["train"]
     assert note.startswith(f"{key}=3, the default before 2027-01-01")
-    assert "train" not in runner.evals_to_run(run)
+    assert "train" not in standing_lib.evals_to_run(run)
 
   monkeypatch.setattr(history, "CHANGES", history.CHANGES[:-1])
   for _, run in runs:
-    assert runner.finished(run) and runner.standings(run)["train"] == ()
+    assert standing_lib.finished(run)
+    assert standing_lib.standings(run)["train"] == ()
 
 
 def test_a_changed_training_setting_still_trains_again(tmp_path):
   # The other side: a row whose training differs from what ran, in a key
   # that history does not list, is not finished.
   _, run = _committed(tmp_path)[0]
-  assert runner.finished(run)
+  assert standing_lib.finished(run)
   config = run.config.copy_and_resolve_references()
   config.training.num_epochs += 1
-  changed = runner.dataclasses.replace(run, config=config)
-  assert not runner.finished(changed)
-  assert runner.status_of(changed).startswith("to update")
+  changed = dataclasses.replace(run, config=config)
+  assert not standing_lib.finished(changed)
+  assert standing_lib.status_of(changed).startswith("to update")
 
 
 def test_a_changed_evaluation_setting_never_trains_again(tmp_path):
@@ -125,11 +135,11 @@ def test_a_changed_evaluation_setting_never_trains_again(tmp_path):
   _, run = _committed(tmp_path)[0]
   config = run.config.copy_and_resolve_references()
   config.eval.num_examples = 1000
-  changed = runner.dataclasses.replace(run, config=config)
-  assert runner.finished(changed)
-  assert runner.standings(changed)["train"] == ()
-  assert runner.evals_to_run(changed)[0] == "eval"
-  assert runner.status_of(changed).startswith("done, eval not yet run")
+  changed = dataclasses.replace(run, config=config)
+  assert standing_lib.finished(changed)
+  assert standing_lib.standings(changed)["train"] == ()
+  assert standing_lib.evals_to_run(changed)[0] == "eval"
+  assert standing_lib.status_of(changed).startswith("done, eval not yet run")
 
 
 def test_every_key_the_committed_records_lack_is_in_history(tmp_path):
@@ -155,7 +165,8 @@ def test_a_dry_run_of_the_committed_cpu_scale_has_nothing_to_retrain(
 
   def never(*args, **kwargs):
     raise AssertionError("a dry run ran something")
-  for module, name in ((runner, "execute"), (runner, "train_in_sweeps"),
+  for module, name in ((execute_lib, "execute"),
+                       (sweeps_lib, "train_in_sweeps"),
                        (experiment.Experiment, "build")):
     monkeypatch.setattr(module, name, never)
   capsys.readouterr()
@@ -165,7 +176,7 @@ def test_a_dry_run_of_the_committed_cpu_scale_has_nothing_to_retrain(
   out = capsys.readouterr().out
   assert "to update" not in out
   left = dict(re.findall(r"^# (\w+): ~(\S+) left to run", out, re.M))
-  assert set(left) == set(runner.ORDER)
+  assert set(left) == set(tables.ORDER)
   # Table 7 has not run at the cpu scale; every other table is finished.
   assert {t for t, s in left.items() if s != "0m00s"} == {"table7"}
   statuses = re.findall(
@@ -222,14 +233,14 @@ def test_the_docs_time_table_is_the_tools(tmp_path):
   # "from scratch".
   text = (REPO / "docs" / "reproduction.md").read_text()
   scale = scales.SCALES["cpu"]
-  everything = {name: None for name in runner.ORDER}
-  one = runner.from_scratch_seconds(everything, scale, seeds=1)
-  every = runner.from_scratch_seconds(everything, scale)
+  everything = {name: None for name in tables.ORDER}
+  one = estimate_lib.from_scratch_seconds(everything, scale, seeds=1)
+  every = estimate_lib.from_scratch_seconds(everything, scale)
   cells = dict(re.findall(r"^\| `(\w+)` \|.*\| ([^|]+ / [^|]+) \|$", text,
                           re.M))
-  assert cells == {n: f"{runner.format_seconds(one[n])} / "
-                      f"{runner.format_seconds(every[n])}"
-                   for n in runner.ORDER}
+  assert cells == {n: f"{estimate_lib.format_seconds(one[n])} / "
+                      f"{estimate_lib.format_seconds(every[n])}"
+                   for n in tables.ORDER}
   assert (f"in total about {round(sum(one.values()) / 3600)} hours with "
           f"`--seeds=1`, {round(sum(every.values()) / 3600)} with the "
           "tables' seeds") in " ".join(text.split())
@@ -282,32 +293,32 @@ def test_an_evaluation_made_with_an_older_default_runs_again_only_where_it_can(
   # A run whose strong evaluation predates APGD-T in it: reported as made,
   # never pending; with checkpoints in its workdir the runner evaluates it
   # again (the training stays), without them it reports it as it is.
-  run = runner.plan(tables.TABLES["table1"], scales.SCALES["tiny"],
-                    rows=["resnet20_none"], seeds=1,
-                    root=str(tmp_path / "w"))[0]
+  run = plan_lib.plan(tables.TABLES["table1"], scales.SCALES["tiny"],
+                      rows=["resnet20_none"], seeds=1,
+                      root=str(tmp_path / "w"))[0]
   (strong,) = run.extra_evals
   assert run.config.eval.strong.targeted is True
   os.makedirs(run.workdir)
   run_config.save(run.config, run.workdir)
-  older = runner._with(run.config, {**strong.overrides,   # pylint: disable=W0212
-                                    "eval.strong.targeted": False})
+  older = runs_lib.with_overrides(run.config, {**strong.overrides,
+                                               "eval.strong.targeted": False})
   recorded = run_config.as_dict(older)
   name = os.path.basename(workdir_lib.eval_result_path("", older))
   Path(run.workdir, name).write_text(json.dumps(
       {"metadata": {"config": recorded}}))
-  now = runner.fingerprints(run)
+  now = standing_lib.fingerprints(run)
   record = {"done": True, "fingerprints": {
       "train": now["train"], "eval": now["eval"],
-      "eval_strong": runner._fingerprint(   # pylint: disable=W0212
-          runner._computed(recorded, True))}}   # pylint: disable=W0212
+      "eval_strong": standing_lib._fingerprint(   # pylint: disable=W0212
+          standing_lib._computed(recorded, True))}}   # pylint: disable=W0212
   assert record["fingerprints"]["eval_strong"] != now["eval_strong"]
-  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
+  Path(run.workdir, archive_lib.RUN_RECORD).write_text(json.dumps(record))
 
-  assert runner.finished(run) and runner.pending_evals(run) == []
-  assert runner.evals_to_run(run) == ["eval_strong"]
-  assert runner.status_of(run).startswith(
+  assert standing_lib.finished(run) and standing_lib.pending_evals(run) == []
+  assert standing_lib.evals_to_run(run) == ["eval_strong"]
+  assert standing_lib.status_of(run).startswith(
       "done, eval_strong made with eval.strong.targeted=False")
-  assert runner.kept_result(run, strong, record["fingerprints"][
+  assert standing_lib.kept_result(run, strong, record["fingerprints"][
       "eval_strong"]).result_file == name
   assert reproduce_main._todo("table1", [run], False) == []   # pylint: disable=W0212
   os.makedirs(os.path.join(run.workdir, "checkpoints", "1"))
@@ -315,8 +326,8 @@ def test_an_evaluation_made_with_an_older_default_runs_again_only_where_it_can(
   assert reproduce_main._todo("table1", [run], True) == []   # pylint: disable=W0212
   # another strong setting, not a default history lists: pending
   record["fingerprints"]["eval_strong"] = "0" * 16
-  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
-  assert runner.pending_evals(run) == [strong]
+  Path(run.workdir, archive_lib.RUN_RECORD).write_text(json.dumps(record))
+  assert standing_lib.pending_evals(run) == [strong]
 
 
 def test_a_value_the_table_asks_for_itself_is_another_run(tmp_path,
@@ -327,10 +338,10 @@ def test_a_value_the_table_asks_for_itself_is_another_run(tmp_path,
   _, run = _committed(tmp_path)[0]
   config = run.config.copy_and_resolve_references()
   config.precision = "bfloat16"
-  asks = runner.dataclasses.replace(run, config=config)
-  assert not runner.finished(asks)
+  asks = dataclasses.replace(run, config=config)
+  assert not standing_lib.finished(asks)
   # the same value as today's default: made before it, kept and marked
   monkeypatch.setitem(default_config.DEFAULTS, "precision", "bfloat16")
-  assert runner.finished(asks)
-  (note,) = runner.standings(asks)["train"]
+  assert standing_lib.finished(asks)
+  (note,) = standing_lib.standings(asks)["train"]
   assert note.startswith("precision='float32', the default before 2026-12-03")

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from reproduce import __main__ as reproduce_main
-from reproduce import overview
-from reproduce import scales
+from reproduce.report import overview
+from reproduce.spec import scales
 
 REPO = Path(__file__).resolve().parents[1]
 

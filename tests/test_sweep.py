@@ -420,25 +420,34 @@ def test_a_run_one_save_behind_is_caught_up(whole):
 
 
 def test_runner_groups_a_figures_lambdas_and_seeds():
-  from reproduce import runner, scales, tables  # pylint: disable=C0415
-  runs = runner.plan(tables.TABLES["fig45"], scales.SCALES["tiny"], seeds=2,
-                     root="/nonexistent")
-  groups = [[r.key for r in g] for g in runner.sweep_groups(runs)]
+  from reproduce.run import plan as plan_lib  # pylint: disable=C0415
+  from reproduce.run import sweeps as sweeps_lib  # pylint: disable=C0415
+  from reproduce.spec import scales  # pylint: disable=C0415
+  from reproduce.spec import tables  # pylint: disable=C0415
+  runs = plan_lib.plan(tables.TABLES["fig45"], scales.SCALES["tiny"],
+                       seeds=2, root="/nonexistent")
+  groups = [[r.key for r in g] for g in sweeps_lib.sweep_groups(runs)]
   # one sweep per network: its lambda1 values x seeds (rows that Tables 2
   # and 3 own are trained in their workdirs, in the same sweep)
   assert [len(g) for g in groups] == [8, 8]
   assert all("en2resnet20" in k for k in groups[0])
   assert "table2/en2resnet20_rgsm_l0.05_seed1" in groups[0]
   assert all("resnet38" in k for k in groups[1])
-  assert [len(g) for g in runner.sweep_groups(runs, max_runs=3)] == [
+  assert [len(g) for g in sweeps_lib.sweep_groups(runs, max_runs=3)] == [
       3, 3, 2, 3, 3, 2]
 
 
 def test_runner_trains_rows_as_one_sweep(tmp_path):
-  from reproduce import runner, scales, tables  # pylint: disable=C0415
-  runs = runner.plan(tables.TABLES["fig45"], scales.SCALES["tiny"], seeds=1,
-                     rows=["resnet38_rgsm_l0.02", "resnet38_rgsm_l0.2"],
-                     root=str(tmp_path))
+  from reproduce.run import execute as execute_lib  # pylint: disable=C0415
+  from reproduce.run import plan as plan_lib  # pylint: disable=C0415
+  from reproduce.run import progress as progress_lib  # pylint: disable=C0415
+  from reproduce.run import sweeps as sweeps_lib  # pylint: disable=C0415
+  from reproduce.spec import scales  # pylint: disable=C0415
+  from reproduce.spec import tables  # pylint: disable=C0415
+  runs = plan_lib.plan(tables.TABLES["fig45"], scales.SCALES["tiny"],
+                       seeds=1,
+                       rows=["resnet38_rgsm_l0.02", "resnet38_rgsm_l0.2"],
+                       root=str(tmp_path))
   for run in runs:   # the tiny scale, shorter
     run.config.training.num_epochs = 1
     run.config.eval.final_attacks = "natural"
@@ -446,19 +455,19 @@ def test_runner_trains_rows_as_one_sweep(tmp_path):
     # the tests after this one (tests/test_run_config.py checks the unset
     # case), and the default folder is the user's.
     run.config.compilation_cache_dir = ""
-  assert runner.train_in_sweeps(runs, show_progress=False) == [
+  assert sweeps_lib.train_in_sweeps(runs, show_progress=False) == [
       r.key for r in runs]
   for run in runs:
     # execute() now skips the training stage of each run ...
-    assert not runner._train_pending(run)  # pylint: disable=protected-access
-    progress = runner.Progress(run.workdir)
+    assert not sweeps_lib._train_pending(run)  # pylint: disable=protected-access
+    progress = progress_lib.Progress(run.workdir)
     assert progress.stage("train")["sweep_runs"] == 2
     assert progress.stage("train")["seconds"] > 0
     # ... whose workdir holds its single run's config and results
-    runner.check_workdir(run)
+    execute_lib.check_workdir(run)
     saved = json.loads((Path(run.workdir) / "config.json").read_text())
     assert saved["training"]["data_seed"] is None
     assert saved["sparsity"]["lamb1"] == run.config.sparsity.lamb1
     assert (Path(run.workdir) / "final_eval.json").exists()
   # trained: nothing left for a second call
-  assert runner.train_in_sweeps(runs, show_progress=False) == []
+  assert sweeps_lib.train_in_sweeps(runs, show_progress=False) == []

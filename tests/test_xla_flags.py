@@ -111,7 +111,7 @@ def test_a_plugin_in_jaxs_plugin_namespace_is_found(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("module,runs,argv", [
-    ("reproduce.__main__", "reproduce.runner.execute",
+    ("reproduce.__main__", "reproduce.run.execute.execute",
      ["table5", "--scale=tiny", "--seeds=1", "--rows=resnet20_noskip"]),
     ("reproduce.pilot", "reproduce.pilot.run",
      ["rgsm_m8"]),

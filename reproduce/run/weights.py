@@ -1,21 +1,29 @@
 """Publishing a finished run's evaluated weights, and what it costs.
 
 The file's format is the library's (:mod:`fkjax.checkpoint.weights_file`); it is kept
-with the run under ``results/`` (:mod:`reproduce.archive`) and read back by
+with the run under ``results/`` (:mod:`reproduce.run.archive`) and read back by
 :func:`fkjax.pretrained.load`, which finds a row that another table trains
 through ``results/run_names.json`` (:func:`write_names`).
 """
 from __future__ import annotations
 
+import collections
+import io
 import os
+import sys
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
+from configs import default
 from fkjax import atomic
 from fkjax.checkpoint import weights_file
 from fkjax.checkpoint.weights_file import WEIGHTS_FILE, flatten, unflatten
-from reproduce import tables
+from fkjax.training import experiment
+from reproduce.run import plan as plan_lib
+from reproduce.spec import scales
+from reproduce.spec import tables
 
 
 def names() -> dict[str, dict[str, str]]:
@@ -42,8 +50,6 @@ def write_names(results: str) -> str:
 def publish(config: Any, workdir: str, exp: Any = None) -> str:
   """Writes ``<workdir>/weights.npz``: the evaluated variables of the
   checkpoint ``config.eval.checkpoint``; returns its path."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   _, _, state = experiment.restore_checkpoint(workdir, config, exp)
   variables = jax.device_get(experiment.eval_variables(state, config))
   path = os.path.join(workdir, WEIGHTS_FILE)
@@ -52,12 +58,11 @@ def publish(config: Any, workdir: str, exp: Any = None) -> str:
 
 
 # --------------------------------------------------------------------------
-# What publishing costs: ``python -m reproduce.weights``.
+# What publishing costs: ``python -m reproduce.run.weights``.
 
 
 def compressed_bytes(variables: Mapping[str, Any]) -> int:
   """The size of ``variables`` as :func:`fkjax.checkpoint.weights_file.save` writes them."""
-  import io  # pylint: disable=import-outside-toplevel
   buffer = io.BytesIO()
   np.savez_compressed(buffer, **flatten(variables))
   return len(buffer.getvalue())
@@ -84,9 +89,6 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
   """Bytes of a net's published weights: its freshly initialised variables
   (random float32: trained ones compress no worse) with ``channel_share``
   of the channels pruned."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from configs import default  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
   config = default.get_config(presets)
   model = experiment.create_model(config, 10)
   variables = jax.device_get(model.init(
@@ -101,25 +103,20 @@ def published_runs(scale_name: str) -> list[tuple[str, str, int]]:
   """``(table, row, seed)`` of every run ``python -m reproduce all
   --scale=<scale_name>`` trains: a shared row once, as the row that trains
   it."""
-  from reproduce import runner  # pylint: disable=import-outside-toplevel
-  from reproduce import scales  # pylint: disable=import-outside-toplevel
   scale = scales.SCALES[scale_name]
   out: dict[tuple[str, str, int], None] = {}
-  for table in (tables.TABLES[name] for name in runner.ORDER):
+  for table in (tables.TABLES[name] for name in tables.ORDER):
     for row in table.rows:
       owner_table, owner = (tables.resolve_shared(row) if row.shared
                             else (table, row))
-      for seed in range(runner.num_seeds(table, row, scale, None)):
+      for seed in range(plan_lib.num_seeds(table, row, scale, None)):
         out[owner_table.name, owner.name, seed] = None
   return list(out)
 
 
 def main(argv: list[str] | None = None) -> int:
   """Prints what a published run costs per net, and all of a scale's runs
-  (``python -m reproduce.weights [gpu|paper]``, default ``gpu``)."""
-  import collections  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-  from reproduce import scales  # pylint: disable=C0415
+  (``python -m reproduce.run.weights [gpu|paper]``, default ``gpu``)."""
   argv = sys.argv[1:] if argv is None else argv
   scale_name = argv[0] if argv else "gpu"
   if scale_name not in scales.SCALES:

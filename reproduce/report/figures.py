@@ -29,35 +29,36 @@ import numpy as np
 
 from fkjax.workdir import metric_logging
 from reproduce import files
-from reproduce import runner as runner_lib
+from reproduce.run import archive as archive_lib
+from reproduce.run.runs import Run
 
 # Every figure draws a run's single seeds alike: small open circles in the
 # colour of the row's mean, so the mean stays the eye's first reading.
 SEED_DOTS = dict(s=10, facecolors="none", linewidths=0.8, alpha=0.8)
 
 
-def _npz(run: runner_lib.Run) -> dict[str, np.ndarray] | None:
+def _npz(run: Run) -> dict[str, np.ndarray] | None:
   path = os.path.join(run.workdir, "analysis.npz")
-  record = os.path.join(run.workdir, runner_lib.RUN_RECORD)
+  record = os.path.join(run.workdir, archive_lib.RUN_RECORD)
   if not (os.path.exists(path) and os.path.exists(record)):
     return None
   with np.load(path) as f:
     return dict(f)
 
 
-def _first_seed(runs: list[runner_lib.Run]) -> dict[str, runner_lib.Run]:
-  out: dict[str, runner_lib.Run] = {}
+def _first_seed(runs: list[Run]) -> dict[str, Run]:
+  out: dict[str, Run] = {}
   for run in sorted(runs, key=lambda r: r.seed):
     if run.row.name not in out and _npz(run) is not None:
       out[run.row.name] = run
   return out
 
 
-def _title(run: runner_lib.Run) -> str:
+def _title(run: Run) -> str:
   return ", ".join(run.row.label.values()) or run.row.name
 
 
-def weight_histograms(runs: list[runner_lib.Run], path: str) -> str | None:
+def weight_histograms(runs: list[Run], path: str) -> str | None:
   chosen = _first_seed(runs)
   if not chosen:
     return None
@@ -82,7 +83,7 @@ def weight_histograms(runs: list[runner_lib.Run], path: str) -> str | None:
   return path
 
 
-def filters(runs: list[runner_lib.Run], path: str) -> str | None:
+def filters(runs: list[Run], path: str) -> str | None:
   chosen = {k: r for k, r in _first_seed(runs).items()
             if r.config.training.adversarial}
   if not chosen:
@@ -113,7 +114,7 @@ def filters(runs: list[runner_lib.Run], path: str) -> str | None:
   return path
 
 
-def channel_norms(runs: list[runner_lib.Run], path: str) -> str | None:
+def channel_norms(runs: list[Run], path: str) -> str | None:
   chosen = _first_seed(runs)
   if not chosen:
     return None
@@ -268,7 +269,7 @@ def _row_title(row: dict[str, Any]) -> str:
   return parts[0] + ("\n" + ", ".join(parts[1:]) if parts[1:] else "")
 
 
-def training_curves(runs: list[runner_lib.Run], data: dict[str, Any],
+def training_curves(runs: list[Run], data: dict[str, Any],
                     path: str) -> str | None:
   """Writes :func:`training_figure` to ``path``; returns ``path``, or None
   (nothing written) when no sparsified run has finished."""
@@ -279,7 +280,7 @@ def training_curves(runs: list[runner_lib.Run], data: dict[str, Any],
   return path
 
 
-def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
+def training_figure(runs: list[Run], data: dict[str, Any]
                     ) -> Figure | None:
   """Each sparsified row's training, epoch by epoch: the natural
   validation accuracy (the checkpoint rule's measure) above the sparsity
@@ -348,7 +349,7 @@ def training_figure(runs: list[runner_lib.Run], data: dict[str, Any]
   return fig
 
 
-def draw(kind: str, runs: list[runner_lib.Run], data: dict[str, Any],
+def draw(kind: str, runs: list[Run], data: dict[str, Any],
          path: str) -> str | None:
   if kind == "weight_histograms":
     return weight_histograms(runs, path)

@@ -1,6 +1,6 @@
 """Every row run at a scale in one table: ``results/<scale>/overview.md``.
 
-Read from the tables' JSON beside it (what :mod:`reproduce.report`
+Read from the tables' JSON beside it (what :mod:`reproduce.report.report`
 writes), nothing else: a row's A1-A4 and the sparsities of the net it
 evaluates, mean +- sample std over its finished seeds, the paper's number in
 brackets, then its seeds, the epochs of the checkpoints it evaluated and the
@@ -20,11 +20,11 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from fkjax import atomic
-from reproduce import figures
 from reproduce import files
-from reproduce import report
-from reproduce import runner as runner_lib
-from reproduce import scales as scales_lib
+from reproduce.report import figures
+from reproduce.report import report
+from reproduce.spec import scales as scales_lib
+from reproduce.spec import tables as tables_lib
 
 FILE = "overview.md"
 PLOT_FILE = "overview.png"
@@ -47,7 +47,7 @@ _SPARSITIES = ("sparsity", "channel_sparsity")
 def load(results_dir: str, scale: str) -> dict[str, dict[str, Any]]:
   """The tables written so far at ``scale``, in the runner's order."""
   out = {}
-  for name in runner_lib.ORDER:
+  for name in tables_lib.ORDER:
     data = files.load_json(os.path.join(results_dir, scale, f"{name}.json"))
     if data:
       out[name] = data

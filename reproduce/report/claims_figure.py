@@ -49,7 +49,7 @@ def _panels(data: Mapping[str, Any]
 
 def has_comparisons(data: Mapping[str, Any]) -> bool:
   """Whether a comparison of the judged claims ``data``
-  (:func:`reproduce.claims.evaluate`) has run, i.e. whether
+  (:func:`reproduce.report.claims.evaluate`) has run, i.e. whether
   :func:`figure` draws anything."""
   # a comparison not yet run has no difference
   return any("difference" in c for claim in data["claims"]
@@ -128,7 +128,7 @@ def claims_figure(data: Mapping[str, Any]) -> Figure | None:
 
 def figure(data: Mapping[str, Any], path: str) -> str | None:
   """Writes ``claims.png`` of the judged claims ``data``
-  (:func:`reproduce.claims.evaluate`) to ``path``; returns ``path``,
+  (:func:`reproduce.report.claims.evaluate`) to ``path``; returns ``path``,
   or None (nothing written) when no comparison has run."""
   fig = claims_figure(data)
   if fig is None:

@@ -54,15 +54,15 @@ import numpy as np
 
 from fkjax import atomic
 from fkjax import workdir as workdir_lib
-from reproduce import claims_figure
+from reproduce.report import claims_figure
 from reproduce import files
-from reproduce import scales as scales_lib
-from reproduce import tables as tables_lib
+from reproduce.spec import scales as scales_lib
+from reproduce.spec import tables as tables_lib
 
 MIN_SEEDS = 3
 FIGURE = "claims.png"
 # A sparsity column and what the run's training log says of it at the last
-# epoch (reproduce.report: runs evaluated at an earlier checkpoint).
+# epoch (reproduce.report.report: runs evaluated at an earlier checkpoint).
 LAST_EPOCH = {"sparsity": "last_epoch_sparsity",
               "channel_sparsity": "last_epoch_channel_sparsity"}
 Z = 2.0
@@ -531,7 +531,7 @@ def _noise_cell(comparison: Mapping[str, Any], z: float) -> str:
 
 def write(results_dir: str, scale: str) -> tuple[str, str]:
   """Writes ``<results_dir>/<scale>/claims.{json,md}`` and, once a
-  comparison has run, ``claims.png`` (:mod:`reproduce.claims_figure`);
+  comparison has run, ``claims.png`` (:mod:`reproduce.report.claims_figure`);
   returns the paths of the first two."""
   data = evaluate(results_dir, scale)
   folder = os.path.join(results_dir, scale)

@@ -81,7 +81,7 @@ class Scale:
     base: the scale a variant derives from (``cpu`` for ``cpu-authors``);
       empty for the scales themselves.
     publish_weights: a finished run also keeps its evaluated weights
-      (``weights.npz``, :mod:`reproduce.weights`) under ``results/``,
+      (``weights.npz``, :mod:`reproduce.run.weights`) under ``results/``,
       loadable with :func:`fkjax.pretrained.load`.
   """
 

@@ -18,10 +18,15 @@ import ml_collections
 from fkjax import atomic
 from fkjax import host
 from fkjax import workdir as workdir_lib
+from fkjax.workdir import metric_logging
 from reproduce import files
-from reproduce import runner as runner_lib
-from reproduce import scales as scales_lib
-from reproduce import tables as tables_lib
+from reproduce.run import archive as archive_lib
+from reproduce.run import estimate as estimate_lib
+from reproduce.run import records
+from reproduce.run import standing as standing_lib
+from reproduce.run.runs import ExtraEvalRun, Run
+from reproduce.spec import scales as scales_lib
+from reproduce.spec import tables as tables_lib
 
 NOT_RUN = "not yet run"
 
@@ -53,7 +58,7 @@ def _wall_times(done: list[dict[str, Any]]) -> str:
   by_machine: dict[str, list[float]] = {}
   for e in done:
     by_machine.setdefault(machine_of(e), []).append(e["wall_seconds"])
-  cells = [runner_lib.format_seconds(sum(t) / len(t)) +
+  cells = [estimate_lib.format_seconds(sum(t) / len(t)) +
            ("" if m == CPU_BEFORE_DEVICES else f" ({m})")
            for m, t in by_machine.items()]
   return ", ".join(cells)
@@ -74,7 +79,6 @@ def _checkpoint_epoch(record: dict[str, Any],
   out: dict[str, Any] = {"checkpoint_epoch": -(-step // per_epoch),
                          "epochs": config.training.num_epochs}
   if out["checkpoint_epoch"] < out["epochs"]:
-    from fkjax.workdir import metric_logging  # pylint: disable=C0415
     last = [r for r in metric_logging.read_metrics(workdir)
             if r.get("epoch") == out["epochs"] and "weight_sparsity" in r]
     if last:
@@ -84,10 +88,10 @@ def _checkpoint_epoch(record: dict[str, Any],
 
 
 def collect(table: tables_lib.Table, scale: scales_lib.Scale,
-            runs: Iterable[runner_lib.Run]) -> dict[str, Any]:
+            runs: Iterable[Run]) -> dict[str, Any]:
   """The results of ``table`` from its runs' workdirs, as JSON data."""
   runs = list(runs)
-  by_row: dict[str, list[runner_lib.Run]] = {}
+  by_row: dict[str, list[Run]] = {}
   for run in runs:
     by_row.setdefault(run.row.name, []).append(run)
   rows = []
@@ -97,31 +101,31 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
     entries = []
     for run in by_row[row.name]:
       record = files.load_json(os.path.join(run.workdir,
-                                            runner_lib.RUN_RECORD))
-      if record and runner_lib.finished(run):
+                                            archive_lib.RUN_RECORD))
+      if record and standing_lib.finished(run):
         # Read again from the run's files: a column added to the tables
         # after the run finished is filled from what its evaluation wrote.
         # A pending extra evaluation's columns stay empty, whatever an
         # older setting of it left.
         # One made with older defaults (fkjax.config.history) is reported,
         # its columns marked.
-        standing = runner_lib.standings(run)
+        standing = standing_lib.standings(run)
         pending = [e for e in run.extra_evals
                    if standing[f"eval_{e.protocol}"] is None]
         kept = record.get("fingerprints", {})
-        reported = [runner_lib.kept_result(run, e,
-                                           kept.get(f"eval_{e.protocol}"))
+        reported = [standing_lib.kept_result(
+                        run, e, kept.get(f"eval_{e.protocol}"))
                     for e in run.extra_evals if e not in pending]
         stale = {c for e in pending for c in e.columns}
-        main = runner_lib.main_eval(run)
+        main = records.main_eval(run)
         if standing["eval"] is None:
           # Its main evaluation ran with other settings: none of its
           # columns are reported until it runs again.
           main = {}
-          stale |= set(runner_lib.MAIN_EVAL_COLUMNS) - {
+          stale |= set(records.MAIN_EVAL_COLUMNS) - {
               c for e in reported for c in e.columns}
         metrics = {k: v for k, v in {
-            **record.get("metrics", {}), **runner_lib.metrics_of(
+            **record.get("metrics", {}), **records.metrics_of(
                 run.workdir, run.eval_result, reported, main)}.items()
                    if k not in stale}
         older = {stage: list(o) for stage, o in standing.items() if o}
@@ -133,16 +137,16 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
                         "older_columns": _older_columns(
                             older, run.extra_evals, table.metrics),
                         "correct_per_image":
-                            runner_lib.correct_per_image_of(main),
+                            records.correct_per_image_of(main),
                         **_checkpoint_epoch(record, run.config,
                                             run.workdir)})
       else:
         entries.append({
             "seed": run.seed, "workdir": run.workdir,
-            "status": runner_lib.status_of(run),
-            "commands": runner_lib.commands_of(run),
+            "status": standing_lib.status_of(run),
+            "commands": records.commands_of(run),
             "estimated_seconds_2_idle_cores":
-                round(runner_lib.estimate_seconds(run)),
+                round(estimate_lib.estimate_seconds(run)),
         })
     done = [e for e in entries if e["status"] == "done"]
     older: dict[str, list[str]] = {}
@@ -194,7 +198,7 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
 
 
 def _older_columns(older: dict[str, list[str]],
-                   extra_evals: Iterable[runner_lib.ExtraEvalRun],
+                   extra_evals: Iterable[ExtraEvalRun],
                    metrics: Iterable[str]) -> dict[str, list[str]]:
   """Metric -> the older defaults its value was made with, from the stages
   made so (``older``): an extra evaluation's columns, the main
@@ -303,7 +307,7 @@ def markdown(data: dict[str, Any]) -> str:
         status += f" ({', '.join(e['pending'])} not yet run)"
       for stage, notes in e.get("older_settings", {}).items():
         status += f" ({stage} made with {', '.join(notes)})"
-      wall = (f", {runner_lib.format_seconds(e['wall_seconds'])} on "
+      wall = (f", {estimate_lib.format_seconds(e['wall_seconds'])} on "
               f"{e.get('devices') or CPU_BEFORE_DEVICES}"
               if e["status"] == "done" else "")
       if e.get("checkpoint_epoch"):

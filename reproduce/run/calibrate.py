@@ -1,8 +1,8 @@
 """This machine's training speed, measured, for ``--dry-run --calibrate``.
 
-The runner's time estimates (:func:`reproduce.runner.estimate_seconds`)
+The runner's time estimates (:func:`reproduce.run.estimate.estimate_seconds`)
 are built from the step times of one reference machine
-(:data:`reproduce.runner.REFERENCE_STEP_TIMES`: 2 idle vCPUs of an
+(:data:`reproduce.run.estimate.REFERENCE_STEP_TIMES`: 2 idle vCPUs of an
 AMD EPYC with AVX-512); CPUs of the same size differ from it by 2-3x (one
 without AVX-512 trained En2ResNet20 at 0.28-0.37 steps/s against
 0.73-0.81). :func:`measure` times this machine's ResNet20 training step at
@@ -18,7 +18,7 @@ import numpy as np
 from configs import default as default_config
 from fkjax.training import experiment
 from fkjax.training import train
-from reproduce import runner as runner_lib
+from reproduce.run import estimate as estimate_lib
 
 
 def _step_seconds(config, repeats: int) -> float:
@@ -44,7 +44,7 @@ def _step_seconds(config, repeats: int) -> float:
 
 
 def measure(repeats: int = 3, attack_steps: int = 2, *, depth: int = 20,
-            batch_size: int = 128) -> runner_lib.StepTimes:
+            batch_size: int = 128) -> estimate_lib.StepTimes:
   """Times ResNet``depth`` training steps here: clean, and PGD-``attack_steps``.
 
   Each of the two programs is compiled, run once, then timed ``repeats``
@@ -69,4 +69,5 @@ def measure(repeats: int = 3, attack_steps: int = 2, *, depth: int = 20,
   # An attack iteration is a forward and a backward pass, 0.47 of a clean
   # step on the reference machine: a quarter of one is a safe floor.
   per_iteration = max((attacked - clean) / attack_steps, 0.25 * clean)
-  return runner_lib.StepTimes(clean_step=clean, attack_iteration=per_iteration)
+  return estimate_lib.StepTimes(clean_step=clean,
+                               attack_iteration=per_iteration)

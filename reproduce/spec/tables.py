@@ -91,7 +91,7 @@ class Table:
     metrics: the metric columns (keys of :data:`METRICS`).
     seeds: number of seeds per scale (default: the scale's).
     extra_evals: evaluations beyond the main one.
-    figures: figure kinds drawn for it (see :mod:`reproduce.figures`).
+    figures: figure kinds drawn for it (see :mod:`reproduce.report.figures`).
     notes: anything a reader of the results must know (paper typos, what
       a column is).
   """
@@ -527,6 +527,10 @@ TABLE7 = Table(
 
 TABLES: dict[str, Table] = {t.name: t for t in (
     SEC3, TABLE1, TABLE2, TABLE3, FIG45, TABLE4, TABLE5, TABLE6, TABLE7)}
+
+# The order of ``all``: tables whose rows others share come first.
+ORDER = ("table1", "table2", "table3", "fig45", "table4", "table5", "table6",
+         "sec3", "table7")
 
 
 def resolve_shared(row: Row) -> tuple[Table, Row]:

@@ -1,0 +1,6 @@
+"""Running a table: which runs it has (:mod:`reproduce.run.plan`), where
+each stands (:mod:`reproduce.run.standing`), running and recording them
+(:mod:`reproduce.run.execute`, :mod:`reproduce.run.records`,
+:mod:`reproduce.run.sweeps`), their copies under ``results/``
+(:mod:`reproduce.run.archive`) and their time before they run
+(:mod:`reproduce.run.estimate`)."""
