@@ -1,4 +1,4 @@
-"""reproduce.claims: the paper's claims judged from result tables."""
+"""reproduce.report.claims: the paper's claims judged from result tables."""
 import json
 
 import numpy as np

@@ -846,7 +846,7 @@ def test_admm_rows_report_the_accuracy_of_the_dense_w(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# Finished runs kept under results/ (reproduce.archive).
+# Finished runs kept under results/ (reproduce.run.archive).
 
 
 def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):

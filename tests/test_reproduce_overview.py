@@ -1,4 +1,4 @@
-"""reproduce.overview: every row run at a scale in one table."""
+"""reproduce.report.overview: every row run at a scale in one table."""
 import json
 from pathlib import Path
 
