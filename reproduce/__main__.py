@@ -14,13 +14,14 @@ one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 run), and ``<results>/run_names.json`` (the names :mod:`fkjax.pretrained`
 loads published runs by). Rerunning the same command skips finished runs
 and resumes a killed one from its last checkpoint. ``claims`` judges the
-paper's claims from the tables written so far (``<results>/<scale>/claims.{json,md}``, with
-``claims.png``: every comparison beside the paper's; also rewritten with
-every table); ``overview`` lists every row run so far in one
-table (``<results>/<scale>/overview.md``, with ``overview.png``: the rows
-against the paper's numbers; likewise). ``--dry-run`` prints
-each run's status, exact ``train.py`` / ``eval.py`` commands and estimated
-time, and runs nothing; with ``--calibrate`` it first times ResNet20's
+paper's claims from the tables written so far
+(``<results>/<scale>/claims.{json,md}``, with ``claims.png``: every
+comparison beside the paper's; also rewritten with every table);
+``overview`` lists every row run so far in one table
+(``<results>/<scale>/overview.md``, with ``overview.png``: the rows against
+the paper's numbers; likewise). ``--dry-run`` prints each run's status,
+exact ``train.py`` / ``eval.py`` commands and estimated time, and runs
+nothing; with ``--calibrate`` it first times ResNet20's
 training steps on this machine and estimates for it.
 ``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
 row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).

@@ -100,7 +100,8 @@ def execute(run: Run, *, show_progress: bool = True,
     path = workdir_lib.existing_eval_result(run.workdir, cfg)
     now = standing_lib.stage_standing(run, stage, progress.kept().get(stage))
     if not (now == () and path and files.load_json(path)):
-      progress_lib.log(f"{what}: extra evaluation {extra.protocol} "
+      progress_lib.log(
+          f"{what}: extra evaluation {extra.protocol} "
           f"({extra.attacks}, {cfg.eval.num_examples or 'all'} images)")
       progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
           cfg, run.workdir, exp=exp()))
@@ -118,7 +119,7 @@ def _core_stages(run: Run, config: ml_collections.ConfigDict,
   train_fp, eval_fp = fps["train"], fps["eval"]
   kept = progress.kept()
 
-  def stage_standing(settings: str, stage: str) -> standing_lib.Standing:
+  def standing_of(settings: str, stage: str) -> standing_lib.Standing:
     # Where ``stage``, done with the fingerprint kept for it, stands by the
     # settings of ``settings`` (the analysis and the published weights are
     # those of the main evaluation).
@@ -126,26 +127,26 @@ def _core_stages(run: Run, config: ml_collections.ConfigDict,
 
   # A training made with older defaults (fkjax.config.history) is never
   # run again; an evaluation is, where it can be.
-  if not (stage_standing("train", "train") is not None
+  if not (standing_of("train", "train") is not None
           and standing_lib.train_done(run)):
     progress_lib.log(f"{what}: training in {run.workdir}")
     progress.timed("train", train_fp,
                    lambda: train.train_and_evaluate(config, run.workdir))
-  if not (stage_standing("eval", "eval") == ()
+  if not (standing_of("eval", "eval") == ()
           and files.load_json(standing_lib.main_result_path(run))):
     progress_lib.log(f"{what}: evaluating ({config.eval.attacks})")
     progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
         config, run.workdir, exp=exp()))
   # The analysis and the published weights are of the evaluated checkpoint.
   apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
-  if not (stage_standing("eval", "analysis") is not None
+  if not (standing_of("eval", "analysis") is not None
           and files.load_json(apath)):
     progress.timed("analysis", eval_fp,
                    lambda: analysis.analyze_run(config, run.workdir,
                                                 exp=exp()))
   wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
   if run.publish and not (
-      stage_standing("eval", "publish") is not None
+      standing_of("eval", "publish") is not None
       and os.path.exists(wpath)):
     progress.timed("publish", eval_fp,
                    lambda: weights_lib.publish(config, run.workdir, exp=exp()))
