@@ -5,7 +5,8 @@ step (a single net, an ensemble, a sweep over a run axis), the validation and
 the strong protocol's attacks are traced and lowered for CUDA (no compile),
 and their StableHLO says what a GPU would get: the stock convolutions, JAX's
 Threefry for the noise, no CPU custom call, no host callback. One test
-trains and resumes through ``train.py`` with those selections.
+trains and resumes through ``train.py`` with those selections (the slow
+set's).
 """
 import functools
 import re
@@ -256,13 +257,13 @@ def test_nattack_gives_the_same_images_whatever_the_chunk():
 # train.py with a GPU's selections, killed and resumed.
 
 
+@pytest.mark.slow   # two train.py processes: minutes on 2 shared cores
 def test_train_py_trains_and_resumes_with_a_gpus_selections(tmp_path):
   env = subprocess_env(tmp_path / "cache")
   env[kernels.PLATFORM_ENV] = "gpu"
   workdir = tmp_path / "run"
   cmd = _cmd("train.py", workdir, [
-      "--config.num_devices=1", "--config.training.checkpoint_every_steps=2",
-      "--config.model.ensemble_size=2"])
+      "--config.num_devices=1", "--config.training.checkpoint_every_steps=2"])
   first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
   marker = workdir / "checkpoints" / "6"
@@ -277,9 +278,9 @@ def test_train_py_trains_and_resumes_with_a_gpus_selections(tmp_path):
   assert second.returncode == 0, second.stdout + second.stderr
   log = second.stdout
   assert "resumed from step" in log
-  assert "conv xla, noise model, members batched" in log
+  assert "conv xla, noise model" in log
   assert "precision float32 (matmuls and convolutions at HIGHEST)" in log
-  config = _config(**{"model.ensemble_size": 2})
+  config = _config()
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:
     step, state = experiment.Experiment.build(config).restore(
