@@ -99,7 +99,12 @@ class ComputeIn:
     return out.astype(jnp.float32)
 
   def __getattr__(self, name: str) -> Any:
-    return getattr(self.__dict__["model"], name)
+    # Only what this object does not have; none while unpickling.
+    try:
+      model = self.__dict__["model"]
+    except KeyError:
+      raise AttributeError(name) from None
+    return getattr(model, name)
 
 
 def _unwrapped(model):
