@@ -60,6 +60,17 @@ CHANGES: tuple[Change, ...] = (
            "version"),
 )
 
+# Keys that change how fast a stage runs, never what it computes (its
+# results are the same whatever their value, tests say so): a difference in
+# them is no difference, whatever the value a run recorded.
+SPEED_ONLY = frozenset({
+    # NAttack's population chunk: the same images whatever the chunk
+    # (tests/test_gpu_lowering.py); 10 before 2026-12-06, now 0 (as many as
+    # the device's memory holds).
+    "eval.nattack_chunk",
+})
+
+
 def change_of(key: str) -> Change | None:
   """The entry of ``key``, or None if it was never added nor changed."""
   return next((c for c in CHANGES if c.key == key), None)
