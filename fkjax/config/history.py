@@ -15,6 +15,9 @@ such key, the value that reproduces how the runs saved before it ran.
   fills (where its table asks for today's default, not a value of its
   own). A difference in a key not listed here is a different run.
 
+A key that changes only how fast a stage runs, never its results, is in
+:data:`SPEED_ONLY` instead: a run recorded with another value is current.
+
 Contributors: when you add a config key whose default is not None, or
 change a default, add a line here (docs/reproduction.md, "Adding or changing
 a setting"). A test checks that the runs committed under ``results/`` stay
