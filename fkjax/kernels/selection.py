@@ -42,6 +42,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 # that need fkjax's CPU library (fkjax.kernels.cpu.build).
 CPU_ONLY = {"conv": ("onednn", "explicit_grad"), "noise": ("fused", "jnp")}
 _NEED_LIBRARY = {"conv": "onednn", "noise": "fused"}
+# "auto" on GPUs and TPUs: the models' own computation.
+_ACCELERATOR = {"conv": "xla", "noise": "model",
+                "member_execution": "batched"}
 
 # On 2 CPU cores En5ResNet20's PGD-10 step written out compiles in 17-18 s
 # (9.5 s as a loop) and runs 22% faster (10.9 vs 13.9 s per step, 1.4 vs
@@ -162,10 +165,6 @@ def resolve(kernel_config: Mapping[str, str] | None = None, *,
       names=names, description=", ".join(parts), platform=platform,
       noise_any_coef=NOISES["jnp"] if names["noise"] == "fused" else inject)
 
-
-# "auto" on GPUs and TPUs: the models' own computation.
-_ACCELERATOR = {"conv": "xla", "noise": "model",
-                "member_execution": "batched"}
 
 
 def _library_reason() -> str | None:
