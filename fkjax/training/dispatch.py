@@ -26,6 +26,7 @@ from fkjax.config import record as run_config
 from fkjax.data import batching
 from fkjax.data import device_pipeline
 from fkjax.data.types import Split
+from fkjax.training import precision
 
 PyTree = Any
 
@@ -203,8 +204,9 @@ def step_program(step_fn: Callable, make_batch: Callable, *, data: PyTree,
 
 def describe(pipeline: str, steps_per_dispatch: int,
              config: ml_collections.ConfigDict) -> str:
-  """E.g. ``data pipeline device, 8 steps per dispatch, precision
-  bfloat16``: the run's speed settings, for its log."""
+  """E.g. ``data pipeline device, 8 steps per dispatch, precision float32
+  (matmuls and convolutions at HIGHEST)``: the run's speed settings, for
+  its log."""
   return (f"data pipeline {pipeline}, {steps_per_dispatch} "
           f"step{'s' if steps_per_dispatch != 1 else ''} per dispatch, "
-          f"precision {config.get('precision', 'float32')}")
+          f"precision {precision.describe(config)}")

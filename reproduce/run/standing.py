@@ -138,6 +138,8 @@ def stage_standing(run: Run, stage: str, fingerprint: str | None,
   for key in sorted(_compared_keys(stage, now) | _compared_keys(stage, ran)):
     if key not in ran or ran[key] == now.get(key):
       continue   # a key added since that history does not list: as it ran
+    if key in history.SPEED_ONLY:
+      continue   # the same results whatever its value
     change = history.older(key, ran[key], now.get(key))
     if change is None or now.get(key) != _default(key):
       return None   # another setting, or one the table asks for itself

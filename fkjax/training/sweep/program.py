@@ -27,7 +27,6 @@ from fkjax import evaluation
 from fkjax.training import experiment as experiment_lib
 from fkjax.training import parallel
 from fkjax.training import train as train_lib
-from fkjax.kernels import noise_jnp
 from fkjax.training.sweep import spec
 
 PyTree = Any
@@ -191,11 +190,12 @@ class Sweep:
                 values: Mapping[str, Any]):
     inject = None
     if "model.noise_coef" in values:
-      # The fused CPU kernel takes its coefficient as a constant; the jnp
-      # form takes the run's traced one (the same noise, to rounding).
+      # The run's traced coefficient, through the platform's noise (the
+      # fused CPU kernel takes its coefficient as a constant: there, the
+      # same noise in jnp; fkjax.kernels.ModelKernels.noise_any_coef).
       coef = values["model.noise_coef"]
-      inject = lambda out, _, key, std_over: noise_jnp.inject_noise(
-          out, coef, key, std_over)
+      noise = experiment_lib.resolve_kernels(config).noise_any_coef
+      inject = lambda out, _, key, std_over: noise(out, coef, key, std_over)
     return experiment_lib.create_model(
         config, self.exps[0].dataset.num_classes, inject_noise=inject)
 
