@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from fkjax import checkpoint
-from fkjax.training import experiment
+from fkjax.training import build
 from reproduce import carry
 from reproduce import queue as queue_lib
 from reproduce import scales
@@ -55,9 +55,9 @@ def training_state(row_name: str, pruned: float, seed: int = 0
   spec = tables.TABLES[table].row(row)
   config = scales.build_config(spec.presets, spec.overrides,
                                scales.SCALES["gpu"], seed)
-  model = experiment.create_model(config, 10)
-  optimizer = experiment.create_optimizer(config, steps_per_epoch=352)
-  state = jax.device_get(experiment.init_state(
+  model = build.create_model(config, 10)
+  optimizer = build.create_optimizer(config, steps_per_epoch=352)
+  state = jax.device_get(build.init_state(
       model, optimizer, jax.random.PRNGKey(seed), jax.random.PRNGKey(1)))
   rng = np.random.default_rng(seed)
 

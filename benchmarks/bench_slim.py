@@ -35,10 +35,11 @@ from ml_collections import config_flags
 import numpy as np
 
 from benchmarks import bench_train
+from fkjax import checkpoint as ckpt_lib
 from fkjax import argtypes
 from fkjax import data
 from fkjax.evaluation import run as eval_run
-from fkjax.training import experiment
+from fkjax.training import sparsify
 from fkjax import kernels
 from fkjax import models
 from fkjax import slim
@@ -215,8 +216,10 @@ def main(argv):
   kernels.apply_xla_flags()  # before JAX starts its backend
   config = FLAGS.config
   # The checkpoint eval.py evaluates, as export.py restores it.
-  exp, step, state = experiment.restore_checkpoint(FLAGS.workdir, config)
-  variables = experiment.eval_variables(state, config)
+  with ckpt_lib.Checkpointer(FLAGS.workdir, must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  variables = sparsify.eval_variables(state, config)
   add_noise = FLAGS.noise
   batches = argtypes.positive_int_list(FLAGS.latency_batches)
   multiples = argtypes.positive_int_list(FLAGS.multiples)

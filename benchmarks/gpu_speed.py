@@ -287,10 +287,10 @@ def main() -> int:
   import jax  # pylint: disable=import-outside-toplevel
   from absl import logging  # pylint: disable=import-outside-toplevel
   logging.set_verbosity(logging.WARNING)
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import devices  # pylint: disable=import-outside-toplevel
   os.makedirs(OUT, exist_ok=True)
   meta = {"device": jax.devices()[0].device_kind,
-          "devices": experiment.describe_devices(),
+          "devices": devices.describe_devices(),
           "date": datetime.date.today().isoformat(), "commit": _commit(),
           "smoke": SMOKE, "batch_size": BATCH,
           "bf16_matmul_tflops": bf16_matmul_tflops(), "skipped": {}}

@@ -93,5 +93,5 @@ def test_todays_path_is_the_host_pipeline_one_step_per_dispatch(
   c = configs[0]
   assert (c.dataset.synthetic_sizes[0] - c.dataset.val_size
           == gpu_speed.SHORT_STEPS * gpu_speed.BATCH)
-  from fkjax.training import experiment
-  assert {experiment.data_seed(c) for c in configs} == {0}
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
+  assert {build.data_seed(c) for c in configs} == {0}

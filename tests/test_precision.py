@@ -7,9 +7,9 @@ import pytest
 from configs import tiny
 from fkjax import data
 from fkjax.training import dispatch
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax.config import record as run_config
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 
 def _config(precision):
@@ -23,12 +23,12 @@ def _config(precision):
 @pytest.fixture(scope="module")
 def steps():
   """One step from the same state, batch and key in each precision."""
-  exp = experiment.Experiment.build(_config("float32"))
+  exp = build.Experiment.build(_config("float32"))
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
   key = jax.random.key(1)
   out = {"initial": jax.device_get(exp.initial_state())}
   for name in ("float32", "bfloat16"):
-    step = train.make_train_step(exp.model, exp.optimizer, _config(name))
+    step = step_lib.make_train_step(exp.model, exp.optimizer, _config(name))
     out[name] = jax.device_get(jax.jit(step)(exp.initial_state(), batch,
                                              key))
     out[name + "_jaxpr"] = str(jax.make_jaxpr(step)(out["initial"], batch,

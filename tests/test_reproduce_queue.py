@@ -353,7 +353,8 @@ def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
 @pytest.mark.slow   # the session fixture: two leases end to end
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     session, tmp_path):
-  from fkjax.training import experiment  # pylint: disable=C0415
+  from fkjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
   results = str(session["reference"] / "results")
   assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
   # Table 5's row is Table 1's run, loaded by either name
@@ -362,8 +363,10 @@ def test_a_published_run_loads_by_name_and_evaluates_without_training(
   assert record["metrics"] == json.loads(
       (session["reference"] / RUN / runner.RUN_RECORD).read_text())["metrics"]
   workdir = str(session["reference"] / WORKDIR)
-  _, _, state = experiment.restore_checkpoint(workdir, config)
-  evaluated = experiment.eval_variables(state, config)
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
+  evaluated = sparsify.eval_variables(state, config)
   for a, b in zip(jax_leaves(evaluated), jax_leaves(variables)):
     np.testing.assert_array_equal(np.asarray(a), b)
   images = np.zeros((2, 32, 32, 3), np.float32)

@@ -25,7 +25,8 @@ from fkjax import checkpoint as ckpt_lib
 from fkjax import data
 from fkjax import sparsity
 from fkjax.evaluation import run as eval_run
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import sparsify
 from tests.killed import Killed, killed_after
 from tests.subprocess_env import subprocess_env
 
@@ -103,7 +104,7 @@ def four_devices(full_run):
 
 def _restore(workdir, which="latest", config=None):
   config = config or tiny.get_config()
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:
     return exp.restore(checkpointer, which)
@@ -241,10 +242,12 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
   apply_fn, variables = slim.load_slim(str(out))
   config = tiny.get_config()
   config.num_devices = 1
-  exp, _, state = experiment.restore_checkpoint(str(runs["full"]), config)
+  with ckpt_lib.Checkpointer(str(runs["full"]), must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
   images = data.to_float(exp.dataset.test.images[:8])
   key = jax.random.key(3)
-  original = exp.model.apply(experiment.eval_variables(state, config),
+  original = exp.model.apply(sparsify.eval_variables(state, config),
                              images, train=False, rngs={"noise": key})
   np.testing.assert_allclose(apply_fn(variables, images, key), original,
                              atol=1e-4)

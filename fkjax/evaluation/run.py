@@ -19,7 +19,6 @@ file is written.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import os
 from typing import Any, Callable, Iterator, Mapping
@@ -27,6 +26,7 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import ml_collections
 
+from fkjax import checkpoint as ckpt_lib
 from fkjax import attacks
 from fkjax import data as data_lib
 from fkjax.evaluation import journal as eval_journal
@@ -36,29 +36,13 @@ from fkjax.evaluation import result as eval_result
 from fkjax.evaluation import strong as eval_strong
 from fkjax.evaluation import suites as eval_suites
 from fkjax.evaluation import tables as eval_tables
-from fkjax.training import experiment as experiment_lib
+from fkjax.training import build
+from fkjax.training import devices
+from fkjax.training import sparsify
 from fkjax.workdir import metric_logging
 from fkjax.training import parallel
 from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
-
-
-def limit(split: data_lib.Split, num_examples: int) -> data_lib.Split:
-  """The first ``num_examples`` of ``split`` (all of it for 0)."""
-  if num_examples and num_examples < len(split.labels):
-    return data_lib.Split(split.images[:num_examples],
-                          split.labels[:num_examples])
-  return split
-
-
-def sharded_eval_batches(split: data_lib.Split, batch_size: int,
-                         mesh) -> Iterator[dict[str, jax.Array]]:
-  """Padded, masked evaluation batches placed on the mesh."""
-  parallel.check_batch_size(batch_size, mesh)
-  for batch in data_lib.eval_batches(
-      split, batch_size, process_index=jax.process_index(),
-      process_count=jax.process_count()):
-    yield parallel.shard_batch(batch, mesh)
 
 
 def attack_suite(names: str, config: ml_collections.ConfigDict
@@ -157,21 +141,8 @@ def cost_summary(names: list[str], config: ml_collections.ConfigDict,
                  "same command again.")
 
 
-def validation_attacks(config: ml_collections.ConfigDict
-                       ) -> dict[str, eval_suites.Attack]:
-  """Natural accuracy and, if configured, PGD-k accuracy on validation."""
-  suite = {"natural": eval_suites.natural}
-  steps = config.validation.attack_steps
-  if steps:
-    suite[f"pgd{steps}"] = functools.partial(
-        attacks.pgd, epsilon=config.attack.epsilon,
-        step_size=config.attack.step_size, num_steps=steps,
-        random_start=False, unroll=config.attack.unroll)
-  return suite
-
-
 def _journal(config: ml_collections.ConfigDict, workdir: str, step: int,
-             exp: experiment_lib.Experiment, result_path: str,
+             exp: build.Experiment, result_path: str,
              parts: list[str], logger) -> eval_journal.Journal | None:
   """The journal of the evaluation writing ``result_path``: its identity is
   the checkpoint and every setting its numbers depend on; ``parts``: the
@@ -209,7 +180,7 @@ class Restored:
   """What an evaluation evaluates: the checkpoint restored, and how."""
   config: ml_collections.ConfigDict
   workdir: str
-  exp: experiment_lib.Experiment
+  exp: build.Experiment
   step: int
   state: Any
   variables: Any   # the evaluated ones (ADMM's projected u)
@@ -220,7 +191,7 @@ class Restored:
 
   def batches(self) -> Iterator[dict[str, jax.Array]]:
     """The test batches, placed on the mesh."""
-    return sharded_eval_batches(self.test, self.config.eval.batch_size,
+    return parallel.eval_batches(self.test, self.config.eval.batch_size,
                                 self.exp.mesh)
 
   def num_batches(self) -> int:
@@ -228,7 +199,7 @@ class Restored:
                                      self.config.eval.batch_size)
 
   def key(self) -> jax.Array:
-    return experiment_lib.prng_key(self.config.seed, "test")
+    return build.prng_key(self.config.seed, "test")
 
   def say(self, text: str) -> None:
     _say(text, self.logger)
@@ -239,19 +210,21 @@ class Restored:
       workdir_lib.write_results(path, results, workdir_lib.results_metadata(
           self.config, step=self.step, data=self.exp.dataset.description,
           checkpoint=self.config.eval.checkpoint, protocol=protocol,
-          devices=experiment_lib.describe_devices(self.exp.mesh.size)))
+          devices=devices.describe_devices(self.exp.mesh.size)))
 
 
 def restore(config: ml_collections.ConfigDict, workdir: str, *,
-            exp: experiment_lib.Experiment | None = None, final: bool = False,
+            exp: build.Experiment | None = None, final: bool = False,
             logger: metric_logging.MetricLogger | None = None) -> Restored:
   """Restores the run's checkpoint for evaluation on its test images."""
-  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
-  eval_apply, _ = experiment_lib.model_fns(exp.model)
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = exp or build.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  eval_apply, _ = build.model_fns(exp.model)
   return Restored(config, workdir, exp, step, state,
-                  experiment_lib.eval_variables(state, config), eval_apply,
-                  limit(exp.dataset.test, config.eval.num_examples), final,
-                  logger)
+                  sparsify.eval_variables(state, config), eval_apply,
+                  data_lib.limit(exp.dataset.test, config.eval.num_examples),
+                  final, logger)
 
 
 def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
@@ -260,9 +233,9 @@ def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
   config = r.config
   st = config.eval.strong
   stochastic = bool(config.model.noise_coef)
-  sanity = (list(sharded_eval_batches(limit(r.test, st.sanity_examples),
-                                      config.eval.batch_size, r.exp.mesh))
-            if st.sanity_examples else None)
+  sanity = (list(parallel.eval_batches(
+      data_lib.limit(r.test, st.sanity_examples), config.eval.batch_size,
+      r.exp.mesh)) if st.sanity_examples else None)
   path = workdir_lib.eval_result_path(r.workdir, config)
   parts = [f"seed{s}" for s in range(st.num_seeds)] + (
       ["sanity"] if sanity else [])
@@ -282,7 +255,7 @@ def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
                       "nattack_image_chunk": config.eval.nattack_image_chunk},
       progress=config.progress, num_batches=r.num_batches(),
       journal=journal)
-  report = experiment_lib.sparsity_report(r.variables["params"], config)
+  report = sparsify.sparsity_report(r.variables["params"], config)
   results = {**result.to_json(), "step": r.step,
              "weight_sparsity": report.weight_sparsity,
              "channel_sparsity": report.channel_sparsity}
@@ -332,12 +305,12 @@ def _admm_dense_w(r: Restored, suite: dict[str, eval_suites.Attack],
       r, dense, suite,
       journal.scoped("dense_w") if journal is not None else None,
       per_image=False)
-  report = experiment_lib.sparsity_report(dense["params"], r.config)
+  report = sparsify.sparsity_report(dense["params"], r.config)
   return {"attacks": {k: {"accuracy": v}
                       for k, v in results.accuracies().items()},
           "weight_sparsity": report.weight_sparsity,
           "channel_sparsity": report.channel_sparsity,
-          "near_zero": experiment_lib.near_zero_shares(dense["params"],
+          "near_zero": sparsify.near_zero_shares(dense["params"],
                                                        r.config)}
 
 
@@ -404,8 +377,8 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   # evaluated on the same images compare image by image (a paired test, the
   # reproduction's claims).
   results = result.to_json()
-  report = experiment_lib.sparsity_report(r.variables["params"], config)
-  results["near_zero"] = experiment_lib.near_zero_shares(
+  report = sparsify.sparsity_report(r.variables["params"], config)
+  results["near_zero"] = sparsify.near_zero_shares(
       r.variables["params"], config)
   if dense_part:
     results["admm_dense_w"] = _admm_dense_w(r, suite, journal)
@@ -415,7 +388,7 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(
         r.variables["params"], report, os.path.join(r.workdir, "plots"),
-        layout=experiment_lib.kernel_layout(config))
+        layout=sparsify.kernel_layout(config))
   r.say(_paper_text(r, result, results, report, path))
   return results
 
@@ -430,7 +403,7 @@ PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
-                        exp: experiment_lib.Experiment | None = None,
+                        exp: build.Experiment | None = None,
                         attacks_csv: str | None = None,
                         plots: bool | None = None,
                         final: bool = False,

@@ -1,26 +1,24 @@
-"""How training steps reach the device: the data pipeline, and several steps
-per jitted call (``config.training.data_pipeline`` and
-``config.training.steps_per_dispatch``; ``docs/performance.md``).
+"""The training data as a run's steps take it (``config.training.data_pipeline``;
+``docs/performance.md``).
 
-Neither changes what a run computes: the device pipeline builds the host
-pipeline's batches from the same plan, and ``k`` steps in one ``lax.scan``
-give the states of ``k`` calls of one step (bit for bit on one CPU device,
-``tests/test_dispatch.py``; on several devices the device pipeline's
-states agree to float rounding). So both are environment keys: a run may
-be resumed with other values.
+``"host"`` makes each batch in NumPy and copies it to the devices;
+``"device"`` keeps the split on the devices and sends each step its plan
+(image indices, crops, flips), from which the step builds the batch. Both
+give a run the same batches, so the pipeline is an environment key: a run
+may be resumed with the other one.
 
-A single run (:mod:`fkjax.training.train`) and a sweep (:mod:`fkjax.training.sweep`) build
-their step programs here, from their own ``step_fn``.
+Every step is its own dispatch: ``config.training.steps_per_dispatch`` is
+still accepted, so that older configs load, and changes nothing.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from fkjax.config import record as run_config
 from fkjax.data import batching
@@ -30,9 +28,6 @@ from fkjax.data.types import Split
 PyTree = Any
 
 PIPELINES = ("auto", "host", "device")
-# steps_per_dispatch=0 (auto): on accelerators, enough steps that the host's
-# per-call work hides behind the device's; on CPU the host is the device.
-AUTO_STEPS_PER_DISPATCH = 8
 
 
 def resolve_pipeline(config: ml_collections.ConfigDict,
@@ -56,30 +51,6 @@ def resolve_pipeline(config: ml_collections.ConfigDict,
         "one process's devices: use 'host' (or 'auto') for multi-process "
         "runs")
   return chosen
-
-
-def resolve_steps_per_dispatch(config: ml_collections.ConfigDict,
-                               platform: str | None = None) -> int:
-  """``config.training.steps_per_dispatch`` with 0 (auto) resolved: 1 on
-  CPUs, :data:`AUTO_STEPS_PER_DISPATCH` elsewhere."""
-  k = int(config.training.get("steps_per_dispatch", 0) or 0)
-  if k:
-    return k
-  platform = platform or jax.devices()[0].platform
-  return 1 if platform == "cpu" else AUTO_STEPS_PER_DISPATCH
-
-
-def scan_limit(num_examples: int, batch_size: int, drop_last: bool) -> int:
-  """The steps of an epoch whose batches have the full size (only these
-  share a dispatch; a last, smaller batch runs alone)."""
-  steps = batching.steps_per_epoch(num_examples, batch_size, drop_last)
-  return steps - (0 if drop_last or num_examples % batch_size == 0 else 1)
-
-
-def stacked(sharding: NamedSharding) -> NamedSharding:
-  """The sharding of ``k`` arrays of ``sharding`` stacked on a new first
-  axis."""
-  return NamedSharding(sharding.mesh, P(None, *sharding.spec))
 
 
 def put(tree: PyTree, sharding: NamedSharding) -> PyTree:
@@ -143,68 +114,9 @@ class TrainInput:
       return feed
     return device_pipeline.make_batch(data, feed, augment=self.augment)
 
-  @property
-  def scan_limit(self) -> int:
-    return scan_limit(self.split.num_examples, self.batch_size,
-                      self.drop_last)
 
-
-@dataclasses.dataclass
-class StepProgram:
-  """Runs one or several training steps per call: ``(state, feeds, step)
-  -> (state, metrics)``, the signature of
-  :func:`fkjax.training.epoch_steps.run_epoch_steps`'s ``step_fn``.
-
-  Attributes:
-    one: jitted ``(state, data, feed, step, extra) -> (state, metrics)``.
-    many: jitted ``(state, data, feeds, steps, extra) -> (state, metrics)``
-      over a leading axis of ``feeds``, ``steps`` and ``metrics``.
-    data: the resident training data (or None).
-    place: ``(feed, is_stacked) -> feed on the devices``.
-    extra: the programs' last argument (keys, a sweep's values).
-  """
-  one: Callable
-  many: Callable
-  data: PyTree
-  place: Callable[[PyTree, bool], PyTree]
-  extra: PyTree
-
-  def __call__(self, state: PyTree, feeds: Sequence[PyTree], step: int
-               ) -> tuple[PyTree, PyTree]:
-    if len(feeds) == 1:
-      return self.one(state, self.data, self.place(feeds[0], False), step,
-                      self.extra)
-    steps = np.arange(step, step + len(feeds), dtype=np.int32)
-    return self.many(state, self.data, self.place(stack(feeds), True), steps,
-                     self.extra)
-
-
-def step_program(step_fn: Callable, make_batch: Callable, *, data: PyTree,
-                 place: Callable[[PyTree, bool], PyTree], extra: PyTree
-                 ) -> StepProgram:
-  """The one-step and scanned programs of ``step_fn``, state donated.
-
-  Args:
-    step_fn: ``(state, batch, step, extra) -> (state, metrics)``, pure.
-    make_batch: ``(data, feed) -> batch``, pure.
-    data, place, extra: as :class:`StepProgram` holds them.
-  """
-  def one(state, data, feed, step, extra):
-    return step_fn(state, make_batch(data, feed), step, extra)
-
-  def many(state, data, feeds, steps, extra):
-    return jax.lax.scan(
-        lambda state, xs: one(state, data, xs[0], xs[1], extra), state,
-        (feeds, steps))
-
-  return StepProgram(jax.jit(one, donate_argnums=(0,)),
-                     jax.jit(many, donate_argnums=(0,)), data, place, extra)
-
-
-def describe(pipeline: str, steps_per_dispatch: int,
-             config: ml_collections.ConfigDict) -> str:
-  """E.g. ``data pipeline device, 8 steps per dispatch, precision
-  bfloat16``: the run's speed settings, for its log."""
-  return (f"data pipeline {pipeline}, {steps_per_dispatch} "
-          f"step{'s' if steps_per_dispatch != 1 else ''} per dispatch, "
+def describe(pipeline: str, config: ml_collections.ConfigDict) -> str:
+  """E.g. ``data pipeline device, precision bfloat16``: the run's speed
+  settings, for its log."""
+  return (f"data pipeline {pipeline}, "
           f"precision {config.get('precision', 'float32')}")
