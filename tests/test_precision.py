@@ -6,7 +6,7 @@ import pytest
 
 from configs import tiny
 from fkjax import data
-from fkjax.training import dispatch
+from fkjax.training import input_pipeline
 from fkjax.training import build
 from fkjax.config import record as run_config
 from fkjax.training import step as step_lib
@@ -77,5 +77,5 @@ def test_precision_is_validated_and_logged():
   with pytest.raises(run_config.ConfigError,
                      match=r"config.precision='float16' is invalid: one of"):
     run_config.validate(config)
-  assert dispatch.describe("device", 8, _config("bfloat16")) == (
-      "data pipeline device, 8 steps per dispatch, precision bfloat16")
+  assert input_pipeline.describe("device", _config("bfloat16")) == (
+      "data pipeline device, precision bfloat16")

@@ -193,13 +193,14 @@ def test_a_run_resumes_with_other_speed_settings_not_another_precision(
 
 def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
   # One list: a pipeline (or data source) the code gains is valid at once.
-  from fkjax.training import dispatch  # pylint: disable=import-outside-toplevel
+  from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
   from fkjax.data import loader  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.data_pipeline = "sharded"
   with pytest.raises(ConfigError, match="one of"):
     run_config.validate(config)
-  monkeypatch.setattr(dispatch, "PIPELINES", (*dispatch.PIPELINES, "sharded"))
+  monkeypatch.setattr(input_pipeline, "PIPELINES",
+                      (*input_pipeline.PIPELINES, "sharded"))
   run_config.validate(config)
   monkeypatch.setattr(loader, "SOURCES", ("synthetic",))
   config.dataset.source = "tfds"
