@@ -43,6 +43,7 @@ def restore_pruned(config, workdir: str):
   RVSM/RGSM).
   """
   from fkjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
   with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
     exp = build.Experiment.build(config)

@@ -39,6 +39,7 @@ from fkjax import checkpoint as ckpt_lib
 from fkjax import argtypes
 from fkjax import data
 from fkjax.evaluation import run as eval_run
+from fkjax.training import build
 from fkjax.training import sparsify
 from fkjax import kernels
 from fkjax import models

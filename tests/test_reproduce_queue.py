@@ -354,6 +354,7 @@ def test_data_crosses_in_parts_then_a_lease_with_nothing_left_ends(
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     session, tmp_path):
   from fkjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
   results = str(session["reference"] / "results")
   assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
