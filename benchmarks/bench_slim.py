@@ -38,7 +38,7 @@ from benchmarks import bench_train
 from fkjax import checkpoint as ckpt_lib
 from fkjax import argtypes
 from fkjax import data
-from fkjax.evaluation import run as eval_run
+from fkjax.evaluation import suites as eval_suites
 from fkjax.training import build
 from fkjax.training import sparsify
 from fkjax import kernels
@@ -227,7 +227,7 @@ def main(argv):
   test = exp.dataset.test
   images, labels = _test_batch(test, max(batches + [FLAGS.attack_batch]))
   key = jax.random.key(config.seed + 2)
-  ifgsm = eval_run.attack_suite("ifgsm20", config)["ifgsm20"]
+  ifgsm = eval_suites.attack_suite("ifgsm20", config)["ifgsm20"]
   results = {"workdir": FLAGS.workdir, "step": int(step), "noise": add_noise,
              "device": jax.devices()[0].device_kind,
              "costs": _costs(exp.model, variables, multiples,

@@ -38,7 +38,7 @@ def _measure(model: str, workload: str, nattack_iters: int,
   from benchmarks import bench_train  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
   from fkjax import evaluation  # pylint: disable=import-outside-toplevel
-  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
   from fkjax.training import build  # pylint: disable=import-outside-toplevel
   from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
 
@@ -66,7 +66,7 @@ def _measure(model: str, workload: str, nattack_iters: int,
     data = [{"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
              "label": rng.integers(0, 10, batch).astype(np.int32)}]
     evaluator = evaluation.Evaluator(eval_apply,
-                                   eval_run.attack_suite(workload, config))
+                                   eval_suites.attack_suite(workload, config))
     evaluator(variables, data, jax.random.key(1))
     estimate = bench_train._memory_mb(  # pylint: disable=protected-access
         evaluator.compiled_attacks(workload)[0])

@@ -19,7 +19,6 @@ file is written.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 from typing import Any, Callable, Iterator, Mapping
 
@@ -27,8 +26,8 @@ import jax
 import ml_collections
 
 from fkjax import checkpoint as ckpt_lib
-from fkjax import attacks
 from fkjax import data as data_lib
+from fkjax.evaluation import cost as eval_cost
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import loop as eval_loop
 from fkjax.evaluation import names as eval_names
@@ -43,102 +42,6 @@ from fkjax.workdir import metric_logging
 from fkjax.training import parallel
 from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
-
-
-def attack_suite(names: str, config: ml_collections.ConfigDict
-                 ) -> dict[str, eval_suites.Attack]:
-  """The attacks named in a comma-separated string (of
-  ``eval_names.ATTACK_NAMES``), from the eval config."""
-  wanted = [n.strip() for n in names.split(",") if n.strip()]
-  unknown = sorted(set(wanted) - set(eval_names.ATTACK_NAMES))
-  if unknown:
-    raise run_config.ConfigError(
-        f"unknown attacks {unknown}; choose from "
-        f"{list(eval_names.ATTACK_NAMES)}")
-  e = config.eval
-  every = {**eval_suites.suite(
-      "paper", eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
-      epsilon=config.attack.epsilon, step_size=config.attack.step_size,
-      nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
-      nattack_image_chunk=e.nattack_image_chunk,
-      unroll=config.attack.unroll, best_so_far=e.best_so_far,
-      # a deterministic model needs no fresh draw to check an iterate
-      check_draws=1 if config.model.noise_coef else 0,
-      nattack_variant=e.nattack_variant,
-      nattack_success_draws=e.nattack_success_draws),
-           **eval_suites.suite("authors")}
-  return {name: every[name] for name in wanted}
-
-
-# Forward passes one gradient costs (forward + backward), for the cost line.
-_GRADIENT_COST = 3
-
-
-def _iterative_cost(k: Mapping[str, Any]) -> int:
-  # A best-so-far iterate is checked on fresh draws (none: the gradient's
-  # logits are reused).
-  check = k["check_draws"] if k["return_best"] else 0
-  return k["num_steps"] * (_GRADIENT_COST * k["eot_samples"] + check) + 1
-
-
-# Attack function -> forward passes per image, from its keyword arguments.
-_COSTS: dict[Callable[..., Any], Callable[[Mapping[str, Any]], int]] = {
-    attacks.fgsm: lambda k: _GRADIENT_COST * k["eot_samples"] + 1,
-    attacks.pgd: _iterative_cost,
-    attacks.cw_linf: _iterative_cost,
-    attacks.cw_authors: lambda k: k["num_steps"] * _GRADIENT_COST + 1,
-    attacks.nattack: lambda k: k["max_iters"] * (k["population"]
-                                                 + k["success_draws"]) + 1,
-}
-
-
-def _attack_cost(attack: eval_suites.Attack) -> int:
-  """Forward passes ``attack`` (``natural`` or a ``functools.partial`` of
-  an ``fkjax.attacks`` function) costs per image at most."""
-  if attack is eval_suites.natural:
-    return 1
-  func = attack.func
-  keywords = {name: p.default
-              for name, p in inspect.signature(func).parameters.items()
-              if p.default is not inspect.Parameter.empty}
-  return _COSTS[func]({**keywords, **attack.keywords})
-
-
-def attack_costs(names: list[str], config: ml_collections.ConfigDict
-                 ) -> dict[str, int]:
-  """Forward-pass equivalents each attack of the paper's protocol costs per
-  image at most (a gradient counts 3; NAttack stops early once every image
-  of its batch is broken, so it can cost less), read from the attacks
-  ``attack_suite`` builds (their steps, EOT and check draws)."""
-  suite = attack_suite(",".join(names), config)
-  return {name: _attack_cost(suite[name]) for name in names}
-
-
-def cost_summary(names: list[str], config: ml_collections.ConfigDict,
-                 num_images: int) -> str:
-  """What an evaluation will cost, said before it starts, and how to bound
-  it: each attack's share of the forward passes, and the flags that cut
-  the bulk."""
-  costs = attack_costs(names, config)
-  total = sum(costs.values())
-  shares = ", ".join(f"{name} {cost} ({100 * cost / total:.0f}%)"
-                     for name, cost in costs.items())
-  batch = config.eval.batch_size
-  text = (f"evaluating {num_images} test images in batches of "
-          f"{min(batch, num_images)}; forward passes per image (a gradient "
-          f"counts 3), at most: {shares}.")
-  heavy = max(costs, key=costs.get)
-  if costs[heavy] > total / 2 and len(costs) > 1:
-    rest = ",".join(n for n in names if n != heavy)
-    text += (f" {heavy} is most of the time: --config.eval.attacks={rest} "
-             f"leaves it out")
-    if heavy == "nattack":
-      text += (", --config.eval.nattack_iters=N shortens it (the paper's "
-               "is 500)")
-    text += (f"; --config.eval.num_examples=N evaluates the first N images "
-             f"only (written to its own file).")
-  return text + (" A killed evaluation resumes at its next batch: run the "
-                 "same command again.")
 
 
 def _journal(config: ml_collections.ConfigDict, workdir: str, step: int,
@@ -292,7 +195,7 @@ def _paper_accuracy(r: Restored, variables: Any,
       progress=r.config.progress, per_image=per_image,
       num_batches=r.num_batches(), journal=journal,
       # The progress in forward passes: NAttack's calls cost more.
-      work_per_image=attack_costs(list(suite), r.config))
+      work_per_image=eval_cost.attack_costs(list(suite), r.config))
 
 
 def _admm_dense_w(r: Restored, suite: dict[str, eval_suites.Attack],
@@ -363,10 +266,11 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   from fkjax.evaluation import plots as plots_lib  # matplotlib only when needed
 
   config = r.config
-  suite = attack_suite(attacks_csv or config.eval.attacks, config)
+  suite = eval_suites.attack_suite(attacks_csv or config.eval.attacks,
+                                   config)
   path = workdir_lib.eval_result_path(r.workdir, config, r.final)
   if not r.final:
-    r.say(cost_summary(list(suite), config, len(r.test.labels)))
+    r.say(eval_cost.cost_summary(list(suite), config, len(r.test.labels)))
   dense_part = (["dense_w"] if config.sparsity.method == "admm"
                 and not r.final else [])
   # train.py's short final evaluation is not worth a journal.
