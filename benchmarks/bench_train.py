@@ -58,7 +58,7 @@ import numpy as np
 from configs import default as default_config
 from fkjax import argtypes
 from fkjax.evaluation import loop as eval_loop
-from fkjax.evaluation import run as eval_run
+from fkjax.training import validation
 from fkjax.training import build
 from fkjax import kernels
 from fkjax.training import step as step_lib
@@ -247,7 +247,7 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
   key = jax.random.key(1)
   if bench == "ifgsm":
     eval_apply, _ = build.model_fns(model)
-    attack = eval_run.validation_attacks(config)
+    attack = validation.attacks(config)
     attack = {name: fn for name, fn in attack.items() if name != "natural"}
     evaluator = eval_loop.Evaluator(eval_apply, attack)
     variables = {"params": state["params"],

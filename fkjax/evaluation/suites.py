@@ -1,7 +1,7 @@
 """The attack suites of the evaluation protocols, registered by name.
 
 * ``"paper"``: ``default_attacks``, the paper's A1..A5, keyed by
-  ``fkjax.evaluation.names.PAPER_COLUMNS``.
+  ``fkjax.config.names.PAPER_COLUMNS``.
 * ``"authors"``: ``authors_attacks``, the authors' script's variants
   (``cw_authors``), which ``config.eval.attacks`` may name beside A1..A5.
 * ``"strong"``: ``strong_attacks``, APGD-CE, APGD-DLR and APGD-T, with EOT
@@ -22,7 +22,7 @@ import ml_collections
 
 from fkjax import attacks as attacks_lib
 from fkjax.config import record as run_config
-from fkjax.evaluation import names as eval_names
+from fkjax.config import names as eval_names
 
 Attack = Callable[[attacks_lib.ApplyFn, Any, jax.Array, jax.Array, jax.Array],
                   jax.Array]
@@ -141,7 +141,7 @@ AUTHORS_CW_STEPS = 50
 @register("authors")
 def authors_attacks() -> dict[str, Attack]:
   """The authors' variants of the paper's attacks (their attack script's),
-  keyed by ``fkjax.evaluation.names.AUTHORS_COLUMNS``: ``cw_authors``, C&W as
+  keyed by ``fkjax.config.names.AUTHORS_COLUMNS``: ``cw_authors``, C&W as
   published (``fkjax.attacks.cw_authors``, ``AUTHORS_CW_STEPS`` steps)."""
   return {"cw_authors": functools.partial(attacks_lib.cw_authors,
                                           num_steps=AUTHORS_CW_STEPS)}
