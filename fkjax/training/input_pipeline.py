@@ -1,5 +1,5 @@
-"""The training data as a run's steps take it (``config.training.data_pipeline``;
-``docs/performance.md``).
+"""The training data as a run's steps take it
+(``config.training.data_pipeline``; ``docs/performance.md``).
 
 ``"host"`` makes each batch in NumPy and copies it to the devices;
 ``"device"`` keeps the split on the devices and sends each step its plan

@@ -87,29 +87,15 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
   # Build.
   check_resumable(configs, workdirs)
   runs = program.Runs.build(configs, names, shard=shard)
-  files = Files.open(runs, workdirs, sweep)
   config, exp = runs.template, runs.exps[0]
-  files.say(f"data: {exp.dataset.description}")
-  files.say(f"devices: {devices.describe_devices(runs.mesh.size)}")
-  files.say(f"model: {build.describe_model(config, exp.abstract_state())}")
-  if sweep:
-    files.say(f"sweep: {runs.size} runs in one program, varying "
-              f"{', '.join(runs.varying) or 'nothing'}; shard {runs.shard}; "
-              + ("one batch stream" if runs.shared_batch
-                 else "a batch stream per run"))
+  files = Files.open(runs, workdirs, sweep)
+  files.describe(runs)
   # Restore.
   start, state = runs.restore(files.checkpointers)
-  if start is not None:
-    files.say(f"resumed {runs.size} runs from step {start}" if sweep
-              else f"resumed from step {start}")
-  if jax.process_index() == 0:
-    # Written once the run is known to start: a command that failed at
-    # start-up leaves no record that would refuse its corrected version.
-    for c, w in zip(configs, workdirs):
-      run_config.save(c, w)
+  files.started(start)
   train_input = input_pipeline.TrainInput.build(config, exp.dataset.train)
-  files.say("training: " + input_pipeline.describe(train_input.pipeline,
-                                                   config))
+  files.say("training: "
+            + input_pipeline.describe(train_input.pipeline, config))
   values, val_keys = runs.placed_values(), runs.keys("validation")
   step_fn = runs.step_program(train_input, runs.keys("train"), values)
   val_split = data_lib.limit(
@@ -145,12 +131,11 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
                                  values)
     val_seconds = time.perf_counter() - val_start
     # The epoch's records, then the checkpoints.
-    rate = ran.images_per_second(t.batch_size)
     summaries = files.write_records(
         step, runs.unstack(evaluated, runs.size), epoch=epoch,
         sums=files.sums, steps=ran.steps, val_accuracy=val_accuracy,
-        train_seconds=train_seconds, images_per_second=rate,
-        val_seconds=val_seconds)
+        train_seconds=train_seconds, val_seconds=val_seconds,
+        images_per_second=ran.images_per_second(t.batch_size))
     select = validation.selection_column(config)
     runs.save(files.checkpointers, step, state,
               val_accuracy=[a[select] for a in val_accuracy])
@@ -352,6 +337,31 @@ class Files:
   def say(self, text: str) -> None:
     """A line of the whole loop's log (the first run's)."""
     self.loggers[0].log_text(text)
+
+  def describe(self, runs: program.Runs) -> None:
+    """The log's first lines: the data, devices, model (and sweep)."""
+    exp = runs.exps[0]
+    self.say(f"data: {exp.dataset.description}")
+    self.say(f"devices: {devices.describe_devices(runs.mesh.size)}")
+    self.say("model: "
+             + build.describe_model(runs.template, exp.abstract_state()))
+    if self.sweep:
+      self.say(f"sweep: {runs.size} runs in one program, varying "
+               f"{', '.join(runs.varying) or 'nothing'}; shard {runs.shard}; "
+               + ("one batch stream" if runs.shared_batch
+                  else "a batch stream per run"))
+
+  def started(self, step: int | None) -> None:
+    """Says from which step the runs resume (None: the start) and records
+    every run's config."""
+    if step is not None:
+      self.say(f"resumed {len(self.configs)} runs from step {step}"
+               if self.sweep else f"resumed from step {step}")
+    if jax.process_index() == 0:
+      # Written once the run is known to start: a command that failed at
+      # start-up leaves no record that would refuse its corrected version.
+      for config, workdir in zip(self.configs, self.workdirs):
+        run_config.save(config, workdir)
 
   def check_loss(self, values: Sequence[float], where: str) -> None:
     """Stops the loop before anything of a diverged run is saved."""
