@@ -62,3 +62,56 @@ def test_throughput_leaves_out_the_first_step():
   single, _ = _run(steps_per_epoch=1)
   assert single.steady_seconds is None
   assert single.images_per_second(10) is None
+
+
+# --------------------------------------------------------------------------
+# The step program of a run: one compiled program, no host callback.
+
+def _tiny_runs():
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax.training import program  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.num_devices = 1
+  config.attack.num_steps = 1
+  config.dataset.synthetic_sizes = (48, 16)   # train 32: 2 steps an epoch
+  config.dataset.val_size = 16
+  config.compilation_cache_dir = ""
+  return program.Runs.build([config])
+
+
+def _primitives(jaxpr):
+  """Every primitive's name in ``jaxpr`` and the jaxprs inside it."""
+  from jax.extend import core  # pylint: disable=import-outside-toplevel
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for sub in core.jaxprs_in_params(eqn.params):
+      names |= _primitives(sub)
+  return names
+
+
+def test_a_run_compiles_one_step_program_and_its_steps_call_no_host():
+  import jax  # pylint: disable=import-outside-toplevel
+  from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
+  runs = _tiny_runs()
+  train_input = input_pipeline.TrainInput.build(
+      runs.template, runs.exps[0].dataset.train)
+  values = runs.placed_values()
+  step_fn = runs.step_program(train_input, runs.keys("train"), values)
+  state, saves = runs.initial_state(), []
+  for epoch in range(2):   # 4 steps, a mid-epoch checkpoint every 3
+    state = train.epoch_steps(
+        state, train_input.feeds(0, epoch), first_step=2 * epoch, skip=0,
+        steps_per_epoch=2, step_fn=step_fn, on_metrics=lambda s, m: {},
+        save=lambda step, s: saves.append(step), checkpoint_every=3,
+        desc="", progress=False).state
+    state, _ = runs.end_of_epoch(state, values)
+  assert runs.step_of(state) == 4 and saves == [3]
+  assert step_fn.jitted._cache_size() == 1   # pylint: disable=protected-access
+  assert runs.end_of_epoch._cache_size() == 1   # pylint: disable=protected-access
+  feed = next(iter(train_input.feeds(0, 0)))
+  jaxpr = jax.make_jaxpr(lambda s, b: runs.step(
+      s, b, 0, runs.keys("train"), values))(state, feed).jaxpr
+  names = _primitives(jaxpr)
+  assert "conv_general_dilated" in names or any("custom" in n for n in names)
+  assert not {n for n in names if "callback" in n}, names

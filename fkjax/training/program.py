@@ -334,7 +334,9 @@ class Runs:
                    ) -> Callable[[PyTree, Any, int], tuple[PyTree, PyTree]]:
     """``(state, feed, step) -> (state, metrics)``: :meth:`step` jitted once,
     donating the state, on ``train_input``'s feeds (a batch stream per run:
-    the runs' feeds stacked on a leading run axis)."""
+    the runs' feeds stacked on a leading run axis). The step is a traced
+    argument: every step of a run is one compiled program (an epoch's last,
+    smaller batch, ``drop_last=False``, compiles a second)."""
     per_run = not self.shared_batch
     sharding = self.batch_sharding(per_run=per_run)
     data = train_input.data(NamedSharding(self.mesh, P()))
@@ -346,9 +348,12 @@ class Runs:
       return self.step(state, batch, step, base_keys, values)
 
     jitted = jax.jit(program, donate_argnums=(0,))
-    return lambda state, feed, step: jitted(
-        state, data, input_pipeline.put(feed, sharding), step, base_keys,
-        values)
+
+    def run(state, feed, step):
+      return jitted(state, data, input_pipeline.put(feed, sharding), step,
+                    base_keys, values)
+    run.jitted = jitted   # its compiled programs: jitted._cache_size()
+    return run
 
   @functools.cached_property
   def end_of_epoch(self):
