@@ -194,11 +194,15 @@ class Runs:
 
   def keys(self, stream: str) -> jax.Array:
     """Every run's key of ``stream`` (:func:`fkjax.training.build.prng_key`)."""
-    return self.place_runs(jnp.stack(
-        [build.prng_key(c.seed, stream) for c in self.configs]))
+    keys = [build.prng_key(c.seed, stream) for c in self.configs]
+    # Placed from the host: with several processes (a single run's), only
+    # host values go onto devices that are not all this process's.
+    data = np.stack([np.asarray(jax.random.key_data(k)) for k in keys])
+    return jax.random.wrap_key_data(self.place_runs(data),
+                                    impl=jax.random.key_impl(keys[0]))
 
   def placed_values(self) -> dict[str, jax.Array]:
-    return self.place_runs({k: jnp.asarray(v) for k, v in self.values.items()})
+    return self.place_runs(dict(self.values))
 
   def stack(self, states: Sequence[PyTree]) -> PyTree:
     """Single-run states -> one state with a run axis, placed."""
