@@ -37,10 +37,15 @@ def config_for(**training):
 
 
 def reference(exp):
-  """A plain loop: the jitted step per batch, its key folded in outside."""
+  """A plain loop: the jitted step per batch, its key folded in outside,
+  and the run's end of an epoch (its one jitted program, the loop's)."""
   config = exp.config
   step_fn = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer, config),
                     donate_argnums=(0,))
+  runs = program.Runs.build([config])
+
+  def end_of_epoch(state):
+    return runs.end_of_epoch(state, runs.placed_values())[0]
   base_key = build.prng_key(config.seed, "train")
   state, step, losses = exp.initial_state(), 0, []
   for epoch in range(EPOCHS):
@@ -51,7 +56,7 @@ def reference(exp):
                                jax.random.fold_in(base_key, step))
       losses.append(float(metrics["loss"]))
       step += 1
-    state = step_lib.end_of_epoch(state, config)
+    state = end_of_epoch(state)
   return jax.device_get(state), losses
 
 
@@ -86,7 +91,7 @@ def run(exp, variant, state=None, first_epoch=0, skip=0,
         save=lambda step, s: saved.setdefault(step, jax.device_get(s)),
         desc="", progress=False)
     state, _ = runs.end_of_epoch(ran.state, values)
-  return runs.unstack(state, 1)[0], losses
+  return runs.unstack(state)[0], losses
 
 
 def sweep_runs(pipeline):
@@ -132,8 +137,8 @@ def main():
   saved = {}
   run(exp, progs["device"], checkpoint_every=6, saved=saved)
   runs = progs["device"][0]
-  state, _ = run(exp, progs["device"], state=runs.stack(
-      runs.unstack(saved[6], 1)), first_epoch=1, skip=2)
+  state, _ = run(exp, progs["device"], state=runs.stack([saved[6]]),
+                 first_epoch=1, skip=2)
   out["resumed"] = [max_difference(state, ref_state), sorted(saved)]
   out["sweep_device_2"] = max_difference(sweep_runs("device"),
                                          sweep_runs("host"))

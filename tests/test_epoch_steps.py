@@ -109,9 +109,9 @@ def test_a_run_compiles_one_step_program_and_its_steps_call_no_host():
   assert runs.step_of(state) == 4 and saves == [3]
   assert step_fn.jitted._cache_size() == 1   # pylint: disable=protected-access
   assert runs.end_of_epoch._cache_size() == 1   # pylint: disable=protected-access
-  feed = next(iter(train_input.feeds(0, 0)))
-  jaxpr = jax.make_jaxpr(lambda s, b: runs.step(
-      s, b, 0, runs.keys("train"), values))(state, feed).jaxpr
+  feed, keys = next(iter(train_input.feeds(0, 0))), runs.keys("train")
+  jaxpr = jax.make_jaxpr(lambda s, b: runs.step(s, b, 0, keys, values))(
+      state, feed).jaxpr
   names = _primitives(jaxpr)
   assert "conv_general_dilated" in names or any("custom" in n for n in names)
   assert not {n for n in names if "callback" in n}, names

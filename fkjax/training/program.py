@@ -7,9 +7,10 @@ built from the run's config. For N > 1 (a sweep) it runs inside ``jax.vmap``
 with every value that differs between the runs a traced array; the values
 that all runs share stay Python numbers, so a sweep compiles the single
 run's program with a run axis added and those values turned into
-arguments. For N = 1 the run axis is dropped on the way in and added back on
-the way out: a single run computes its own program, not a vmap of it
-(vmapped convolutions compile slower and differ in rounding).
+arguments. For N = 1 there is no run axis: a single run's state, keys and
+programs are the single run's own, not a vmap of them (vmapped convolutions
+compile slower and round differently), and every method below takes and
+returns them as they are.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class Runs:
   """N runs as one program: their configs, data, model and jitted steps.
 
   Build with :meth:`build`. States are the single run's state dicts with a
-  leading run axis on every leaf.
+  leading run axis on every leaf (N > 1), or the single run's own (N = 1).
 
   Attributes:
     configs: the runs' configs (equal but for :data:`spec.SWEEPABLE_KEYS`).
@@ -172,7 +173,7 @@ class Runs:
   def run_sharding(self) -> NamedSharding:
     """Of every array with a leading run axis (states, keys, values)."""
     return NamedSharding(self.mesh, P(parallel.DATA_AXIS)
-                         if self.shard == "runs" else P())
+                         if self.shard == "runs" and self.size > 1 else P())
 
   def batch_sharding(self, per_run: bool = False) -> NamedSharding:
     """Of a batch: ``[B, ...]`` (shared) or ``[N, B, ...]`` (``per_run``)."""
@@ -197,7 +198,8 @@ class Runs:
     keys = [build.prng_key(c.seed, stream) for c in self.configs]
     # Placed from the host: with several processes (a single run's), only
     # host values go onto devices that are not all this process's.
-    data = np.stack([np.asarray(jax.random.key_data(k)) for k in keys])
+    data = [np.asarray(jax.random.key_data(k)) for k in keys]
+    data = np.stack(data) if self.size > 1 else data[0]
     return jax.random.wrap_key_data(self.place_runs(data),
                                     impl=jax.random.key_impl(keys[0]))
 
@@ -205,19 +207,23 @@ class Runs:
     return self.place_runs(dict(self.values))
 
   def stack(self, states: Sequence[PyTree]) -> PyTree:
-    """Single-run states -> one state with a run axis, placed."""
+    """Single-run states -> one state with a run axis (N > 1), placed."""
     host = [jax.device_get(s) for s in states]
+    if self.size == 1:
+      return self.place_runs(host[0])
     return self.place_runs(jax.tree.map(lambda *xs: np.stack(xs), *host))
 
-  @staticmethod
-  def unstack(state: PyTree, size: int) -> list[PyTree]:
+  def unstack(self, state: PyTree) -> list[PyTree]:
     """One state with a run axis -> the single-run states, on the host."""
     host = jax.device_get(state)
-    return [jax.tree.map(lambda x, i=i: x[i], host) for i in range(size)]
+    if self.size == 1:
+      return [host]
+    return [jax.tree.map(lambda x, i=i: x[i], host)
+            for i in range(self.size)]
 
   def step_of(self, state: PyTree) -> int:
     """The global step ``state`` is at (the runs step together)."""
-    return int(jax.device_get(state["step"])[0])
+    return int(np.ravel(jax.device_get(state["step"]))[0])
 
   # ----------------------------------------------------- states, restored
 
@@ -257,8 +263,8 @@ class Runs:
     """Every run's checkpoint of ``step`` (with its selection accuracy); a
     run that holds ``step`` already (saved before an interruption: the
     same state) is skipped."""
-    for i, (ckpt, run_state) in enumerate(zip(
-        checkpointers, self.unstack(state, self.size))):
+    for i, (ckpt, run_state) in enumerate(zip(checkpointers,
+                                              self.unstack(state))):
       if step in ckpt.all_steps():
         continue
       ckpt.save(step, parallel.replicate(run_state, self.mesh),
@@ -295,16 +301,10 @@ class Runs:
   def per_run(self, fn: Callable, in_axes: Sequence[int | None]
               ) -> Callable:
     """``fn`` of one run mapped over the run axis of the arguments whose
-    ``in_axes`` is 0: ``jax.vmap``, or for a single run ``fn`` itself on
-    the run's slice, its outputs given the run axis back."""
-    if self.size > 1:
-      return jax.vmap(fn, in_axes=tuple(in_axes))
-
-    def one(*args):
-      args = [jax.tree.map(lambda x: x[0], a) if axis == 0 else a
-              for a, axis in zip(args, in_axes)]
-      return jax.tree.map(lambda x: x[None], fn(*args))
-    return one
+    ``in_axes`` is 0: ``jax.vmap``, or for a single run ``fn`` itself."""
+    if self.size == 1:
+      return fn
+    return jax.vmap(fn, in_axes=tuple(in_axes))
 
   # ------------------------------------------------------- the programs
 
@@ -443,7 +443,7 @@ class Runs:
       num_examples += int(batch["label"].shape[0])
       correct += eval_loop.to_host(self.validation_counts(
           evaluated, batch["image"], batch["label"], keys, epoch,
-          batch_index, values)).astype(np.int64)
+          batch_index, values)).astype(np.int64).reshape(self.size, -1)
     accuracy = 100.0 * correct / max(num_examples, 1)
     return [{name: float(run[j]) for j, name in enumerate(names)}
             for run in accuracy]
@@ -453,4 +453,4 @@ class Runs:
     """Every run's clean loss on the first validation batch."""
     batch = next(b for b in self.eval_batches(split) if b is not None)
     return eval_loop.to_host(self.loss_check(
-        evaluated, batch["image"], batch["label"], keys, values))
+        evaluated, batch["image"], batch["label"], keys, values)).reshape(-1)

@@ -132,7 +132,7 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     val_seconds = time.perf_counter() - val_start
     # The epoch's records, then the checkpoints.
     summaries = files.write_records(
-        step, runs.unstack(evaluated, runs.size), epoch=epoch,
+        step, runs.unstack(evaluated), epoch=epoch,
         sums=files.sums, steps=ran.steps, val_accuracy=val_accuracy,
         train_seconds=train_seconds, val_seconds=val_seconds,
         images_per_second=ran.images_per_second(t.batch_size))
