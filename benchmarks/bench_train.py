@@ -460,7 +460,7 @@ def _parser() -> argparse.ArgumentParser:
                       choices=["auto", "explicit_grad", "onednn", "xla"],
                       help="config.kernels.conv (fkjax/kernels)")
   parser.add_argument("--noise", "--noise-impl", default="auto",
-                      choices=["auto", "jnp", "fused"],
+                      choices=["auto", "model", "jnp", "fused"],
                       help="config.kernels.noise (fkjax/kernels)")
   parser.add_argument("--member-execution", default="auto",
                       choices=["auto", "batched", "sequential", "unrolled"],

@@ -129,6 +129,6 @@ def test_optional_values_are_not_shared_between_configs():
   a, b = default.get_config(), default.get_config()
   a.eval.nattack_chunk = 3
   a.training.data_seed = 7
-  assert b.eval.nattack_chunk == 10 and b.training.data_seed is None
+  assert b.eval.nattack_chunk == 0 and b.training.data_seed is None
   b.eval.nattack_chunk = None    # a placeholder: None is allowed
-  assert default.get_config().eval.nattack_chunk == 10
+  assert default.get_config().eval.nattack_chunk == 0

@@ -240,9 +240,9 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("eval.num_noise_draws", integer()),
       ("eval.nattack_iters", integer()),
       ("eval.nattack_population", integer()),
-      # A chunk of 0 never advanced (NAttack ran forever), a negative one
-      # failed deep inside JAX.
-      ("eval.nattack_chunk", optional(integer())),
+      # 0: as many as the device's memory holds (fkjax.attacks.nattack's
+      # auto_chunk); a negative one failed deep inside JAX.
+      ("eval.nattack_chunk", optional(integer(0))),
       ("eval.nattack_image_chunk", optional(integer())),
       ("eval.attacks", attack_list(known)),
       ("eval.final_attacks", attack_list(known)),

@@ -90,7 +90,8 @@ def default_attacks(eot_samples: int = 1,
     ifgsm_steps: IFGSM steps (A3 is IFGSM^20).
     cw_steps: C&W-l_inf steps.
     nattack_population: NAttack's population.
-    nattack_chunk: population members NAttack evaluates at once (memory).
+    nattack_chunk: population members NAttack evaluates at once (memory;
+      0: as many as the device's memory holds, ``attacks.nattack``).
     nattack_image_chunk: images NAttack attacks at once (memory: its
       population arrays grow with ``population * images``).
     ifgsm_random_start: start IFGSM from a random point of the ball. False by

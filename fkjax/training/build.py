@@ -25,6 +25,7 @@ from fkjax import kernels
 from fkjax import models
 from fkjax.config import record as run_config
 from fkjax.training import parallel
+from fkjax.training import precision
 from fkjax.training import sparsify
 
 PyTree = Any
@@ -56,7 +57,9 @@ def resolve_kernels(config: ml_collections.ConfigDict
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int,
                  inject_noise: Callable | None = None):
-  """The model of ``config.model``, running ``config.kernels``' kernels.
+  """The model of ``config.model``, running ``config.kernels``' kernels, in
+  true float32 (:func:`fkjax.training.precision.evaluation_model`; a
+  training step takes ``config.precision``).
 
   ``inject_noise`` replaces the resolved noise kernel (a sweep passes one
   whose coefficient is its run's traced value, :mod:`fkjax.training.sweep`).
@@ -65,10 +68,10 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int,
   kwargs = resolve_kernels(config).model_kwargs
   if inject_noise is not None:
     kwargs["inject_noise"] = inject_noise
-  return models.create_model(
+  return precision.evaluation_model(models.create_model(
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize, **kwargs)
+      noise_std_over=m.noise_std_over, normalize=m.normalize, **kwargs))
 
 
 def data_seed(config: ml_collections.ConfigDict) -> int:

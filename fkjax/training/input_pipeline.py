@@ -24,6 +24,7 @@ from fkjax.config import record as run_config
 from fkjax.data import batching
 from fkjax.data import device_pipeline
 from fkjax.data.types import Split
+from fkjax.training import precision
 
 PyTree = Any
 
@@ -116,7 +117,6 @@ class TrainInput:
 
 
 def describe(pipeline: str, config: ml_collections.ConfigDict) -> str:
-  """E.g. ``data pipeline device, precision bfloat16``: the run's speed
-  settings, for its log."""
-  return (f"data pipeline {pipeline}, "
-          f"precision {config.get('precision', 'float32')}")
+  """E.g. ``data pipeline device, precision float32 (matmuls and
+  convolutions at HIGHEST)``: the run's speed settings, for its log."""
+  return f"data pipeline {pipeline}, precision {precision.describe(config)}"

@@ -30,7 +30,6 @@ from fkjax import data as data_lib
 from fkjax.config import keys as config_keys
 from fkjax.config import record as run_config
 from fkjax.evaluation import loop as eval_loop
-from fkjax.kernels import noise_jnp
 from fkjax.training import build
 from fkjax.training import input_pipeline
 from fkjax.training import parallel
@@ -290,11 +289,12 @@ class Runs:
                 values: Mapping[str, Any]):
     inject = None
     if "model.noise_coef" in values:
-      # The fused CPU kernel takes its coefficient as a constant; the jnp
-      # form takes the run's traced one (the same noise, to rounding).
+      # The run's traced coefficient, through the platform's noise (the
+      # fused CPU kernel takes its coefficient as a constant: there, the
+      # same noise in jnp; fkjax.kernels.ModelKernels.noise_any_coef).
       coef = values["model.noise_coef"]
-      inject = lambda out, _, key, std_over: noise_jnp.inject_noise(
-          out, coef, key, std_over)
+      noise = build.resolve_kernels(config).noise_any_coef
+      inject = lambda out, _, key, std_over: noise(out, coef, key, std_over)
     return build.create_model(
         config, self.exps[0].dataset.num_classes, inject_noise=inject)
 
