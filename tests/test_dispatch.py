@@ -63,4 +63,5 @@ def test_old_configs_with_steps_per_dispatch_still_load():
   config.training.steps_per_dispatch = 8
   run_config.validate(config)
   assert input_pipeline.describe("host", config) == (
-      "data pipeline host, precision float32")
+      "data pipeline host, precision float32 (matmuls and convolutions at "
+      "HIGHEST)")
