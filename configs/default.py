@@ -119,8 +119,8 @@ TRAINING = {
     # split kept on the device, each batch built there from the host's plan;
     # "auto": device on GPUs/TPUs, host on CPUs.
     "training.data_pipeline": "auto",
-    # Training steps per jitted call (a lax.scan); 0: auto, 8 on GPUs/TPUs,
-    # 1 on CPUs. Dispatches end at every checkpoint_every_steps save.
+    # Accepted so that older configs load; changes nothing (every training
+    # step is its own dispatch: docs/training.md).
     "training.steps_per_dispatch": 0,
     # "float32" (the paper's: matmuls and convolutions at HIGHEST, true
     # float32 on GPUs/TPUs too), "tf32" (at HIGH: TF32 on GPUs that have it)

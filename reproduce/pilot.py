@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from fkjax import atomic
 from fkjax import kernels
-from fkjax.training import experiment
+from fkjax.training import devices
 from fkjax.training import train
 from fkjax.workdir import metric_logging
 from reproduce import analysis
@@ -92,7 +92,7 @@ def pilot_config(name: str):
 
 def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
   config = pilot_config(name)
-  experiment.enable_compilation_cache(config)
+  devices.enable_compilation_cache(config)
   workdir = os.path.join(root, name)
   start = time.time()
   summary = train.train_and_evaluate(config, workdir)

@@ -25,11 +25,11 @@ from fkjax import attacks
 from fkjax import data
 from fkjax import kernels
 from fkjax import checkpoint as ckpt_lib
-from fkjax.evaluation import run as eval_run
 from fkjax.evaluation import suites
-from fkjax.training import experiment
-from fkjax.training import train
-from fkjax.training.sweep import program as sweep_program
+from fkjax.training import build
+from fkjax.training import program
+from fkjax.training import step as step_lib
+from fkjax.training import validation
 from tests import tiny_models
 from tests.test_train import REPO
 from tests.test_train import _cmd
@@ -62,10 +62,10 @@ def _cuda(jitted, *args):
 
 def _step_program(config):
   """A training step of ``config`` lowered for CUDA."""
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
   state = jax.eval_shape(exp.initial_state)
-  step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
+  step = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer, config))
   return _cuda(step, state, batch, jax.random.key(0))
 
 
@@ -144,7 +144,7 @@ def test_an_ensembles_training_step(monkeypatch):
 def test_a_sweeps_training_step(monkeypatch):
   _gpu(monkeypatch)
   configs = [_config(), _config(**{"model.noise_coef": 0.2})]
-  sweep = sweep_program.Sweep.build(configs)
+  sweep = program.Runs.build(configs)
   exp = sweep.exps[0]
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
   single = jax.eval_shape(exp.initial_state)
@@ -158,8 +158,8 @@ def test_a_sweeps_training_step(monkeypatch):
 
 
 def _eval_inputs(config):
-  exp = experiment.Experiment.build(config)
-  eval_apply, _ = experiment.model_fns(exp.model)
+  exp = build.Experiment.build(config)
+  eval_apply, _ = build.model_fns(exp.model)
   state = jax.eval_shape(exp.initial_state)
   variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
   images = jax.ShapeDtypeStruct((8, 32, 32, 3), jnp.float32)
@@ -171,7 +171,7 @@ def test_validation_and_the_strong_protocols_attacks(monkeypatch):
   _gpu(monkeypatch)
   config = _config()
   eval_apply, args = _eval_inputs(config)
-  suite = {**eval_run.validation_attacks(config),
+  suite = {**validation.attacks(config),
            **suites.strong_attacks(stochastic=True, eot_samples=2,
                                    check_draws=1, num_iters=2,
                                    num_targets=2),
@@ -283,7 +283,7 @@ def test_train_py_trains_and_resumes_with_a_gpus_selections(tmp_path):
   config = _config()
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:
-    step, state = experiment.Experiment.build(config).restore(
+    step, state = build.Experiment.build(config).restore(
         checkpointer, "latest")
   finally:
     checkpointer.close()

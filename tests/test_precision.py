@@ -15,10 +15,10 @@ from configs import tiny
 from fkjax import data
 from fkjax import kernels
 from fkjax.config import record as run_config
-from fkjax.training import dispatch
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import input_pipeline
 from fkjax.training import precision
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 PRECISIONS = ("float32", "tf32", "bfloat16")
 
@@ -35,22 +35,22 @@ def _config(name):
 def steps():
   """One step from the same state, batch and key in float32 and bfloat16,
   and each precision's step lowered for CUDA with a GPU's kernels."""
-  exp = experiment.Experiment.build(_config("float32"))
+  exp = build.Experiment.build(_config("float32"))
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
   key = jax.random.key(1)
   out = {"initial": jax.device_get(exp.initial_state())}
   for name in ("float32", "bfloat16"):
-    step = jax.jit(train.make_train_step(exp.model, exp.optimizer,
+    step = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer,
                                          _config(name)))
     out[name] = jax.device_get(step(exp.initial_state(), batch, key))
     out[name + "_jaxpr"] = str(jax.make_jaxpr(step)(out["initial"], batch,
                                                     key))
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv(kernels.PLATFORM_ENV, "gpu")
-    gpu_model = experiment.create_model(_config("float32"),
+    gpu_model = build.create_model(_config("float32"),
                                         exp.dataset.num_classes)
   for name in PRECISIONS:
-    step = jax.jit(train.make_train_step(gpu_model, exp.optimizer,
+    step = jax.jit(step_lib.make_train_step(gpu_model, exp.optimizer,
                                          _config(name)))
     out[name + "_cuda"] = step.trace(out["initial"], batch, key).lower(
         lowering_platforms=("cuda",)).as_text()
@@ -137,8 +137,8 @@ def test_validation_and_evaluation_are_true_float32_whatever_the_setting(
   # tests' own global default (conftest) is lowered over, not relied on.
   monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
   config = _config("bfloat16")
-  model = experiment.create_model(config, 10)
-  eval_apply, _ = experiment.model_fns(model)
+  model = build.create_model(config, 10)
+  eval_apply, _ = build.model_fns(model)
   variables = jax.eval_shape(model.init, jax.random.key(0),
                              jnp.zeros((2, 32, 32, 3)))
   images = jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32)
@@ -162,10 +162,10 @@ def test_precision_is_validated_and_logged():
     run_config.validate(config)
   for name in PRECISIONS:
     run_config.validate(_config(name))
-  assert dispatch.describe("device", 8, _config("bfloat16")) == (
-      "data pipeline device, 8 steps per dispatch, precision bfloat16 "
+  assert input_pipeline.describe("device", _config("bfloat16")) == (
+      "data pipeline device, precision bfloat16 "
       "(bfloat16 compute; float32 weights, optimizer, statistics and loss)")
-  assert dispatch.describe("host", 1, _config("float32")) == (
-      "data pipeline host, 1 step per dispatch, precision float32 (matmuls "
+  assert input_pipeline.describe("host", _config("float32")) == (
+      "data pipeline host, precision float32 (matmuls "
       "and convolutions at HIGHEST)")
-  assert "tf32" in dispatch.describe("host", 1, _config("tf32"))
+  assert "tf32" in input_pipeline.describe("host", _config("tf32"))

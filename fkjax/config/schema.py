@@ -251,7 +251,7 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       # elsewhere is said before JAX loads (seconds).
       ("kernels", kernel_choices),
       ("training.data_pipeline",
-       optional(one_of(names_in("fkjax.training.dispatch", "PIPELINES")))),
+       optional(one_of(names_in("fkjax.training.input_pipeline", "PIPELINES")))),
       ("precision", optional(one_of(names_in("fkjax.training.precision",
                                              "PRECISIONS")))),
       # Checked whatever the method: the authors preset sets it for every

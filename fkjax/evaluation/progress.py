@@ -258,7 +258,7 @@ class CallCounting:
   Args:
     apply_fn: the model; ``self.apply_fn`` is it counted.
     work_per_image: each attack's cost per image in any unit (e.g. forward
-      passes, ``fkjax.evaluation.run.attack_costs``). Given, the progress moves
+      passes, ``fkjax.evaluation.cost.attack_costs``). Given, the progress moves
       by work units (one call of an attack weighs its work over its calls
       per batch), so that the time-left estimate does not take a cheap
       attack's calls for an expensive one's; None: by model calls.

@@ -33,7 +33,8 @@ from fkjax import atomic
 from fkjax import workdir as workdir_lib
 from fkjax.config import record as run_config
 from fkjax.evaluation import run as eval_run
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import devices
 from fkjax.training import train
 from reproduce import analysis
 from reproduce import files
@@ -76,13 +77,13 @@ def execute(run: Run, *, show_progress: bool = True,
   os.makedirs(run.workdir, exist_ok=True)
   progress = progress_lib.Progress(run.workdir)
   progress.data.pop("error", None)
-  experiment.enable_compilation_cache(config)
+  devices.enable_compilation_cache(config)
   fps = standing_lib.fingerprints(run)
   exp_cache: dict[str, Any] = {}
 
   def exp():
     if "exp" not in exp_cache:
-      exp_cache["exp"] = experiment.Experiment.build(config)
+      exp_cache["exp"] = build.Experiment.build(config)
     return exp_cache["exp"]
 
   what = f"{run.table.name}/{run.row.name} seed {run.seed}"

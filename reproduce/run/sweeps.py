@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from fkjax.training import experiment
+from fkjax.training import devices
 from fkjax.training import sweep as sweep_lib
 from reproduce.run import execute as execute_lib
 from reproduce.run import progress as progress_lib
@@ -62,7 +62,7 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
       for run in group:
         execute_lib.check_workdir(run)
         os.makedirs(run.workdir, exist_ok=True)
-      experiment.enable_compilation_cache(configs[0])
+      devices.enable_compilation_cache(configs[0])
       progresses = [progress_lib.Progress(r.workdir) for r in group]
       for p in progresses:
         p.data.pop("error", None)

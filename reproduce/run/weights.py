@@ -18,9 +18,11 @@ import numpy as np
 
 from configs import default
 from fkjax import atomic
+from fkjax import checkpoint as ckpt_lib
 from fkjax.checkpoint import weights_file
 from fkjax.checkpoint.weights_file import WEIGHTS_FILE, flatten, unflatten
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import sparsify
 from reproduce.run import plan as plan_lib
 from reproduce.spec import scales
 from reproduce.spec import tables
@@ -50,8 +52,10 @@ def write_names(results: str) -> str:
 def publish(config: Any, workdir: str, exp: Any = None) -> str:
   """Writes ``<workdir>/weights.npz``: the evaluated variables of the
   checkpoint ``config.eval.checkpoint``; returns its path."""
-  _, _, state = experiment.restore_checkpoint(workdir, config, exp)
-  variables = jax.device_get(experiment.eval_variables(state, config))
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = exp or build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
+  variables = jax.device_get(sparsify.eval_variables(state, config))
   path = os.path.join(workdir, WEIGHTS_FILE)
   weights_file.save(path, variables)
   return path
@@ -90,7 +94,7 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
   (random float32: trained ones compress no worse) with ``channel_share``
   of the channels pruned."""
   config = default.get_config(presets)
-  model = experiment.create_model(config, 10)
+  model = build.create_model(config, 10)
   variables = jax.device_get(model.init(
       {"params": jax.random.PRNGKey(0), "noise": jax.random.PRNGKey(1)},
       np.zeros((1, 32, 32, 3), np.float32), train=False))
