@@ -802,6 +802,14 @@ _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
 _NATTACK_QUERY_COST = 0.8
 
 
+def model_cost(depth: int, ensemble_size: int) -> float:
+  """A training step of EnResNet``depth`` with ``ensemble_size`` members in
+  ResNet20 steps, as the estimates scale them (the reference machine's
+  ratios)."""
+  m = _MEMBERS.get(ensemble_size, 1.5 * ensemble_size)
+  return m * (depth - 2) / 18
+
+
 def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
                      epochs_done: int = 0,
                      step_times: StepTimes = REFERENCE_STEP_TIMES) -> float:
@@ -814,8 +822,7 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
   eval_iter_per_image = _EVAL_ITER_PER_IMAGE * (
       step_times.attack_iteration / reference.attack_iteration)
   c = run.config
-  m = _MEMBERS.get(c.model.ensemble_size, 1.5 * c.model.ensemble_size)
-  m *= (c.model.depth - 2) / 18
+  m = model_cost(c.model.depth, c.model.ensemble_size)
   k = c.attack.num_steps if c.training.adversarial else 0
   n_train = scales_lib.train_size(c)
   steps = scales_lib.steps_per_epoch(n_train, c) * c.training.num_epochs
