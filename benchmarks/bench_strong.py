@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax.evaluation import names as eval_names
+from fkjax.config import names as eval_names
 from fkjax.evaluation import suites as eval_suites
 from fkjax.training import experiment
 from fkjax import kernels
