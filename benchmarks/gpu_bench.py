@@ -1,9 +1,9 @@
 """fkjax's speed on one GPU: ``python -m benchmarks.gpu_bench``.
 
-    python -m benchmarks.gpu_bench                  # about 5 minutes on a GPU
+    python -m benchmarks.gpu_bench                  # a GPU, --max-seconds=300
     python -m benchmarks.gpu_bench --models resnet20 --precisions float32 \\
         --conv auto --sweep-sizes 8 --max-seconds 120
-    python -m benchmarks.gpu_bench --smoke          # a CPU, about a minute
+    python -m benchmarks.gpu_bench --smoke          # a CPU, tiny sizes
 
 Measures, in order of importance, until ``--max-seconds`` are spent (what
 would not fit is listed under ``skipped`` with the reason):
@@ -18,9 +18,10 @@ would not fit is listed under ``skipped`` with the reason):
    found, else synthetic CIFAR-shaped images, said in the JSON), then
    ``paper_run_minutes``: 200 x (epoch + validation);
 4. a sweep of N runs as one program against one run (``--sweep-sizes``);
-5. the other precisions and ``config.kernels.conv`` choices;
+5. the steps in the other precisions;
 6. the other ``train.py`` variants: the data pipeline (``host`` / ``device``)
-   and steps per dispatch (``--train-variants``).
+   and steps per dispatch (``--train-variants``);
+7. the steps with the other ``config.kernels.conv`` choices.
 
 Writes ``--json`` (the environment: versions, device, date, commit; every
 measurement, its units in its name: ``_ms``, ``_s``, ``_per_s``...) after
@@ -43,7 +44,9 @@ import time
 from typing import Any, Callable
 
 # The train.py subprocesses need the GPU's memory: this process takes it
-# as it goes (a few GiB) instead of reserving 75% of it up front.
+# as it goes (a few GiB) instead of reserving 75% of it up front; they get
+# the environment the user gave (USER_ENV), as train.py would.
+USER_ENV = dict(os.environ)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from fkjax import kernels  # pylint: disable=wrong-import-position
@@ -56,8 +59,8 @@ DEFAULTS = {
     "models": ("resnet20,en2resnet20", "resnet8"),
     "precisions": ("float32,bfloat16", "float32,bfloat16"),
     "conv": ("auto,xla", "auto"),
-    "sweep_sizes": ("4,8", "2"),
-    "train_variants": ("auto,host:1,device:1", "auto,host:1"),
+    "sweep_sizes": ("8", "2"),
+    "train_variants": ("auto,host:1", "auto,host:1"),
     "max_seconds": (300.0, 600.0),
     "batch_size": (128, 4),
     "attack_steps": (10, 2),
@@ -68,8 +71,8 @@ DEFAULTS = {
 }
 # A pessimistic guess of each measurement's seconds (full size, --smoke),
 # to skip what would not fit in --max-seconds.
-GUESS_S = {"roofs": (15, 3), "step": (25, 10), "train": (100, 40),
-           "sweep": (35, 12)}
+GUESS_S = {"roofs": (10, 3), "step": (20, 10), "train": (100, 40),
+           "sweep": (30, 12)}
 UNITS = {
     "_tflops": "10^12 floating-point operations per second",
     "_gb_per_s": "10^9 bytes per second",
@@ -309,7 +312,7 @@ def _measure_all(cfg: dict[str, Any], args: argparse.Namespace,
     workdir = os.path.join(scratch, f"train_{len(result['epochs'])}")
     r = budget.run(f"train.py {variant}", "train", lambda: epochs.run_variant(
         variant, workdir, common, cfg["smoke"],
-        timeout_s=max(budget.left(), 60) + 60))
+        timeout_s=max(budget.left(), 60) + 60, env=USER_ENV))
     if r:
       result["epochs"].append(r)
       log(f"train.py {variant} ({r['command']}): epoch 2 {r['epoch_s']:.2f} s "
@@ -345,13 +348,15 @@ def _measure_all(cfg: dict[str, Any], args: argparse.Namespace,
           + (f", {r['speedup']:.2f}x one run" if "speedup" in r else ""))
       save()
 
-  for model in cfg["models"]:
-    for precision in cfg["precisions"]:
-      for conv in cfg["conv"]:
-        if (precision, conv) != (first_p, first_c):
-          step(model, precision, conv, cfg["attack_steps"])
+  for precision in cfg["precisions"][1:]:
+    for model in cfg["models"]:
+      step(model, precision, first_c, cfg["attack_steps"])
   for variant in variants[1:]:
     train(variant)
+  for conv in cfg["conv"][1:]:
+    for precision in cfg["precisions"]:
+      for model in cfg["models"]:
+        step(model, precision, conv, cfg["attack_steps"])
 
 
 def summary_table(result: dict[str, Any]) -> str:

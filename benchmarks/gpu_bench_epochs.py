@@ -98,9 +98,11 @@ def _epochs(workdir: str) -> list[dict[str, Any]]:
 
 
 def run_variant(variant: str, workdir: str, common: dict[str, Any],
-                smoke: bool, timeout_s: float) -> dict[str, Any]:
+                smoke: bool, timeout_s: float,
+                env: dict[str, str] | None = None) -> dict[str, Any]:
   """Trains ``variant`` for two epochs (``common``: the overrides of every
-  variant, e.g. :func:`data_overrides`); its figures from epoch 2.
+  variant, e.g. :func:`data_overrides`; ``env``: train.py's environment,
+  default this process's); its figures from epoch 2.
 
   Raises:
     RuntimeError: train.py failed or ran past ``timeout_s`` (with the end
@@ -110,8 +112,8 @@ def run_variant(variant: str, workdir: str, common: dict[str, Any],
   argv = command(workdir, overrides, smoke)
   start = time.perf_counter()
   try:
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
   except subprocess.TimeoutExpired as e:
     raise RuntimeError(f"train.py ran past {timeout_s:.0f} s") from e
   wall = time.perf_counter() - start
