@@ -409,7 +409,10 @@ def main(argv: list[str] | None = None) -> int:
       f"{env['device_count']} x {env['device_kind']} ({env['platform']}), "
       f"jax {env['jax']}, jaxlib {env['jaxlib']}"
       + (" (--smoke: tiny sizes)" if cfg["smoke"] else ""))
-  save = lambda: atomic.write_json(json_path, result)
+
+  def save() -> None:
+    atomic.write_json(json_path, result)
+
   try:
     measure_all(cfg, args, result, log, save)
   finally:
