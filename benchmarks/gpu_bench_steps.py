@@ -193,13 +193,18 @@ def measure_step(spec: StepSpec, repeats: int, warmup: int
 
   times = _timed(call, repeats, warmup)
   resolved = experiment.resolve_kernels(config).names
+  extra = {}
+  try:
+    flops = step_flops(spec)
+  except Exception as e:  # pylint: disable=broad-except
+    # A backend without XLA's cost analysis keeps the timings.
+    flops, extra["flops_error"] = None, f"{type(e).__name__}: {e}"[:300]
   return {**dataclasses.asdict(spec), "conv_resolved": resolved["conv"],
           "member_execution": resolved["member_execution"],
           "depth": config.model.depth,
           "ensemble_size": config.model.ensemble_size,
-          "compile_s": compile_s,
-          **_summary(times, spec.batch_size, step_flops(spec)),
-          "repeats": repeats}
+          "compile_s": compile_s, **_summary(times, spec.batch_size, flops),
+          "repeats": repeats, **extra}
 
 
 def sweep_configs(spec: StepSpec, runs: int) -> list[Any]:
