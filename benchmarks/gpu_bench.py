@@ -169,6 +169,17 @@ def _git(*argv: str) -> str | None:
     return None
 
 
+def _nvidia_driver() -> str | None:
+  """The NVIDIA driver's version, where ``nvidia-smi`` answers."""
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                          "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.strip().splitlines()[0] if out.strip() else None
+
+
 def environment() -> dict[str, Any]:
   """What the figures were measured on and with."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -193,6 +204,8 @@ def environment() -> dict[str, Any]:
       "device_kind": devices[0].device_kind,
       "platform": devices[0].platform,
       "device_count": len(devices),
+      "nvidia_driver": _nvidia_driver() if devices[0].platform == "gpu"
+                       else None,
       "jax": jax.__version__, "jaxlib": jaxlib.__version__,
       "versions": versions,
       "python": platform.python_version(),
