@@ -110,6 +110,12 @@ def test_the_dry_run_estimates_for_the_measured_gpu(tmp_path, capsys):
   for (_, printed), run in zip(estimates, plan):
     assert printed == runner.format_seconds(runner.estimate_seconds(
         run, step_times=speed.step_times(run.config)))
+  # the table's time from scratch, on the same GPU
+  scratch = runner.from_scratch_seconds(
+      {"table1": ["resnet20_none", "en2resnet20_none"]}, scales.SCALES["gpu"],
+      seeds=1, step_times_of=lambda run: speed.step_times(run.config))
+  assert (f"from scratch ~{runner.format_seconds(scratch['table1'])} with 1 "
+          "seed a row") in out
   # a GPU twice as slow: every estimate longer; the CPU reference's longer
   slow = _write(tmp_path / "slow.json",
                 [{**s, "step_ms_median": 2 * s["step_ms_median"]}
