@@ -1,6 +1,6 @@
 """fkjax's speed on one GPU: ``python -m benchmarks.gpu_bench``.
 
-    python -m benchmarks.gpu_bench                  # a GPU, --max-seconds=300
+    python -m benchmarks.gpu_bench                  # a GPU, --max-seconds=330
     python -m benchmarks.gpu_bench --models resnet20 --precisions float32 \\
         --conv auto --sweep-sizes 8 --max-seconds 120
     python -m benchmarks.gpu_bench --smoke          # a CPU, tiny sizes
@@ -19,8 +19,8 @@ would not fit is listed under ``skipped`` with the reason):
    ``paper_run_minutes``: 200 x (epoch + validation);
 4. a sweep of N runs as one program against one run (``--sweep-sizes``);
 5. the steps in the other precisions;
-6. the other ``train.py`` variants: the data pipeline (``host`` / ``device``)
-   and steps per dispatch (``--train-variants``);
+6. the other ``train.py`` variants: the data pipeline (``host`` /
+   ``device``, ``--train-variants``);
 7. the steps with the other ``config.kernels.conv`` choices.
 
 Writes ``--json`` (the environment: versions, device, date, commit; every
@@ -57,11 +57,11 @@ GPU_JSON = os.path.join("benchmarks", "results", "gpu_latest.json")
 # (full size, --smoke) defaults of the flags left unset.
 DEFAULTS = {
     "models": ("resnet20,en2resnet20", "resnet8"),
-    "precisions": ("float32,bfloat16", "float32,bfloat16"),
-    "conv": ("auto,xla", "auto"),
+    "precisions": ("float32,tf32,bfloat16", "float32,bfloat16"),
+    "conv": ("auto", "auto"),
     "sweep_sizes": ("8", "2"),
-    "train_variants": ("auto,host:1", "auto,host:1"),
-    "max_seconds": (300.0, 600.0),
+    "train_variants": ("auto,host", "auto,host"),
+    "max_seconds": (330.0, 600.0),
     "batch_size": (128, 4),
     "attack_steps": (10, 2),
     "repeats": (20, 2),
@@ -71,7 +71,7 @@ DEFAULTS = {
 }
 # A pessimistic guess of each measurement's seconds (full size, --smoke),
 # to skip what would not fit in --max-seconds.
-GUESS_S = {"roofs": (10, 3), "step": (20, 10), "train": (100, 40),
+GUESS_S = {"roofs": (10, 3), "step": (20, 10), "train": (90, 40),
            "sweep": (30, 12)}
 UNITS = {
     "_tflops": "10^12 floating-point operations per second",
@@ -96,12 +96,13 @@ def _parser() -> argparse.ArgumentParser:
   add("--precisions", help="config.precision values (default "
       f"{DEFAULTS['precisions'][0]})")
   add("--conv", help="config.kernels.conv values (default "
-      f"{DEFAULTS['conv'][0]}; on GPUs auto is explicit_grad)")
+      f"{DEFAULTS['conv'][0]}; on GPUs auto is xla; onednn and "
+      "explicit_grad are CPU-only)")
   add("--sweep-sizes", "--sweep_sizes", help="runs per sweep (default "
       f"{DEFAULTS['sweep_sizes'][0]}; '' for none)")
   add("--train-variants", "--train_variants",
-      help="train.py variants: auto (the config's), host[:k] or device[:k] "
-      "(config.training.data_pipeline[:steps_per_dispatch]); default "
+      help="train.py variants: auto (the config's), host or device "
+      "(config.training.data_pipeline); default "
       f"{DEFAULTS['train_variants'][0]}; '' for none")
   add("--max-seconds", "--max_seconds", type=float,
       help=f"time budget (default {DEFAULTS['max_seconds'][0]:.0f})")

@@ -2,9 +2,8 @@
 
 Each variant is ``python train.py --config=configs/default.py`` (the
 paper's En2ResNet20 protocol) for two epochs in a fresh workdir, in a
-subprocess as a user runs it, with only the data pipeline and the steps per
-dispatch set (``auto`` leaves both to the config: on GPUs the split kept on
-the device and 8 steps a dispatch). Epoch 1 holds the compilations; epoch
+subprocess as a user runs it, with only the data pipeline set (``auto``
+leaves it to the config: on GPUs the split kept on the device). Epoch 1 holds the compilations; epoch
 2's ``train_seconds``, ``train_images_per_second`` and ``val_seconds``
 (``metrics.jsonl``) are the figures. The final test evaluation is turned
 off (``eval.final_attacks=""``): it is not part of an epoch.
@@ -35,21 +34,15 @@ SMOKE_SYNTHETIC = {"dataset.synthetic_sizes": (32, 8)}
 
 
 def parse_variant(text: str) -> dict[str, Any]:
-  """``auto``, ``PIPELINE`` or ``PIPELINE:STEPS`` -> the config overrides
-  (``host:1``: NumPy batches, one step a dispatch)."""
+  """``auto``, ``host`` or ``device`` -> the config overrides
+  (``config.training.data_pipeline``; ``host``: NumPy batches copied each
+  step, ``device``: the split kept on the device)."""
   if text == "auto":
     return {}
-  pipeline, _, steps = text.partition(":")
-  if pipeline not in ("host", "device"):
-    raise ValueError(f"train variant {text!r}: expected auto, host[:k] or "
-                     "device[:k]")
-  out: dict[str, Any] = {"training.data_pipeline": pipeline}
-  if steps:
-    if not steps.isdigit() or int(steps) < 1:
-      raise ValueError(f"train variant {text!r}: steps per dispatch must "
-                       "be a whole number >= 1")
-    out["training.steps_per_dispatch"] = int(steps)
-  return out
+  if text not in ("host", "device"):
+    raise ValueError(f"train variant {text!r}: expected auto, host or "
+                     "device (config.training.data_pipeline)")
+  return {"training.data_pipeline": text}
 
 
 def find_cifar10(data_dir: str | None) -> str | None:

@@ -4,11 +4,11 @@
   at JAX's default precision and at ``Precision.HIGHEST``) and its copy
   bandwidth (an element-wise pass over a large array, read + written).
 * :func:`measure_step`: one training step as ``train.py`` runs it
-  (``fkjax.training.train.make_train_step`` jitted with the state donated),
+  (``fkjax.training.step.make_train_step`` jitted with the state donated),
   on one batch kept on the device: its compile time, ms per step, images/s,
   and TFLOP/s from the arithmetic XLA's cost analysis counts in it.
 * :func:`measure_sweep`: the same step for N runs on a run axis
-  (``fkjax.training.sweep.Sweep``, the program ``python -m reproduce
+  (``fkjax.training.sweep.Runs``, the program ``python -m reproduce
   --sweep`` and ``configs/sweep.py`` train).
 
 Every timing blocks on its result; medians (and minima) of ``repeats``
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import default as default_config
-from fkjax.training import experiment
-from fkjax.training import train
+from fkjax.training import build
+from fkjax.training import step as step_lib
 from fkjax.training import sweep as sweep_lib
 
 # steps_per_epoch only shapes the learning-rate schedule, not the step's cost
@@ -41,9 +41,9 @@ class StepSpec:
   Attributes:
     model: a ``configs/default.py`` model preset (``resnet20``,
       ``en2resnet20``, ...).
-    precision: ``config.precision`` (``float32`` or ``bfloat16``).
-    conv: ``config.kernels.conv`` (``auto``, ``explicit_grad``, ``xla``,
-      ``onednn``).
+    precision: ``config.precision`` (``float32``, ``tf32``, ``bfloat16``).
+    conv: ``config.kernels.conv`` (``auto``, ``xla``; on CPUs also
+      ``onednn`` and ``explicit_grad``).
     attack_steps: PGD iterations; 0 is a clean (natural) training step.
     batch_size: images per step.
   """
@@ -136,14 +136,14 @@ def step_flops(spec: StepSpec) -> float:
                                              attack_steps=attack_steps))
     config.training.adversarial = adversarial
     config.attack.num_steps = attack_steps
-    model = experiment.create_model(config, 10)
-    optimizer = experiment.create_optimizer(config, _SCHEDULE_STEPS)
-    state = jax.eval_shape(lambda: experiment.init_state(
+    model = build.create_model(config, 10)
+    optimizer = build.create_optimizer(config, _SCHEDULE_STEPS)
+    state = jax.eval_shape(lambda: build.init_state(
         model, optimizer, jax.random.key(0)))
     batch = {"image": jax.ShapeDtypeStruct((spec.batch_size, 32, 32, 3),
                                            jnp.float32),
              "label": jax.ShapeDtypeStruct((spec.batch_size,), jnp.int32)}
-    step = jax.jit(train.make_train_step(model, optimizer, config))
+    step = jax.jit(step_lib.make_train_step(model, optimizer, config))
     cost = step.lower(state, batch, jax.random.key(1)).cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost["flops"])
@@ -175,12 +175,12 @@ def measure_step(spec: StepSpec, repeats: int, warmup: int
                  ) -> dict[str, Any]:
   """Times ``spec``'s step: compile seconds, then ``repeats`` steps."""
   config = step_config(spec)
-  model = experiment.create_model(config, 10)
-  optimizer = experiment.create_optimizer(config, _SCHEDULE_STEPS)
-  state = experiment.init_state(model, optimizer, jax.random.key(0))
+  model = build.create_model(config, 10)
+  optimizer = build.create_optimizer(config, _SCHEDULE_STEPS)
+  state = build.init_state(model, optimizer, jax.random.key(0))
   batch = jax.device_put(_host_batch(spec.batch_size))
   key = jax.random.key(1)
-  step = jax.jit(train.make_train_step(model, optimizer, config),
+  step = jax.jit(step_lib.make_train_step(model, optimizer, config),
                  donate_argnums=(0,))
   start = time.perf_counter()
   compiled = step.lower(state, batch, key).compile()
@@ -192,7 +192,7 @@ def measure_step(spec: StepSpec, repeats: int, warmup: int
     return metrics
 
   times = _timed(call, repeats, warmup)
-  resolved = experiment.resolve_kernels(config).names
+  resolved = build.resolve_kernels(config).names
   extra = {}
   try:
     flops = step_flops(spec)
@@ -229,7 +229,7 @@ def sweep_configs(spec: StepSpec, runs: int) -> list[Any]:
 def measure_sweep(spec: StepSpec, runs: int, repeats: int, warmup: int
                   ) -> dict[str, Any]:
   """Times one step of ``runs`` runs of ``spec`` as one sweep program."""
-  sweep = sweep_lib.Sweep.build(sweep_configs(spec, runs))
+  sweep = sweep_lib.Runs.build(sweep_configs(spec, runs))
   state = sweep.initial_state()
   batch = sweep.place_batch(_host_batch(spec.batch_size))
   keys, values = sweep.keys("train"), sweep.placed_values()
