@@ -113,7 +113,7 @@ def test_the_log_and_the_dry_run_read_it(smoke):
   log = (out / "bench.log").read_text()
   assert "paper_run_minutes" in log and "summary" in log
   from configs import default as default_config  # pylint: disable=import-outside-toplevel
-  from reproduce import measured_speed  # pylint: disable=import-outside-toplevel
+  from reproduce.run import measured_speed  # pylint: disable=import-outside-toplevel
   speed = measured_speed.MeasuredSpeed.load(str(out / "bench.json"))
   assert speed.smoke and "a --smoke run" in speed.describe()
   times = speed.step_times(default_config.get_config("resnet20"))
