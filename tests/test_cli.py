@@ -82,6 +82,13 @@ def _assert_one_line_error(proc, *fragments, code=None):
     # 0 ran NAttack forever.
     (["--config=configs/tiny.py", "--config.eval.nattack_chunk=0"],
      ["config.eval.nattack_chunk=0"], 1),
+    # A ValueError's traceback, after the data were read.
+    (["--config=configs/tiny.py", "--config.training.batch_size=65"],
+     ["config.training.batch_size=65", "larger than the 64 training images",
+      "choose at most 64"], 1),
+    # max() of no attacks, at the end of the evaluation.
+    (["--config=configs/tiny.py", "--config.eval.attacks="],
+     ["config.eval.attacks=''", "at least one attack"], 1),
 ])
 def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   workdir = tmp_path / "run"
@@ -206,6 +213,26 @@ def test_eval_refuses_nattack_chunks_below_one(tmp_path, chunk):
                          "invalid: an integer >= 1", code=1)
 
 
+def test_a_batch_larger_than_a_subset_is_one_line(tmp_path):
+  # Only the data say how many images 2 a class leaves (20): said once read.
+  workdir = tmp_path / "run"
+  proc = _run(["train.py", f"--workdir={workdir}", "--config=configs/tiny.py",
+               "--config.dataset.subset_per_class=2",
+               "--config.training.batch_size=32"])
+  _assert_one_line_error(proc, "config.training.batch_size=32 exceeds the 20 "
+                         "training examples", "at most 20", code=1)
+
+
+def test_eval_refuses_no_attacks_in_one_line(tmp_path):
+  sys.path.insert(0, str(REPO))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
+  run_config.save(tiny.get_config(), str(tmp_path))
+  proc = _run(["eval.py", f"--workdir={tmp_path}", "--config.eval.attacks="])
+  _assert_one_line_error(proc, "config.eval.attacks=''", "at least one attack",
+                         code=1)
+
+
 @pytest.mark.parametrize("download", ["false", "true"])
 def test_missing_data_is_one_line(tmp_path, download):
   # download=true: the download fails (its URL names no file).
@@ -260,6 +287,21 @@ def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments,
   _assert_one_line_error(proc, *fragments, code=2)
   assert not proc.stdout, "nothing planned or run before the error"
   assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
+
+
+def test_reproduce_interrupted_is_one_line(monkeypatch, capsys):
+  # Ctrl-C anywhere in a reproduction (a run training, an evaluation): as
+  # train.py and eval.py say it.
+  from reproduce import __main__ as reproduce_main  # pylint: disable=C0415
+
+  def interrupted():
+    raise KeyboardInterrupt
+  monkeypatch.setattr(reproduce_main, "main", interrupted)
+  code = reproduce_main._run_cli()  # pylint: disable=protected-access
+  out = capsys.readouterr()
+  _assert_one_line_error(
+      subprocess.CompletedProcess([], code, out.out, out.err),
+      "interrupted; rerun the same command", code=130)
 
 
 def test_reproduce_as_a_process_says_the_same_one_line(tmp_path):
