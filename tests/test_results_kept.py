@@ -1,0 +1,152 @@
+"""No result is thrown away without a word: eval.py merges into an earlier
+result file, export.py never deletes what it did not write, a run whose
+record is missing resumes only where its checkpoint agrees.
+
+One tiny synthetic run is trained once (a real ``python train.py``); each
+test works on a copy of it.
+"""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fkjax.evaluation import merge as eval_merge
+from fkjax import workdir as workdir_lib
+from tests.subprocess_env import subprocess_env
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_DEVICE = ["--config.num_devices=1",
+              "--config.training.checkpoint_every_steps=2"]
+# eval.py on 16 images, quietly.
+SMALL_EVAL = ["--config.eval.num_examples=16", "--config.progress=false"]
+
+
+def _run(args, cache, check=True):
+  proc = subprocess.run([sys.executable, *args], cwd=REPO,
+                        env=subprocess_env(cache), capture_output=True,
+                        text=True, timeout=600)
+  if check and proc.returncode != 0:
+    raise AssertionError(f"{args} failed:\n{proc.stdout}\n{proc.stderr}")
+  return proc
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A finished tiny run, and the compilation cache it filled."""
+  root = tmp_path_factory.mktemp("kept")
+  cache = root / "jax_cache"
+  run = root / "run"
+  _run(["train.py", "--config=configs/tiny.py", f"--workdir={run}",
+        *ONE_DEVICE], cache)
+  return run, cache
+
+
+def _copy(trained, tmp_path, name="run"):
+  workdir = tmp_path / name
+  shutil.copytree(trained[0], workdir)
+  return workdir
+
+
+def _eval(workdir, cache, attacks, *extra):
+  return _run(["eval.py", f"--workdir={workdir}",
+               f"--config.eval.attacks={attacks}", *SMALL_EVAL, *extra],
+              cache)
+
+
+# --------------------------------------------------------------------------
+# eval.py merges.
+
+
+def test_a_run_of_fewer_attacks_keeps_the_others(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  (workdir / workdir_lib.LOCK_NAME).unlink()   # the one train.py left
+  _eval(workdir, trained[1], "natural,fgsm")
+  path = workdir / "eval_paper_n16.json"
+  first = json.loads(path.read_text())
+  proc = _eval(workdir, trained[1], "natural")
+  assert "eval_paper_n16.json: kept the earlier results of fgsm (of " in (
+      proc.stdout)
+  merged = json.loads(path.read_text())
+  assert list(merged["attacks"]) == ["natural", "fgsm"]
+  # The kept entry as measured, saying which run made it.
+  assert merged["attacks"]["fgsm"] == first["attacks"]["fgsm"]
+  assert merged["attacks"]["fgsm"]["produced"]["attacks_evaluated"] == (
+      "natural,fgsm")
+  assert merged["attacks"]["natural"]["produced"]["attacks_evaluated"] == (
+      "natural")
+  assert merged["correct_per_image"]["fgsm"] == (
+      first["correct_per_image"]["fgsm"])
+  assert merged["metadata"]["date"] >= first["metadata"]["date"]
+  # eval.py leaves no lock file behind.
+  assert not (workdir / workdir_lib.LOCK_NAME).exists()
+  # Other settings: the earlier attack is replaced, and the output says so.
+  proc = _eval(workdir, trained[1], "natural",
+               "--config.eval.num_noise_draws=2")
+  assert ("the earlier results of fgsm (of " in proc.stdout
+          and "are replaced" in proc.stdout
+          and "config.eval.num_noise_draws 1, now 2" in proc.stdout)
+  assert list(json.loads(path.read_text())["attacks"]) == ["natural"]
+
+
+def test_overlapping_evaluations_merge(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  cache = trained[1]
+  procs = [subprocess.Popen(
+      [sys.executable, "eval.py", f"--workdir={workdir}",
+       f"--config.eval.attacks={attacks}", *SMALL_EVAL], cwd=REPO,
+      env=subprocess_env(cache), stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True)
+           for attacks in ("natural,fgsm", "natural,ifgsm20")]
+  for proc in procs:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out + err
+  merged = json.loads((workdir / "eval_paper_n16.json").read_text())
+  assert set(merged["attacks"]) == {"natural", "fgsm", "ifgsm20"}
+  assert set(merged["correct_per_image"]) == {"natural", "fgsm", "ifgsm20"}
+
+
+def _file(attacks, date, **config):
+  return {"attacks": {name: {"accuracy": 50.0, "correct": 8}
+                      for name in attacks},
+          "correct_per_image": {name: "x" for name in attacks},
+          "num_examples": 16,
+          "metadata": {"date": date, "git_commit": "abc", "step": 12,
+                       "checkpoint": "best", "data": "d", "protocol": "paper",
+                       "config": {"eval": {"attacks": ",".join(attacks),
+                                           "num_noise_draws": 1},
+                                  "progress": True, **config}}}
+
+
+def test_merge_keeps_only_what_the_same_settings_made():
+  old = _file(["natural", "fgsm", "cw"], "2026-01-01T00:00:00Z")
+  new = _file(["natural"], "2026-01-02T00:00:00Z", seed=0)
+  metadata = new.pop("metadata")
+  metadata["config"]["progress"] = False   # cannot change a number
+  old["metadata"]["config"]["seed"] = 0
+  document, remark = eval_merge.merge(old, new, metadata)
+  assert list(document["attacks"]) == ["natural", "fgsm", "cw"]
+  assert document["attacks"]["cw"]["produced"] == {
+      "date": "2026-01-01T00:00:00Z", "git_commit": "abc",
+      "attacks_evaluated": "natural,fgsm,cw"}
+  assert document["attacks"]["natural"]["produced"]["date"] == (
+      "2026-01-02T00:00:00Z")
+  assert remark.startswith("kept the earlier results of fgsm (of "
+                           "2026-01-01T00:00:00Z), cw (of ")
+  # Another step, another seed: nothing kept, and said.
+  for key, value in (("step", 13), ("config", {"seed": 1})):
+    other = json.loads(json.dumps(metadata))
+    if key == "config":
+      other["config"].update(value)
+    else:
+      other[key] = value
+    document, remark = eval_merge.merge(old, new, other)
+    assert list(document["attacks"]) == ["natural"]
+    assert "are replaced" in remark and (
+        "step 12, now 13" in remark or "config.seed 0, now 1" in remark)
+  # No earlier file, or one of the same attacks: nothing to say.
+  assert eval_merge.merge(None, new, metadata)[1] is None
+  assert eval_merge.merge(_file(["natural"], "2026-01-01T00:00:00Z"), new,
+                          metadata)[1] is None
