@@ -150,3 +150,48 @@ def test_merge_keeps_only_what_the_same_settings_made():
   assert eval_merge.merge(None, new, metadata)[1] is None
   assert eval_merge.merge(_file(["natural"], "2026-01-01T00:00:00Z"), new,
                           metadata)[1] is None
+
+
+# --------------------------------------------------------------------------
+# export.py never deletes what it did not write.
+
+
+def _export(workdir, out, cache, check=True):
+  return _run(["export.py", f"--workdir={workdir}", f"--out={out}",
+               "--check_examples=4"], cache, check=check)
+
+
+def _one_line(proc, *fragments):
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
+
+
+def test_export_replaces_only_its_own_files(trained, tmp_path):
+  workdir, cache = trained
+  # A folder of the user's: refused before any work, kept as it was.
+  mine = tmp_path / "mine"
+  (mine / "variables").mkdir(parents=True)
+  (mine / "variables" / "keep.npz").write_bytes(b"user")
+  _one_line(_export(workdir, mine, cache, check=False), f"--out={mine}",
+            "no export of fkjax", "choose a new or empty folder")
+  assert (mine / "variables" / "keep.npz").read_bytes() == b"user"
+  # An earlier export: replaced in its own files, the user's notes stay.
+  out = tmp_path / "slim"
+  _export(workdir, out, cache)
+  first = sorted(p.name for p in (out / "variables").iterdir())
+  (out / "notes.txt").write_text("mine")
+  _export(workdir, out, cache)
+  assert (out / "notes.txt").read_text() == "mine"
+  assert sorted(p.name for p in (out / "variables").iterdir()) == first
+  assert sorted(p.name for p in out.iterdir()) == [
+      "architecture.json", "costs.json", "notes.txt", "variables"]
+  # A file of the user's inside an export's variables/: refused, kept.
+  (out / "variables" / "keep.npz").write_bytes(b"user")
+  _one_line(_export(workdir, out, cache, check=False),
+            f"{out / 'variables'} holds files export.py did not write "
+            "(keep.npz)")
+  assert (out / "variables" / "keep.npz").read_bytes() == b"user"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "slim"]
