@@ -195,3 +195,46 @@ def test_export_replaces_only_its_own_files(trained, tmp_path):
             "(keep.npz)")
   assert (out / "variables" / "keep.npz").read_bytes() == b"user"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "slim"]
+
+
+# --------------------------------------------------------------------------
+# A run whose config.json is missing resumes only where its checkpoint agrees.
+
+
+def _train(workdir, cache, *extra, check=True):
+  return _run(["train.py", "--config=configs/tiny.py", f"--workdir={workdir}",
+               *ONE_DEVICE, *extra], cache, check=check)
+
+
+def test_a_run_without_its_record_resumes_only_as_its_checkpoint_says(
+    trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  cache = trained[1]
+  (workdir / "config.json").unlink()
+  steps = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  # Another batch size continued the old one's checkpoint, and claimed the
+  # new one in a new config.json.
+  _one_line(_train(workdir, cache, "--config.training.batch_size=32",
+                   check=False),
+            "config.json is missing", "its checkpoint step 12 was trained "
+            "with another config", "config.training.batch_size: checkpoint "
+            "16, now 32")
+  assert not (workdir / "config.json").exists()
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == steps
+  # The run's own config resumes it, and records it again.
+  proc = _train(workdir, cache)
+  assert "resumed from step 12" in proc.stdout
+  assert json.loads((workdir / "config.json").read_text())["training"][
+      "batch_size"] == 16
+
+
+def test_checkpoints_that_record_no_config_need_the_record(trained, tmp_path):
+  workdir = _copy(trained, tmp_path)
+  (workdir / "config.json").unlink()
+  for metadata in (workdir / "checkpoints").glob("*/_CHECKPOINT_METADATA"):
+    document = json.loads(metadata.read_text())
+    del document["custom_metadata"]["fkjax"]["run_config"]
+    metadata.write_text(json.dumps(document))
+  _one_line(_train(workdir, trained[1], check=False),
+            "config.json is missing", "do not record the config",
+            "restore config.json")

@@ -21,6 +21,7 @@ from orbax.checkpoint import checkpoint_managers as ocp_policies
 from fkjax.checkpoint import digests
 from fkjax.checkpoint import errors
 from fkjax.checkpoint import quiet
+from fkjax.checkpoint import run_record
 from fkjax.checkpoint import shapes
 from fkjax.checkpoint.errors import CheckpointError
 
@@ -123,6 +124,10 @@ class Checkpointer:
     if val_accuracy is not None and math.isfinite(float(val_accuracy)):
       metrics = {"val_accuracy": float(val_accuracy)}
     metadata = digests.custom_metadata(state)
+    # The run's config beside the digests: a resume whose config.json was
+    # deleted is checked against it (fkjax.config.record).
+    metadata[run_record.METADATA_KEY].update(
+        run_record.of_workdir(os.path.dirname(self.directory)))
     with quiet.dropping(quiet.METRICLESS), quiet.errors_held() as held:
       try:
         self._manager.save(step, args=ocp.args.StandardSave(state),
