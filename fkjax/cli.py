@@ -21,6 +21,11 @@ from absl import app
 from absl import flags
 
 TRACEBACK_ENV = "FKJAX_TRACEBACK"
+# Ctrl-C's line (a save cut short leaves the previous checkpoints intact:
+# fkjax.checkpoint).
+INTERRUPTED = ("interrupted; rerun the same command to resume: training from "
+               "its last checkpoint, to the same parameters as an "
+               "uninterrupted run; an evaluation at its next batch")
 
 flags.DEFINE_bool("traceback", False,
                   "Show the Python traceback of an error instead of one line "
@@ -254,8 +259,7 @@ def _guarded(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
   try:
     return main(argv)
   except KeyboardInterrupt:
-    fail("interrupted; rerun the same command to resume from the last "
-         "checkpoint", code=130)
+    fail(INTERRUPTED, code=130)
   except OSError as e:
     if flags.FLAGS.traceback or show_traceback():
       raise

@@ -248,6 +248,29 @@ def test_missing_data_is_one_line(tmp_path, download):
   assert not (tmp_path / "run").exists()
 
 
+_FILE_SIZE_LIMIT = (
+    "import resource, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, "
+    "resource.RLIM_INFINITY))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "exec(compile(open(sys.argv[0]).read(), sys.argv[0], 'exec'))\n")
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
+  # Files above 64 KiB fail (EFBIG), as they do on a full disk (ENOSPC):
+  # tensorstore's "Event loop is closed" reports came around the line.
+  workdir = tmp_path / "run"
+  proc = _run(["-c", _FILE_SIZE_LIMIT, "train.py", f"--workdir={workdir}",
+               "--config=configs/tiny.py", "--config.num_devices=1",
+               "--config.compilation_cache_dir="])
+  _assert_one_line_error(proc, "could not write checkpoint step 4 to "
+                         f"{workdir / 'checkpoints' / '4'}: File too large",
+                         code=1)
+  assert len([l for l in proc.stderr.splitlines() if l.strip()]) == 1, (
+      proc.stderr)
+
+
 def _reproduce_in_process(argv, capsys):
   """``python -m reproduce ARGV``'s main in this process (a real process
   costs seconds of imports a case): its exit code, stdout and stderr."""
