@@ -7,13 +7,12 @@
   python -m reproduce table2 --scale=cpu --report-only
   python -m reproduce claims --scale=cpu
   python -m reproduce overview --scale=cpu
-  python -m reproduce queue            # the GPU queue's state
-  python -m reproduce unpack <folder>  # what a lease brought back
 
 Trains and evaluates every run (row x seed) of the table that is not finished,
 one after the other, in ``<root>/<scale>/<table>/<row>_seed<k>``, then writes
 ``<results>/<scale>/<table>.json``, ``.md`` and its figures (also after each
-run). Rerunning the same command skips finished runs and resumes a killed
+run), and ``<results>/run_names.json`` (the names :mod:`fkjax.pretrained`
+loads published runs by). Rerunning the same command skips finished runs and resumes a killed
 one from its last checkpoint. ``claims`` judges the paper's claims from
 the tables written so far (``<results>/<scale>/claims.{json,md}``, with
 ``claims.png``: every comparison beside the paper's; also rewritten with
@@ -42,15 +41,12 @@ from typing import Any
 # Every module the runner uses is imported here, at its start, not when the
 # first run finishes: a run takes an hour, and a checkout edited meanwhile
 # would otherwise mix old modules in memory with new ones from disk.
-from fkjax import atomic
 from fkjax import cli
 from fkjax import kernels
 from fkjax.data.types import DataError
 from reproduce import claims
 from reproduce import figures
-from reproduce import lease
 from reproduce import overview
-from reproduce import queue as queue_lib
 from reproduce import report
 from reproduce import runner as runner_lib
 from reproduce import scales as scales_lib
@@ -133,6 +129,9 @@ def _write_table(table, scale, runs, results: str) -> dict[str, Any]:
     if drawn:
       runner_lib.log(f"figures: {', '.join(drawn)}")
   runner_lib.log(f"table written: {md_path}")
+  # What fkjax.pretrained resolves a published run's name with (a row that
+  # another table trains): rewritten with every table, so it follows them.
+  weights.write_names(results)
   for name in _SUMMARIES:
     _write_summary(name, results, scale.name)
   return data
@@ -148,55 +147,6 @@ def _write_summary(name: str, results: str, scale: str) -> str:
   path = _SUMMARIES[name](results, scale)
   runner_lib.log(f"{name} written: {path}")
   return path
-
-
-def _queue_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
-      prog="python -m reproduce queue|unpack",
-      description="The queue a lent GPU advances (docs/reproduction.md, "
-                  "\"The queue\").")
-  p.add_argument("action", choices=("queue", "unpack"))
-  p.add_argument("folder", nargs="?",
-                 help="unpack: the folder a lease's files came back to")
-  p.add_argument("--queue", default=lease.DEFAULT_QUEUE)
-  p.add_argument("--results", default=runner_lib.DEFAULT_RESULTS)
-  p.add_argument("--root", default=runner_lib.DEFAULT_ROOT)
-  return p
-
-
-def _queue_main(argv: list[str]) -> int:
-  """``queue``: writes and prints the queue's state (``results/queue.md``);
-  ``unpack DIR``: puts a lease's output into ``results/``, rewrites the
-  tables of the runs it finished, then the queue's state."""
-  args = _queue_parser().parse_args(argv)
-  try:
-    entries = queue_lib.load(args.queue)
-    if args.action == "unpack":
-      if not args.folder:
-        raise ValueError("unpack needs the folder the lease's files came "
-                         "back to")
-      manifest = lease.unpack(args.folder,
-                              os.path.dirname(os.path.abspath(args.results)))
-  except ValueError as e:   # QueueError too
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  if args.action == "unpack":
-    runner_lib.log(f"unpacked: {len(manifest['finished'])} run(s) "
-                   f"finished, {len(manifest['carried'])} carried"
-                   + (f", {len(manifest['dropped'])} not brought back "
-                      f"(over the transfer limit): {manifest['dropped']}"
-                      if manifest["dropped"] else ""))
-    for scale, names in lease.touched_tables(manifest["finished"]).items():
-      for name in names:
-        main([name, *scales_lib.command_flags(scale).split(),
-              "--report-only", f"--results={args.results}",
-              f"--root={args.root}"])
-  text = queue_lib.summary(entries, args.results)
-  atomic.write_text(os.path.join(args.results, "queue.md"), text)
-  # What fkjax.pretrained resolves the published runs' names with.
-  weights.write_names(args.results)
-  print(text, end="")
-  return 0
 
 
 class _UsageError(ValueError):
@@ -281,8 +231,6 @@ def _plans(args: argparse.Namespace, scale: scales_lib.Scale,
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  if argv and argv[0] in ("queue", "unpack"):
-    return _queue_main(argv)
   args = _parser().parse_args(argv)
   try:
     _check_flags(args)

@@ -14,8 +14,11 @@ sparsifier):
   conv layer's kernel that the paper's weight figures draw (its first
   ``FIGURE_BLOCK`` inputs and filters, the same layer for every net), saved
   in ``analysis.npz`` so that a table's figures are drawn without the
-  checkpoints. Only that block is kept: every committed run's file travels
-  to each lent GPU within its 64 MiB (docs/reproduction.md, "The queue").
+  checkpoints. Only that block is kept because it is all the figure draws:
+  ``reproduce.figures.filters`` tiles 16 inputs x 16 filters of 3x3 kernels
+  per net (the paper's Fig. 2a-b shows part of the layer, its appendix the
+  whole; at 64 x 64 kernels a panel's tiles would be too small to compare
+  side by side, and no figure reads the rest).
 
 Both readings matter for ADMM, whose ``w`` stays dense while ``u`` is the
 projection (issue 16, protocol table).
@@ -35,7 +38,7 @@ from fkjax import sparsity
 
 ANALYSIS_JSON = "analysis.json"
 ANALYSIS_NPZ = "analysis.npz"
-FIGURE_BLOCK = 16   # inputs x filters of the figure layer kept
+FIGURE_BLOCK = 16   # inputs x filters of the figure layer: what it draws
 
 # Fixed histogram bins, so that histograms of different runs add and compare.
 WEIGHT_BINS = np.linspace(-0.5, 0.5, 401)

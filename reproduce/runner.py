@@ -791,7 +791,7 @@ _MEMBERS = {1: 1.0, 2: 2.36, 5: 7.06}
 # APGD (eval_strong.json) against 1,007 s predicted without this factor.
 _NOISY_EOT_COST = 1.41
 # Attack iterations per image of each paper-protocol attack but NAttack
-# (costed by its queries below); keyed by fkjax.evaluation.names.ATTACK_NAMES.
+# (costed by its queries below); keyed by fkjax.config.names.ATTACK_NAMES.
 _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
                "cw_authors": 51}
 # One NAttack query (a forward pass of one population sample) per image, in

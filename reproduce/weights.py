@@ -97,23 +97,47 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
       prune_channels(variables, channel_share))}
 
 
-def main() -> int:
-  """Prints what a published run costs per net, and the queue's total."""
+def published_runs(scale_name: str) -> list[tuple[str, str, int]]:
+  """``(table, row, seed)`` of every run ``python -m reproduce all
+  --scale=<scale_name>`` trains: a shared row once, as the row that trains
+  it."""
+  from reproduce import runner  # pylint: disable=import-outside-toplevel
+  from reproduce import scales  # pylint: disable=import-outside-toplevel
+  scale = scales.SCALES[scale_name]
+  out: dict[tuple[str, str, int], None] = {}
+  for table in (tables.TABLES[name] for name in runner.ORDER):
+    for row in table.rows:
+      owner_table, owner = (tables.resolve_shared(row) if row.shared
+                            else (table, row))
+      for seed in range(runner.num_seeds(table, row, scale, None)):
+        out[owner_table.name, owner.name, seed] = None
+  return list(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Prints what a published run costs per net, and all of a scale's runs
+  (``python -m reproduce.weights [gpu|paper]``, default ``gpu``)."""
   import collections  # pylint: disable=import-outside-toplevel
-  from reproduce import queue as queue_lib  # pylint: disable=C0415
+  import sys  # pylint: disable=import-outside-toplevel
   from reproduce import scales  # pylint: disable=C0415
+  argv = sys.argv[1:] if argv is None else argv
+  scale_name = argv[0] if argv else "gpu"
+  if scale_name not in scales.SCALES:
+    print(f"error: no scale {scale_name!r}; one of {sorted(scales.SCALES)}",
+          file=sys.stderr)
+    return 2
+  scale = scales.SCALES[scale_name]
   nets = collections.Counter()
-  for e in queue_lib.default_entries():
-    row = tables.TABLES[e.table].row(e.row)
-    config = scales.build_config(row.presets, row.overrides,
-                                 scales.SCALES[e.scale.partition("-")[0]],
-                                 e.seed)
+  for table, row_name, seed in published_runs(scale_name):
+    row = tables.TABLES[table].row(row_name)
+    config = scales.build_config(row.presets, row.overrides, scale, seed)
     net = (f"en{config.model.ensemble_size}resnet{config.model.depth}"
            if config.model.ensemble_size > 1 else
            f"resnet{config.model.depth}")
     nets[net, config.sparsity.method != "none"] += 1
   total = 0.0
-  print("| net | pruned | runs queued | raw MB | npz MB | all runs MB |")
+  print(f"| net | pruned | {scale_name} runs | raw MB | npz MB | "
+        "all runs MB |")
   print("| --- | --- | --- | --- | --- | --- |")
   for (net, pruned), count in sorted(nets.items()):
     # RGSM at the paper's sparsities prunes a quarter to a half of the
@@ -124,7 +148,8 @@ def main() -> int:
           f"{count} | {size['raw'] / 1e6:.2f} | "
           f"{size['compressed'] / 1e6:.2f} | "
           f"{count * size['compressed'] / 1e6:.1f} |")
-  print(f"\nevery queued run published: {total / 1e6:.0f} MB")
+  print(f"\nevery {scale_name} run published "
+        f"({sum(nets.values())} runs): {total / 1e6:.0f} MB")
   return 0
 
 

@@ -2,9 +2,11 @@
 
 ``variant="authors"`` (config ``sparsity.admm_variant``) follows the authors'
 released code: the element threshold is the percentile of the *signed*
-weights, the channel threshold a percentile recomputed over an array being
-filled in (and zeroed) channel by channel, and the pull is added L times per
-step. The references here are NumPy loops written from that description.
+weights, the channel threshold a percentile recomputed over the array of channel
+norms as it is overwritten, channel by channel, with the decisions (1.0 kept,
+0.0 pruned), and the pull is added L times per step. The references here are
+NumPy loops that follow the authors' ``projection(..., 'channel')`` step by
+step (written here, not copied).
 """
 import chex
 import jax
@@ -28,16 +30,33 @@ def np_signed_percentile_zeros(w, percent):
   return np.abs(w) < np.percentile(w.astype(np.float64), percent)
 
 
-def np_running_percentile_pruned(norms, percent):
-  """The authors' channel rule, one channel at a time, in index order."""
-  a = np.zeros(len(norms))
-  pruned = np.zeros(len(norms), bool)
-  for i, s in enumerate(norms):
-    a[i] = s
-    if s < np.percentile(a, percent):
-      pruned[i] = True
-      a[i] = 0.0
-  return pruned
+def np_authors_channel_pruned(w, percent):
+  """The authors' channel loop on an HWIO kernel, step by step: the input
+  channels' norms (``sqrt(sum of squares + 1e-8)`` over every other axis, in
+  float32, as their PyTorch tensor); then for each channel i in index order
+  the threshold is ``np.percentile`` of the whole array as it is now, and
+  ``a[i]`` becomes the decision ``a[i] > threshold`` (1.0 kept, 0.0 pruned).
+  Returns the pruned channels."""
+  a = np.sqrt(np.sum(np.asarray(w, np.float32) ** 2, axis=(0, 1, 3))
+              + np.float32(1e-8)).astype(np.float32)
+  for i in range(len(a)):
+    threshold = np.percentile(a, percent)
+    a[i] = a[i] > threshold
+  return a == 0
+
+
+def he_kernel(rng, shape):
+  """An HWIO kernel drawn as PyTorch's ``kaiming_normal_`` (fan in)."""
+  fan_in = shape[0] * shape[1] * shape[2]
+  return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(
+      np.float32)
+
+
+# fkjax's ResNet20 conv kernels (HWIO), the 21 layers ADMM prunes: 675 input
+# channels in all.
+RESNET20_KERNELS = ([(3, 3, 3, 16)] + [(3, 3, 16, 16)] * 6
+                    + [(3, 3, 16, 32), (1, 1, 16, 32)] + [(3, 3, 32, 32)] * 5
+                    + [(3, 3, 32, 64), (1, 1, 32, 64)] + [(3, 3, 64, 64)] * 5)
 
 
 def kernel_with_channel_norms(norms, hw=2, out=3):
@@ -96,45 +115,69 @@ def test_element_rule_is_per_member():
 
 
 def test_channel_rule_by_hand_depends_on_the_order():
-  # Descending norms 5 4 3 2 1 at 80 %: thresholds 1.0, 4.2, 3.4, 2.6, 1.8
-  # over [5 0 0 0 0], [5 4 0 0 0], [5 0 3 0 0], ...: channels 1-4 pruned.
-  down = sp.admm_projection(kernel_with_channel_norms([5, 4, 3, 2, 1]), 80.0,
-                            structure="channel", variant="authors")
-  np.testing.assert_array_equal(pruned_channels(down),
-                                [False, True, True, True, True])
-  # Ascending: every channel is the largest so far, none is pruned.
-  up = sp.admm_projection(kernel_with_channel_norms([1, 2, 3, 4, 5]), 80.0,
+  """Four channels at "50 %": the threshold is the midpoint of the 2nd and 3rd
+  smallest entries of the array as it is when channel i is visited."""
+  # Ascending norms 2 3 4 5: [2 3 4 5] -> 3.5, 2 pruned; [0 3 4 5] -> 3.5,
+  # 3 pruned; [0 0 4 5] -> 2.0, 4 kept; [0 0 1 5] -> 0.5, 5 kept.
+  up = sp.admm_projection(kernel_with_channel_norms([2, 3, 4, 5]), 50.0,
                           structure="channel", variant="authors")
-  assert not pruned_channels(up).any()
+  np.testing.assert_array_equal(pruned_channels(up),
+                                [True, True, False, False])
+  # Descending 5 4 3 2: [5 4 3 2] -> 3.5, kept; [1 4 3 2] -> 2.5, kept;
+  # [1 1 3 2] -> 1.5, kept; [1 1 1 2] -> 1.0, kept: none pruned.
+  down = sp.admm_projection(kernel_with_channel_norms([5, 4, 3, 2]), 50.0,
+                            structure="channel", variant="authors")
+  assert not pruned_channels(down).any()
+  # The rule fkjax had (an array of zeros filled with the kept norms, pruned
+  # iff below) gives the opposite: none pruned ascending ([2 0 0 0] -> 0,
+  # [2 3 0 0] -> 1, [2 3 4 0] -> 2.5, [2 3 4 5] -> 3.5), channels 2 and 3
+  # descending ([5 4 3 0] -> 3.5, [5 4 0 2] -> 3).
+  for w in (kernel_with_channel_norms([2, 3, 4, 5]),
+            kernel_with_channel_norms([5, 4, 3, 2])):
+    np.testing.assert_array_equal(
+        pruned_channels(sp.admm_projection(w, 50.0, structure="channel",
+                                           variant="authors")),
+        np_authors_channel_pruned(w, 50.0))
 
 
-def test_channel_rule_matches_the_loop_and_prunes_less_than_the_target():
+def test_channel_rule_matches_the_authors_loop_on_he_initialised_kernels():
+  """Every decision on the 21 kernels of a He-initialised ResNet20 (675
+  channels) and on a few other shapes, at three percentages."""
   rng = np.random.default_rng(2)
-  shares = []
-  for n in (16, 32, 64):
-    norms = rng.permutation(np.arange(1, n + 1)).astype(np.float64)
-    w = kernel_with_channel_norms(norms)
-    expected = np_running_percentile_pruned(norms, 80.0)
-    out = jax.jit(lambda w: sp.admm_projection(
-        w, 80.0, structure="channel", layout="HWIO", variant="authors"))(w)
-    np.testing.assert_array_equal(pruned_channels(out), expected)
-    shares.append(expected.mean())
-    # the exact projection prunes exactly the 80 %
-    exact = sp.admm_projection(w, 80.0, structure="channel")
-    assert pruned_channels(exact).sum() == int(0.8 * n)
-  assert all(0.3 < s < 0.6 for s in shares), shares
+  shapes = RESNET20_KERNELS + [(3, 3, 8, 4), (5, 5, 24, 8), (3, 3, 128, 16)]
+  project = jax.jit(lambda w, p: sp.admm_projection(
+      w, p, structure="channel", layout="HWIO", variant="authors"))
+  for percent in (80.0, 50.0, 95.0):
+    pruned, total = 0, 0
+    for shape in shapes:
+      w = he_kernel(rng, shape)
+      expected = np_authors_channel_pruned(w, percent)
+      got = pruned_channels(project(w, percent))
+      np.testing.assert_array_equal(got, expected, err_msg=f"{shape} at "
+                                    f"{percent} %")
+      if shape in RESNET20_KERNELS:
+        pruned, total = pruned + expected.sum(), total + expected.size
+    assert total == 675
+    if percent == 80.0:
+      # Fewer than the exact projection's 80 %.
+      assert 0.3 < pruned / total < 0.6, pruned / total
+  # The exact projection prunes exactly the 80 %.
+  w = he_kernel(rng, (3, 3, 64, 64))
+  exact = sp.admm_projection(w, 80.0, structure="channel")
+  assert pruned_channels(exact).sum() == int(0.8 * 64)
 
 
 def test_channel_rule_is_per_member_and_vmaps():
-  norms = np.arange(1.0, 11.0)
-  stacked = np.stack([kernel_with_channel_norms(norms[::-1]),
-                      kernel_with_channel_norms(norms)])
+  norms = np.arange(1.0, 11.0) + 0.5
+  members = [kernel_with_channel_norms(norms[::-1]),
+             kernel_with_channel_norms(norms)]
+  stacked = np.stack(members)
   out = sp.admm_projection(stacked, 80.0, structure="channel", layout="MHWIO",
                            variant="authors")
-  np.testing.assert_array_equal(
-      pruned_channels(out),
-      [np_running_percentile_pruned(norms[::-1], 80.0),
-       np_running_percentile_pruned(norms, 80.0)])
+  expected = [np_authors_channel_pruned(m, 80.0) for m in members]
+  np.testing.assert_array_equal(pruned_channels(out), expected)
+  # The two orders prune differently: each member is its own layer.
+  assert expected[0].tolist() != expected[1].tolist()
   vmapped = jax.vmap(lambda w: sp.admm_projection(
       w, 80.0, structure="channel", variant="authors"))(stacked)
   np.testing.assert_array_equal(vmapped, out)

@@ -291,3 +291,101 @@ def test_eot_apgd_beats_single_draw_apgd_on_a_model_with_misleading_draws():
   assert clean == 1.0
   assert single > 0.8
   assert averaged < single - 0.5
+
+
+# --- the active set ----------------------------------------------------------
+
+
+def test_bucket_sizes():
+  assert auto_pgd.bucket_sizes(500) == (32, 64, 128, 256, 500)
+  assert auto_pgd.bucket_sizes(8) == (1, 2, 4, 8)
+  assert auto_pgd.bucket_sizes(64) == (4, 8, 16, 32, 64)
+  assert auto_pgd.bucket_sizes(1) == (1,)
+
+
+def _apgd_t(compact, images, labels, params, **kw):
+  return jax.jit(functools.partial(
+      attacks.apgd, tiny_models.relu_mlp, loss="dlr_targeted", num_targets=9,
+      num_iters=10, check_draws=0, compact=compact, return_info=True, **kw))(
+          params, images, labels, jax.random.key(5))
+
+
+@pytest.mark.parametrize("n_restarts", [1, 2])
+def test_targets_on_the_images_left_robust_break_the_same_images(n_restarts):
+  """APGD-T attacking, target after target, only the images no target has
+  fooled yet fools exactly the images that every target on every image
+  fools, and each image's run is the same computation in both."""
+  params, images, labels = tiny_models.trained_mlp()
+  images, labels = images[:48], labels[:48]
+  x_all, all_info = _apgd_t(False, images, labels, params,
+                            n_restarts=n_restarts)
+  x_few, few_info = _apgd_t(True, images, labels, params,
+                            n_restarts=n_restarts)
+  robust = _robust(tiny_models.relu_mlp, params, x_all, labels)
+  robust_few = _robust(tiny_models.relu_mlp, params, x_few, labels)
+  np.testing.assert_array_equal(robust_few, robust)
+  np.testing.assert_array_equal(np.asarray(few_info["fooled"]), ~robust)
+  assert 0 < robust.sum() < 40  # some images break, some do not
+  # Each image stays in its own ball (a misaligned gather would not).
+  assert float(jnp.max(jnp.abs(x_few - images))) <= EPS + BOUND_TOL
+  # An image never fooled went through every run in both: the same point.
+  np.testing.assert_allclose(np.asarray(x_few)[robust],
+                             np.asarray(x_all)[robust], atol=1e-6)
+  # Run by run, an attacked image's losses are those of the same image and
+  # run attacking everything (same random start, same steps).
+  attacked = np.asarray(few_info["attacked"])
+  for r in range(attacked.shape[0]):
+    np.testing.assert_allclose(
+        np.asarray(few_info["loss"][r])[:, attacked[r]],
+        np.asarray(all_info["loss"][r])[:, attacked[r]], rtol=1e-5,
+        atol=1e-6)
+
+
+def test_later_targets_attack_only_the_images_left_robust():
+  params, images, labels = tiny_models.trained_mlp()
+  images, labels = images[:48], labels[:48]
+  _, all_info = _apgd_t(False, images, labels, params)
+  _, info = _apgd_t(True, images, labels, params)
+  attacked = np.asarray(info["attacked"])
+  assert attacked.shape == (9, 48)
+  assert attacked[0].all()
+  # The active set only shrinks, and keeps every image never fooled.
+  assert np.all(attacked[1:] <= attacked[:-1])
+  assert np.all(attacked[-1] >= ~np.asarray(info["fooled"]))
+  runs = int(info["image_runs"])
+  assert runs == attacked.sum()
+  assert runs < 48 * 9 == int(all_info["image_runs"])
+  assert runs <= int(info["padded_image_runs"]) < 48 * 9
+
+
+def _counting(apply_fn):
+  calls = []
+
+  def counted(params, images, key):
+    jax.debug.callback(lambda: calls.append(1))
+    return apply_fn(params, images, key)
+  return counted, calls
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_check_draws_default_checks_a_fresh_draw_only_for_a_noisy_model(
+    noisy):
+  params, images, labels = tiny_models.trained_mlp()
+  images, labels = images[:8], labels[:8]
+  model = tiny_models.noisy_relu_mlp if noisy else tiny_models.relu_mlp
+  calls = {}
+  for draws in (None, 0, 1):
+    counted, seen = _counting(model)
+    jax.block_until_ready(jax.jit(functools.partial(
+        attacks.apgd, counted, num_iters=10, check_draws=draws))(
+            params, images, labels, jax.random.key(6)))
+    calls[draws] = len(seen)
+  # 11 gradient passes; a check costs 11 more; the default's probe 2.
+  assert calls[1] == calls[0] + 11
+  assert calls[None] == (calls[1] if noisy else calls[0]) + 2
+  # Said by the caller, the model needs no probe.
+  counted, seen = _counting(model)
+  jax.block_until_ready(jax.jit(functools.partial(
+      attacks.apgd, counted, num_iters=10, stochastic=noisy))(
+          params, images, labels, jax.random.key(6)))
+  assert len(seen) == calls[1 if noisy else 0]

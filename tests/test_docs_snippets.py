@@ -132,7 +132,7 @@ def test_the_readme_s_first_screen_says_what_is_reproduced_where():
   for scale in ("cpu", "cpu-long", "gpu", "paper"):
     assert f"| `{scale}` |" in first, f"no line for the {scale} scale"
   for generated in ("results/cpu/overview.md", "results/cpu/claims.md",
-                    "results/queue.md"):
+                    "results/cpu-long/overview.md"):
     assert f"]({generated})" in first, f"the first screen lacks {generated}"
 
 

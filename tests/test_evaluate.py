@@ -481,7 +481,7 @@ def test_the_strong_protocol_attacks_only_what_autoattack_attacks():
 
 def test_attack_names_are_defined_once_and_the_rest_derived():
   from configs import cpu  # pylint: disable=import-outside-toplevel
-  from fkjax.evaluation import names as eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax.config import names as eval_names  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
   from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel

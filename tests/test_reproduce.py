@@ -6,6 +6,7 @@ persistent compilation cache, so only the first run of each program pays for
 compilation.
 """
 import functools
+import hashlib
 import json
 import os
 import re
@@ -22,8 +23,10 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from fkjax.evaluation import journal as eval_journal
+from fkjax import pretrained
+from fkjax.checkpoint import weights_file
 from fkjax.config import record as run_config
+from fkjax.evaluation import journal as eval_journal
 from fkjax import workdir as workdir_lib
 from reproduce import __main__ as reproduce_main
 from reproduce import archive as archive_lib
@@ -31,6 +34,7 @@ from reproduce import report
 from reproduce import runner
 from reproduce import scales
 from reproduce import tables
+from reproduce import weights
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_TEX = REPO.parent / "shared" / "paper.tex"
@@ -480,6 +484,110 @@ def test_rerun_skips_finished_rows(tiny):
   after = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()
            if p.is_file()}
   assert before == after
+
+
+# --------------------------------------------------------------------------
+# Published runs: fkjax.pretrained loads what the runner keeps under results/.
+
+
+def test_the_committed_run_names_are_the_tables():
+  # fkjax.pretrained resolves names with this file, not with the tables:
+  # the runner rewrites it with every table it writes.
+  committed = json.loads((REPO / "results" / weights_file.NAMES_FILE)
+                         .read_text())
+  assert committed == weights.names()
+  assert committed["table5"]["resnet20_skip"] == "table1/resnet20_none"
+  assert committed["table1"]["resnet20_none"] == "table1/resnet20_none"
+
+
+def test_a_name_resolves_through_the_names_file_or_as_written(tmp_path):
+  assert pretrained.run_dir("gpu/table5/resnet20_skip/seed1",
+                            str(tmp_path)) == str(
+      tmp_path / "gpu/runs/table5/resnet20_skip_seed1")
+  weights.write_names(str(tmp_path))
+  assert pretrained.run_dir("gpu/table5/resnet20_skip/seed1",
+                            str(tmp_path)) == str(
+      tmp_path / "gpu/runs/table1/resnet20_none_seed1")
+  with pytest.raises(pretrained.PretrainedError, match="no table 'table9'"):
+    pretrained.run_dir("gpu/table9/resnet20_skip/seed1", str(tmp_path))
+
+
+def test_the_runner_writes_the_run_names_with_its_tables(tiny):
+  written = json.loads((tiny["root"] / "results" / weights_file.NAMES_FILE)
+                       .read_text())
+  assert written == weights.names()
+
+
+@pytest.mark.slow   # eval.py evaluates the published weights in a process
+def test_a_published_run_loads_by_name_and_evaluates_without_training(
+    tiny, tmp_path):
+  from fkjax.training import experiment  # pylint: disable=C0415
+  import jax  # pylint: disable=C0415
+  results = str(tiny["root"] / "results")
+  kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
+      *ROW_WORKDIR[1:])
+  assert pretrained.available(results) == ["tiny/table1/resnet20_none/seed0"]
+  # Table 5's row is Table 1's run, loaded by either name
+  model, variables, config, record = pretrained.load(
+      "tiny/table5/resnet20_skip/seed0", results)
+  assert record["metrics"] == json.loads(
+      (kept / runner.RUN_RECORD).read_text())["metrics"]
+  workdir = str(tiny["root"] / "w" / os.path.join(*ROW_WORKDIR))
+  _, _, state = experiment.restore_checkpoint(workdir, config)
+  evaluated = experiment.eval_variables(state, config)
+  for a, b in zip(jax.tree.leaves(evaluated), jax.tree.leaves(variables)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  images = np.zeros((2, 32, 32, 3), np.float32)
+  logits = model.apply(variables, images, train=False,
+                       rngs={"noise": jax.random.PRNGKey(0)})
+  assert logits.shape == (2, 10)
+  # written into a workdir, eval.py evaluates it to the run's numbers
+  target = tmp_path / "published"
+  # `python -m fkjax.pretrained NAME --workdir=...`'s main, in this process
+  assert pretrained.main(["tiny/table1/resnet20_none/seed0",
+                          f"--workdir={target}",
+                          f"--results={results}"]) == 0
+  proc = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={target}",
+       "--config.progress=False"], cwd=REPO, capture_output=True, text=True,
+      timeout=600, env=_env(tiny["cache"]))
+  assert proc.returncode == 0, proc.stderr
+  got = json.loads((target / "eval_paper.json").read_text())
+  want = json.loads((kept / "eval_paper.json").read_text())
+  assert got["correct_per_image"] == want["correct_per_image"]
+
+
+def test_unknown_or_unpublished_names_are_one_clear_error(tiny):
+  results = str(tiny["root"] / "results")
+  with pytest.raises(pretrained.PretrainedError, match="is not <scale>"):
+    pretrained.load("table1/resnet20_none", results)
+  with pytest.raises(pretrained.PretrainedError, match="no published"):
+    pretrained.load("tiny/table1/en2resnet20_none/seed0", results)
+  with pytest.raises(pretrained.PretrainedError, match="has no row"):
+    pretrained.load("tiny/table1/resnet99/seed0", results)
+
+
+def _tree_digest(folder):
+  h = hashlib.sha256()
+  for path in sorted(Path(folder).rglob("*")):
+    h.update(str(path.relative_to(folder)).encode())
+    if path.is_file():
+      h.update(path.read_bytes())
+  return h.hexdigest()
+
+
+def test_a_dry_run_writes_nothing(tiny, tmp_path, capsys):
+  results = tiny["root"] / "results"
+  before = _tree_digest(results)
+  root = tmp_path / "w"
+  capsys.readouterr()
+  assert reproduce_main.main(
+      ["table5", "--scale=tiny", f"--rows={ROW}", "--dry-run",
+       f"--root={root}", f"--results={results}"]) == 0
+  assert "resnet20_skip seed 0 (shared: table1/resnet20_none): done" in (
+      capsys.readouterr().out)
+  assert not root.exists()
+  assert _tree_digest(results) == before
 
 
 @pytest.mark.slow   # a row killed and resumed in subprocesses, end to end
@@ -1136,7 +1244,7 @@ def test_the_flags_a_result_names_select_its_scale_again(name):
 
 
 def test_the_runners_evaluation_costs_cover_exactly_the_attack_names():
-  from fkjax.evaluation import names as eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax.config import names as eval_names  # pylint: disable=import-outside-toplevel
   from reproduce import runner  # pylint: disable=import-outside-toplevel
   costed = set(runner._EVAL_ITERS) | {"nattack"}  # pylint: disable=protected-access
   assert costed == set(eval_names.ATTACK_NAMES)

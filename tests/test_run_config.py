@@ -226,7 +226,7 @@ def test_a_mistake_outside_the_jax_named_keys_is_said_before_jax_loads():
   script = (
       "import sys\n"
       "from configs import tiny\n"
-      "from fkjax import run_config\n"
+      "from fkjax.config import record as run_config\n"
       "c = tiny.get_config(); c.attack.epsilon = 8.0\n"
       "try:\n"
       "  run_config.validate(c)\n"

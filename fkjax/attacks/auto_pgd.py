@@ -33,14 +33,23 @@ Python state), so a batch is attacked at once; the loop is a
 counts as broken if ANY iterate fooled the model: the attack returns, per
 image, the highest-loss iterate that fooled the model, else the highest-loss
 iterate ``x_max``. With ``n_restarts > 1`` (and for every target of APGD-T)
-the attack runs again from a new random start and keeps, per image, a
-fooling point over a non-fooling one and otherwise the higher loss; a run is
-skipped once every image of the batch is fooled.
+the attack runs again from a new random start, on the images no run has
+fooled yet only (AutoAttack's active set: gathered into a batch of one of
+``bucket_sizes``, a ``lax.switch`` over those sizes inside the ``lax.scan``
+over the runs, so that one program serves every count), and keeps, per
+image, the higher-loss point of those that did not fool. Image ``i``'s
+random start in run ``r`` is drawn from ``fold_in(start key of r, i)``, so
+it is the same whichever images the run attacks; ``compact=False`` attacks
+every image in every run, and fools the same images.
 
 Noisy models: every gradient, and the loss that steers the step size, is an
 average over ``eot_samples`` noise draws (``eot.loss_and_gradient``); an
 iterate counts as fooling only if it fools the model on ``check_draws``
-fresh draws (``eot.fooled``), never the draws its gradient used.
+fresh draws (``eot.fooled``), never the draws its gradient used. By default
+a noisy model gets 1 such draw and a deterministic one none (its gradient
+pass's logits are exact). The model's noise is drawn per batch (one key per
+call of ``apply_fn``), so on a noisy model a run attacking fewer images
+draws different noise than one attacking all.
 """
 from __future__ import annotations
 
@@ -117,24 +126,44 @@ def _per_image(mask: jax.Array, ndim: int) -> jax.Array:
   return mask.reshape((-1,) + (1,) * (ndim - 1))
 
 
-def _run(apply_fn, variables, images, labels, targets, key, *, epsilon,
-         num_iters, loss, eot_samples, check_draws, random_start, rho,
-         momentum, initial_step, trace):
-  """One APGD run from one random start. Returns the result and a trace."""
+def _start(key: jax.Array, image_ids: jax.Array, images: jax.Array,
+           epsilon: float) -> jax.Array:
+  """The random start: image ``i``'s noise drawn from ``fold_in(key, i)``,
+  so that an image gets the same start in any subset of its batch."""
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, image_ids)
+  noise = jax.vmap(lambda k: common.uniform(k, images.shape[1:], -epsilon,
+                                            epsilon))(keys)
+  return common.project(images + noise, images, epsilon)
+
+
+def _run(apply_fn, variables, images, labels, targets, image_ids, key,
+         noisy, *, epsilon, num_iters, loss, eot_samples, check_draws,
+         random_start, rho, momentum, initial_step, trace):
+  """One APGD run from one random start. Returns the result and a trace.
+
+  ``image_ids`` (int ``[batch]``) name the images for their random starts;
+  ``check_draws=None`` checks on one fresh draw where ``noisy`` (a traced
+  bool) and on the gradient pass's logits otherwise.
+  """
   start_key, loop_key = jax.random.split(key)
   ndim = images.ndim
   x0 = images
   if random_start:
-    noise = common.uniform(start_key, images.shape, -epsilon, epsilon)
-    x0 = common.project(images + noise, images, epsilon)
+    x0 = _start(start_key, image_ids, images, epsilon)
 
   def evaluate(x, k):
     step_key, check_key = jax.random.split(jax.random.fold_in(loop_key, k))
     value, grad, logits = eot.loss_and_gradient(
         apply_fn, variables, x, labels, step_key, loss=loss,
         eot_samples=eot_samples, targets=targets)
-    wrong = eot.fooled(apply_fn, variables, x, labels, check_key,
-                       check_draws, logits)
+    if check_draws is None:
+      wrong = jax.lax.cond(
+          noisy,
+          lambda: eot.fooled(apply_fn, variables, x, labels, check_key, 1),
+          lambda: common.misclassified(logits, labels))
+    else:
+      wrong = eot.fooled(apply_fn, variables, x, labels, check_key,
+                         check_draws, logits)
     return value, grad, wrong
 
   loss0, grad0, wrong0 = evaluate(x0, 0)
@@ -230,6 +259,34 @@ def attack_targets(apply_fn: common.ApplyFn, variables: Any,
   return jax.lax.top_k(scores, num_targets)[1].T
 
 
+# Sizes of the batches a restart or target attacks (the images not yet
+# fooled, padded up): the batch and the powers of two below it, at most this
+# many. Each size is one more copy of a run in the compiled program.
+MAX_BUCKETS = 5
+
+
+def bucket_sizes(batch: int, max_buckets: int = MAX_BUCKETS
+                 ) -> tuple[int, ...]:
+  """Ascending sizes a later run's images are padded to: ``batch`` and the
+  largest powers of two below it (``bucket_sizes(500) == (32, 64, 128, 256,
+  500)``)."""
+  sizes = [batch]
+  size = 1 << ((batch - 1).bit_length() - 1) if batch > 1 else 0
+  while size >= 1 and len(sizes) < max_buckets:
+    sizes.append(size)
+    size //= 2
+  return tuple(sorted(sizes))
+
+
+def is_noisy(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
+             key: jax.Array) -> jax.Array:
+  """Bool scalar: whether two noise keys give different logits on
+  ``images`` (a model that ignores its key gives identical ones)."""
+  first, second = jax.random.split(key)
+  return jnp.any(apply_fn(variables, images, first)
+                 != apply_fn(variables, images, second))
+
+
 def apgd(apply_fn: common.ApplyFn,
          variables: Any,
          images: jax.Array,
@@ -242,11 +299,13 @@ def apgd(apply_fn: common.ApplyFn,
          n_restarts: int = 1,
          num_targets: int = 9,
          eot_samples: int = 1,
-         check_draws: int = 1,
+         check_draws: int | None = None,
+         stochastic: bool | None = None,
          random_start: bool = True,
          rho: float = 0.75,
          momentum: float = 0.75,
          initial_step: float = 2.0,
+         compact: bool = True,
          return_info: bool = False):
   """Auto-PGD in l_inf; see the module docstring for the algorithm.
 
@@ -268,19 +327,34 @@ def apgd(apply_fn: common.ApplyFn,
     eot_samples: noise draws each gradient and loss average over. Static.
     check_draws: fresh noise draws an iterate must fool, all of them, to
       count as a success; 0 judges the gradient's first draw instead (free,
-      exact for a deterministic model only). Static.
+      exact for a deterministic model only). None (the default): 1 for a
+      stochastic model, 0 for a deterministic one (see ``stochastic``).
+      Static.
+    stochastic: whether the model draws noise, for ``check_draws=None``.
+      None (the default): found out at run time, by comparing the model's
+      logits on ``images`` under two noise keys (two forward passes); every
+      iteration then runs only the check that applies. Static.
     random_start: start from a uniform point of the ball (as the paper);
       False starts at ``images``. Static.
     rho: condition 1's fraction of successful steps. Static.
     momentum: ``a`` of the step (0.75). Static.
     initial_step: the first step size in units of ``epsilon`` (2). Static.
+    compact: each restart and target after the first attacks only the
+      images no run has fooled yet, gathered into a batch of one of
+      ``bucket_sizes(batch)`` (AutoAttack's and torchattacks' active set).
+      False attacks every image in every run (each image's draws are the
+      same either way, so the same images are fooled; a fooled image keeps
+      its first run's point instead of the highest-loss fooling one). Static.
     return_info: also return a dict with, per image, ``"fooled"`` (bool
       ``[batch]``: some iterate fooled the ``check_draws`` check),
-      ``"score"`` (the returned point's loss) and, per run (``[runs, ...]``),
+      ``"score"`` (the returned point's loss), per run (``[runs, ...]``)
+      ``"attacked"`` (bool ``[runs, batch]``: the images the run attacked),
       the trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as
       evaluated, before any restart from ``x_max``) and ``"step_size"``
-      (``[runs, N, batch]``: the step that produced ``x^(k+1)``); a run
-      skipped because every image was fooled has zero traces. Static.
+      (``[runs, N, batch]``: the step that produced ``x^(k+1)``), zero for
+      the images a run did not attack, and the counts ``"image_runs"`` (the
+      images attacked, summed over the runs) and ``"padded_image_runs"``
+      (the same with the padding of the buckets). Static.
 
   Returns:
     Adversarial images like ``images`` (and the info dict if asked).
@@ -297,51 +371,93 @@ def apgd(apply_fn: common.ApplyFn,
     run_targets = jnp.repeat(targets, n_restarts, axis=0)
   else:
     run_targets = jnp.zeros((n_restarts,) + labels.shape, jnp.int32)
+  if check_draws is None and stochastic is not None:
+    check_draws = 1 if stochastic else 0
+  noisy = (is_noisy(apply_fn, variables, images,
+                    jax.random.fold_in(key, 1))
+           if check_draws is None else jnp.bool_(False))
   num_runs = run_targets.shape[0]
   run_keys = jax.random.split(runs_key, num_runs)
+  batch = labels.shape[0]
   ndim = images.ndim
-  run = lambda t, k: _run(
-      apply_fn, variables, images, labels, t if targeted else None, k,
-      epsilon=epsilon, num_iters=num_iters, loss=loss,
-      eot_samples=eot_samples, check_draws=check_draws,
-      random_start=random_start, rho=rho, momentum=momentum,
-      initial_step=initial_step, trace=return_info)
+
+  def attack(size, rows, valid, target, run_key):
+    """One run on the images ``rows`` (``size`` of them, the ``valid``
+    ones real), its results scattered back to the batch."""
+    x, fooled, score, info = _run(
+        apply_fn, variables, images[rows], labels[rows],
+        target[rows] if targeted else None, rows, run_key, noisy,
+        epsilon=epsilon, num_iters=num_iters, loss=loss,
+        eot_samples=eot_samples, check_draws=check_draws,
+        random_start=random_start, rho=rho, momentum=momentum,
+        initial_step=initial_step, trace=return_info)
+    # Padding rows go out of range, and out-of-range writes are dropped.
+    to = jnp.where(valid, rows, batch)
+    put = lambda full, part: full.at[to].set(part, mode="drop")
+    out = (put(images, x), put(jnp.zeros(batch, jnp.bool_), fooled),
+           put(jnp.full(batch, -jnp.inf, jnp.float32), score),
+           put(jnp.zeros(batch, jnp.bool_), jnp.ones(size, jnp.bool_)))
+    info = {name: jnp.zeros(trace.shape[:-1] + (batch,), trace.dtype).at[
+        ..., to].set(trace, mode="drop") for name, trace in info.items()}
+    return out, info, jnp.int32(size)
 
   def merge(best, new):
     best_x, best_fooled, best_score = best
-    new_x, new_fooled, new_score = new
-    take = jnp.logical_or(
+    new_x, new_fooled, new_score, attacked = new
+    take = jnp.logical_and(attacked, jnp.logical_or(
         jnp.logical_and(new_fooled, jnp.logical_not(best_fooled)),
-        jnp.logical_and(new_fooled == best_fooled, new_score > best_score))
+        jnp.logical_and(new_fooled == best_fooled, new_score > best_score)))
     return (jnp.where(_per_image(take, ndim), new_x, best_x),
             jnp.logical_or(best_fooled, new_fooled),
             jnp.where(take, new_score, best_score))
 
-  first_x, first_fooled, first_score, first_info = run(run_targets[0],
-                                                       run_keys[0])
-  best = (first_x, first_fooled, first_score)
-  infos = jax.tree.map(lambda a: a[None], first_info)
-  if num_runs > 1:
-    empty_info = jax.tree.map(jnp.zeros_like, first_info)
+  everyone = jnp.arange(batch)
+  all_valid = jnp.ones(batch, jnp.bool_)
+  sizes = bucket_sizes(batch)
 
-    def one_run(best, inputs):
-      target, run_key = inputs
+  def one_run(best, inputs):
+    target, run_key = inputs
+    if not compact:
+      new, info, padded = attack(batch, everyone, all_valid, target, run_key)
+      return merge(best, new), (new[3], info, padded)
+    active = jnp.logical_not(best[1])
+    count = jnp.sum(active)
 
-      def attack(best):
-        x, fooled, score, info = run(target, run_key)
-        return merge(best, (x, fooled, score)), info
+    def on_bucket(size):
+      def branch():
+        rows = jnp.nonzero(active, size=size, fill_value=0)[0]
+        valid = jnp.arange(size) < count
+        new, info, padded = attack(size, jnp.where(valid, rows, rows[0]),
+                                   valid, target, run_key)
+        return merge(best, new), (new[3], info, padded)
+      return branch
 
-      return jax.lax.cond(jnp.all(best[1]), lambda b: (b, empty_info),
-                          attack, best)
+    def skip():
+      shapes = jax.eval_shape(on_bucket(sizes[0]))
+      return best, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                shapes[1])
 
-    best, more_infos = jax.lax.scan(one_run, best,
-                                    (run_targets[1:], run_keys[1:]))
-    infos = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), infos,
-                         more_infos)
+    index = jnp.where(count == 0, 0,
+                      1 + jnp.searchsorted(jnp.asarray(sizes), count))
+    return jax.lax.switch(index, [skip] + [on_bucket(s) for s in sizes])
+
+  start = (images, jnp.zeros(batch, jnp.bool_),
+           jnp.full(batch, -jnp.inf, jnp.float32))
+  if num_runs == 1:
+    new, info, padded = attack(batch, everyone, all_valid, run_targets[0],
+                               run_keys[0])
+    best = merge(start, new)
+    attacked, infos, padded = jax.tree.map(lambda a: a[None],
+                                           (new[3], info, padded))
+  else:
+    best, (attacked, infos, padded) = jax.lax.scan(
+        one_run, start, (run_targets, run_keys))
   x_adv, fooled, score = best
   if not return_info:
     return x_adv
-  return x_adv, {"fooled": fooled, "score": score, **infos}
+  return x_adv, {"fooled": fooled, "score": score, "attacked": attacked,
+                 "image_runs": jnp.sum(attacked),
+                 "padded_image_runs": jnp.sum(padded), **infos}
 
 
 def apgd_ce(apply_fn, variables, images, labels, key, **kwargs):

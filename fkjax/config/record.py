@@ -20,7 +20,7 @@ import ml_collections
 from fkjax import atomic
 from fkjax.config import keys as config_keys
 from fkjax.config import schema as config_schema
-from fkjax.evaluation.names import ATTACK_NAMES as _ATTACK_NAMES
+from fkjax.config.names import ATTACK_NAMES as _ATTACK_NAMES
 
 CONFIG_FILE = "config.json"
 

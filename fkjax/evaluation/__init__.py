@@ -3,7 +3,7 @@
 The evaluation lives in small modules, each with one job; this module
 gathers their public names:
 
-* ``fkjax.evaluation.names``: the attack and column names (``PAPER_COLUMNS``,
+* ``fkjax.config.names``: the attack and column names (``PAPER_COLUMNS``,
   ``COLUMN_LABELS``, ``STRONG_COLUMNS``), defined once;
 * ``fkjax.evaluation.suites``: the protocols' attack suites, registered by name
   (``default_attacks``: the paper's A1..A5; ``strong_attacks``: APGD);
@@ -24,9 +24,9 @@ from fkjax.evaluation.loop import predict_probs
 from fkjax.evaluation.loop import real_rows
 from fkjax.evaluation.loop import robust_accuracy
 from fkjax.evaluation.loop import to_host
-from fkjax.evaluation.names import COLUMN_LABELS
-from fkjax.evaluation.names import PAPER_COLUMNS
-from fkjax.evaluation.names import STRONG_COLUMNS
+from fkjax.config.names import COLUMN_LABELS
+from fkjax.config.names import PAPER_COLUMNS
+from fkjax.config.names import STRONG_COLUMNS
 from fkjax.evaluation.progress import CallCounter
 from fkjax.evaluation.result import AttackResult
 from fkjax.evaluation.result import EvalResult

@@ -1,9 +1,10 @@
 """An evaluation's finished batches, kept on disk so a killed one resumes.
 
 An evaluation under strong attacks can outlast the process running it
-(NAttack at the paper's budget, APGD with EOT on an ensemble: hours; a GPU
-lease: minutes). :class:`fkjax.evaluation.loop.Evaluator`, given a
-:class:`Journal`, writes after every batch what it has counted so far: the
+(NAttack at the paper's budget, APGD with EOT on an ensemble: hours; a job
+scheduler's time limit can end it sooner).
+:class:`fkjax.evaluation.loop.Evaluator`, given a :class:`Journal`, writes
+after every batch what it has counted so far: the
 batches done, the images, per attack the images right, the seconds and
 which images it left right; and, within a batch, after every attack, which
 images the attacks finished so far left right (so a kill loses at most the

@@ -32,7 +32,7 @@ from fkjax import data as data_lib
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import loop as eval_loop
 from fkjax.evaluation import merge as eval_merge
-from fkjax.evaluation import names as eval_names
+from fkjax.config import names as eval_names
 from fkjax.evaluation import result as eval_result
 from fkjax.evaluation import strong as eval_strong
 from fkjax.evaluation import suites as eval_suites

@@ -21,7 +21,7 @@ from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import suites as eval_suites
 from fkjax.evaluation import sanity
 from fkjax.evaluation.loop import Evaluator
-from fkjax.evaluation.names import STRONG_COLUMNS
+from fkjax.config.names import STRONG_COLUMNS
 from fkjax.evaluation.result import EvalResult
 from fkjax.evaluation.strong_result import RepeatedResult
 from fkjax.evaluation.strong_result import SeededAttackResult

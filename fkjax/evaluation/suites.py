@@ -1,7 +1,7 @@
 """The attack suites of the evaluation protocols, registered by name.
 
 * ``"paper"``: ``default_attacks``, the paper's A1..A5, keyed by
-  ``fkjax.evaluation.names.PAPER_COLUMNS``.
+  ``fkjax.config.names.PAPER_COLUMNS``.
 * ``"authors"``: ``authors_attacks``, the authors' script's variants
   (``cw_authors``), which ``config.eval.attacks`` may name beside A1..A5.
 * ``"strong"``: ``strong_attacks``, APGD-CE, APGD-DLR and APGD-T, with EOT
@@ -137,7 +137,7 @@ AUTHORS_CW_STEPS = 50
 @register("authors")
 def authors_attacks() -> dict[str, Attack]:
   """The authors' variants of the paper's attacks (their attack script's),
-  keyed by ``fkjax.evaluation.names.AUTHORS_COLUMNS``: ``cw_authors``, C&W as
+  keyed by ``fkjax.config.names.AUTHORS_COLUMNS``: ``cw_authors``, C&W as
   published (``fkjax.attacks.cw_authors``, ``AUTHORS_CW_STEPS`` steps)."""
   return {"cw_authors": functools.partial(attacks_lib.cw_authors,
                                           num_steps=AUTHORS_CW_STEPS)}

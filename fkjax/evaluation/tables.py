@@ -1,8 +1,8 @@
 """The printed tables of an evaluation: the paper's row, the strong text."""
 from __future__ import annotations
 
-from fkjax.evaluation.names import COLUMN_LABELS
-from fkjax.evaluation.names import STRONG_COLUMNS
+from fkjax.config.names import COLUMN_LABELS
+from fkjax.config.names import STRONG_COLUMNS
 from fkjax.evaluation.result import EvalResult
 from fkjax.evaluation.strong_result import RepeatedResult
 from fkjax.evaluation.strong_result import StrongResult

@@ -218,22 +218,37 @@ def _authors_keep_elements(w: Array, percent: ArrayLike) -> Array:
   return jnp.abs(x) >= thr
 
 
+def _numpy_percentile(a: Array, q: Array) -> Array:
+  """``np.percentile(a, q, axis=-1)`` (linear) as NumPy computes it for a
+  float32 ``a`` and a Python-float ``q``: the same virtual index and the same
+  two-sided interpolation, so a value on the threshold lands on the same side.
+  """
+  n = a.shape[-1]
+  sorted_a = jnp.sort(a, axis=-1)
+  quantile = q / 100
+  virtual = n * quantile + (1 - quantile) - 1
+  below = jnp.clip(jnp.floor(virtual), 0, n - 1)
+  above = jnp.clip(below + 1, 0, n - 1)
+  gamma = (virtual - below).astype(a.dtype)
+  low = sorted_a[..., below.astype(jnp.int32)]
+  high = sorted_a[..., above.astype(jnp.int32)]
+  diff = high - low
+  return jnp.where(gamma >= 0.5, high - diff * (1 - gamma), low + diff * gamma)
+
+
 def _authors_keep_channels(norms: Array, percent: ArrayLike) -> Array:
   """The authors' channel rule over the last axis: a running percentile.
 
-  One pass over the channels in index order, with an array ``a`` of ``n``
-  entries that starts all zero. At channel ``i``: ``a[i]`` is set to the
-  channel's norm; the threshold is ``np.percentile(a, percent)`` (linear
-  interpolation) of the *whole* array, whose entries ``> i`` still hold 0;
-  the channel is pruned iff its norm is below that threshold, and a pruned
-  channel's entry is set back to 0.
-
-  The threshold is thus taken among ``n`` values of which the not yet visited
-  channels and the pruned ones are zeros: early channels face a threshold
-  near 0 and are kept. For i.i.d. norms the share pruned tends to
-  ``p − (1 − p) ln(1 / (1 − p))`` as ``n`` grows (with ``p = percent / 100``:
-  about 48 % at 80 %; about 43 % for 16 channels, 45 % for 32) instead of
-  ``p``.
+  One pass over the channels in index order, over an array ``a`` that starts
+  as the channel norms. At channel ``i`` the threshold is
+  ``np.percentile(a, percent)`` (linear interpolation) of the *whole* array;
+  channel ``i`` is kept iff its norm is above it, and ``a[i]`` is overwritten
+  with the decision: 1.0 if kept, 0.0 if pruned. The threshold is thus taken
+  among the decisions (0 or 1) of the channels visited and the norms of the
+  others, so it depends on the norms' scale: with norms well above 1 (as at
+  He initialisation) the visited entries drag the threshold down and the
+  later channels are kept. Sequential by nature: a ``lax.scan`` over the
+  channels.
   """
   norms = norms.astype(jnp.promote_types(norms.dtype, jnp.float32))
   n = norms.shape[-1]
@@ -241,15 +256,12 @@ def _authors_keep_channels(norms: Array, percent: ArrayLike) -> Array:
   index = jnp.arange(n)
 
   def visit(a, i):
-    s = norms[..., i]
-    at_i = index == i
-    a = jnp.where(at_i, s[..., None], a)
-    pruned = s < jnp.percentile(a, q, axis=-1)
-    a = jnp.where(at_i & pruned[..., None], jnp.zeros_like(a), a)
-    return a, pruned
+    keep = norms[..., i] > _numpy_percentile(a, q)
+    a = jnp.where(index == i, keep[..., None].astype(a.dtype), a)
+    return a, keep
 
-  _, pruned = jax.lax.scan(visit, jnp.zeros_like(norms), index)
-  return ~jnp.moveaxis(pruned, 0, -1)
+  _, keep = jax.lax.scan(visit, norms, index)
+  return jnp.moveaxis(keep, 0, -1)
 
 
 STRUCTURES = ("element", "channel")
@@ -300,11 +312,12 @@ def admm_projection(
 
   * element: entries with ``|w|`` below ``np.percentile`` of the *signed*
     weights are zeroed (about 60 % at "80 %" for weights symmetric about 0);
-  * channel: the channels are visited in index order; at channel ``i`` the
-    threshold is the percentile of an array holding the norms of the channels
-    visited and kept so far, channel ``i``'s norm, and zeros for the others
-    (not yet visited, or pruned); channel ``i`` is pruned iff its norm is
-    below it (about 48 % at "80 %" for many i.i.d. norms).
+  * channel: the channels are visited in index order over an array that
+    starts as the channel norms (``sqrt(‖w_g‖² + 1e-8)``); at channel ``i``
+    the threshold is the percentile of the whole array as it is, channel
+    ``i`` is pruned iff its norm is at most the threshold, and its entry is
+    overwritten with the decision, 1.0 kept or 0.0 pruned (about 48 % pruned
+    at "80 %" on He-initialised ResNet20 kernels).
 
   Percentiles interpolate linearly, as NumPy's default.
 
@@ -344,7 +357,8 @@ def admm_projection(
     if exact:
       keep = _keep_largest_per_layer(sq, percent, member_axes)
     else:
-      # Norms, not squares: the percentile interpolates between them.
-      keep = _per_layer(_authors_keep_channels, jnp.sqrt(sq), percent,
-                        member_axes)
+      # Norms, not squares (the percentile interpolates between them), with
+      # the authors' 1e-8 under the root.
+      keep = _per_layer(_authors_keep_channels,
+                        jnp.sqrt(sq + GROUP_LASSO_EPS), percent, member_axes)
   return jnp.where(keep, w, jnp.zeros_like(w))
