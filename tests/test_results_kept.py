@@ -238,3 +238,28 @@ def test_checkpoints_that_record_no_config_need_the_record(trained, tmp_path):
   _one_line(_train(workdir, trained[1], check=False),
             "config.json is missing", "do not record the config",
             "restore config.json")
+
+
+# --------------------------------------------------------------------------
+# What train.py and eval.py leave to look at.
+
+
+def test_the_curves_and_the_test_accuracies_are_there_to_see(trained,
+                                                             tmp_path):
+  from tests.test_metric_logging import _events, _scalars  # pylint: disable=C0415
+  workdir = _copy(trained, tmp_path)
+  png = workdir / "plots" / "training_curves.png"
+  assert png.read_bytes()[:4] == b"\x89PNG"
+  _eval(workdir, trained[1], "natural,fgsm")
+  scalars = {}
+  for events in _events(workdir / "tensorboard"):
+    scalars.update(_scalars(events))
+  final = json.loads((workdir / "final_eval.json").read_text())
+  evaluated = json.loads((workdir / "eval_paper_n16.json").read_text())
+  for stem, document in (("final_eval", final),
+                         ("eval_paper_n16", evaluated)):
+    for name, entry in document["attacks"].items():
+      assert scalars[(document["step"], f"{stem}/{name}_accuracy")] == (
+          pytest.approx(entry["accuracy"]))
+  # The training scalars of every epoch are still there.
+  assert {step for step, tag in scalars if tag == "train_loss"} == {4, 8, 12}

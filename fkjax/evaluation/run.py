@@ -258,6 +258,24 @@ class Restored:
     return results
 
 
+  def log_test(self, path: str, accuracies: Mapping[str, float],
+               report: Any) -> None:
+    """The evaluation's accuracies (A1..A5) and sparsity in TensorBoard,
+    at the checkpoint's step, tagged by its result file
+    (``eval_paper/natural_accuracy``; process 0 only)."""
+    if jax.process_index() != 0:
+      return
+    stem = os.path.splitext(os.path.basename(path))[0]
+    scalars = {f"{stem}/{name}_accuracy": value
+               for name, value in accuracies.items()}
+    scalars[f"{stem}/weight_sparsity"] = report.weight_sparsity
+    scalars[f"{stem}/channel_sparsity"] = report.channel_sparsity
+    logger = self.logger or metric_logging.MetricLogger(self.workdir)
+    logger.write_test(self.step, scalars)
+    if logger is not self.logger:
+      logger.close()
+
+
 def restore(config: ml_collections.ConfigDict, workdir: str, *,
             exp: experiment_lib.Experiment | None = None, final: bool = False,
             logger: metric_logging.MetricLogger | None = None) -> Restored:
@@ -427,6 +445,7 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
     results["admm_dense_w"] = _admm_dense_w(r, suite, journal)
   results.update(_paper_record(r, report))
   results = r.write(path, results, results["protocol"], merge=True)
+  r.log_test(path, result.accuracies(), report)
   _forget(journal, dense_part)
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(

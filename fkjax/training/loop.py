@@ -340,6 +340,7 @@ def _epoch(loop: _Loop, state: PyTree, epoch: int
     runs.loggers[i].log_text(runs.line_prefix(i)
                              + metric_logging.format_epoch(summary)
                              + loop.synthetic)
+    runs.loggers[i].plot_curves()
     summaries.append(summary)
   select = selection_column(runs.template)
   runs.save(step, state, val_accuracy=[a[select] for a in val_accuracy])
