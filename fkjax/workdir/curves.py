@@ -75,13 +75,10 @@ def figure(records: Sequence[Mapping[str, Any]]) -> Any:
   return fig
 
 
-def save(workdir: str) -> str | None:
-  """Draws the curves of ``<workdir>/metrics.jsonl`` into
-  ``<workdir>/plots/training_curves.png``; returns its path (None: no
-  epoch recorded yet)."""
-  # pylint: disable=import-outside-toplevel
-  from fkjax.workdir import metric_logging
-  records = metric_logging.read_metrics(workdir)
+def save(workdir: str, records: Sequence[Mapping[str, Any]]) -> str | None:
+  """Draws ``records``, the run's ``metrics.jsonl`` as ``read_metrics``
+  reads it, into ``<workdir>/plots/training_curves.png``; returns its path
+  (None: no epoch recorded yet)."""
   if not records:
     return None
   path = path_of(workdir)

@@ -81,7 +81,8 @@ class MetricLogger:
     if not self.enabled:
       return None
     from fkjax.workdir import curves  # matplotlib only when drawn
-    return curves.save(os.path.dirname(self._path) or ".")
+    workdir = os.path.dirname(self._path) or "."
+    return curves.save(workdir, read_metrics(workdir))
 
   def write_test(self, step: int, scalars: Mapping[str, float]) -> None:
     """Adds a test evaluation's scalars (``{tag: value}``) to TensorBoard,
