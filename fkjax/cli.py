@@ -3,7 +3,7 @@ one line.
 
 A mistake of the user's (a bad flag or config value, missing data, a missing,
 corrupt or mismatching checkpoint, a diverged run, a workdir in use, a full
-disk) prints ``error: <what, where, what to do>`` on stderr and exits with
+disk, a batch too large for memory) prints ``error: <what, where, what to do>`` on stderr and exits with
 status 2 (bad command line) or 1 (anything else), with no traceback.
 ``--traceback`` (or ``FKJAX_TRACEBACK=1``) shows the traceback instead, for
 debugging; an unexpected exception (a bug) always shows it.
@@ -55,6 +55,7 @@ USER_ERRORS = {
     "fkjax.checkpoint": "CheckpointError",
     "fkjax.errors": "TrainingError",
     "fkjax.workdir.check": "WorkdirError",
+    "fkjax.evaluation.memory": "BatchTooLarge",
 }
 
 

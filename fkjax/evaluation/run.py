@@ -352,6 +352,7 @@ def _paper_accuracy(r: Restored, variables: Any,
       num_noise_draws=r.config.eval.num_noise_draws,
       progress=r.config.progress, per_image=per_image,
       num_batches=r.num_batches(), journal=journal,
+      batch_key="config.eval.batch_size",
       # The progress in forward passes: NAttack's calls cost more.
       work_per_image=attack_costs(list(suite), r.config))
 

@@ -270,7 +270,8 @@ class SingleRun(run_loop.Runs):
   def _validator(self) -> evaluation.Evaluator:
     eval_apply, _ = experiment_lib.model_fns(self.exp.model)
     return evaluation.Evaluator(eval_apply,
-                              eval_run.validation_attacks(self.config))
+                              eval_run.validation_attacks(self.config),
+                              batch_key="config.validation.batch_size")
 
   def validate(self, evaluated: PyTree, split, epoch: int
                ) -> list[dict[str, float]]:
