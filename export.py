@@ -60,6 +60,7 @@ def main(argv):
   import numpy as np
 
   from fkjax import slim
+  from fkjax.checkpoint import writing
   from fkjax.slim import destination
 
   out = FLAGS.out or os.path.join(FLAGS.workdir, "slim")
@@ -72,8 +73,10 @@ def main(argv):
   costs = slim.cost_report(specs, image_size)
   staged = destination.staging(out)
   try:
-    slim.save_slim(staged, small, small_vars, source=os.path.abspath(
-        FLAGS.workdir), checkpoint=config.eval.checkpoint, step=int(step))
+    # A full disk, or Ctrl-C, during orbax's write: one line.
+    with writing.one_line(lambda cause: destination.write_error(out, cause)):
+      slim.save_slim(staged, small, small_vars, source=os.path.abspath(
+          FLAGS.workdir), checkpoint=config.eval.checkpoint, step=int(step))
     with open(os.path.join(staged, destination.COSTS), "w") as f:
       json.dump({"image_size": list(image_size),
                  "totals": slim.totals(costs),

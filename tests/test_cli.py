@@ -254,7 +254,7 @@ _FILE_SIZE_LIMIT = (
     "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, "
     "resource.RLIM_INFINITY))\n"
     "sys.argv = sys.argv[1:]\n"
-    "exec(compile(open(sys.argv[0]).read(), sys.argv[0], 'exec'))\n")
+    "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
 def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
-import time
 from typing import Any
 
 import jax
@@ -25,15 +23,13 @@ from fkjax.checkpoint import errors
 from fkjax.checkpoint import quiet
 from fkjax.checkpoint import run_record
 from fkjax.checkpoint import shapes
+from fkjax.checkpoint import writing
 from fkjax.checkpoint.errors import CheckpointError
 
 # Checkpoints kept besides the best one.
 KEEP_LATEST = 2
 ALLOW_UNVERIFIED_ENV = "FKJAX_ALLOW_UNVERIFIED_CHECKPOINT"
 ALLOW_UNVERIFIED_FLAG = "--allow_unverified_checkpoint"
-# How long a save cut short (Ctrl-C) waits for its threads: one still
-# writing when the interpreter exits aborts the process.
-_ABANDON_SECONDS = 30.0
 
 
 def _metric(metrics: Any) -> float:
@@ -133,49 +129,14 @@ class Checkpointer:
     # deleted is checked against it (fkjax.config.record).
     metadata[run_record.METADATA_KEY].update(
         run_record.of_workdir(os.path.dirname(self.directory)))
-    threads = set(threading.enumerate())
-    # Leftovers: a failed write's tensorstore callbacks report "Event loop
-    # is closed" around its one-line error, as a failed read's do.
-    with quiet.dropping(quiet.METRICLESS), quiet.errors_held() as held, (
-        quiet.leftovers_dropped()):
-      try:
-        self._manager.save(step, args=ocp.args.StandardSave(state),
-                           metrics=metrics, force=True,
-                           custom_metadata=metadata)
-        self._manager.wait_until_finished()
-      except Exception as e:  # orbax wraps I/O errors in many types
-        cause = errors.os_error(e)
-        if cause is None:  # not an I/O failure: orbax's own logs are shown
-          raise
-        held.clear()  # the one line below says it
-        quiet.drop_orbax_thread_errors()
-        raise errors.write_error(step, self.step_dir(step), cause) from e
-      except BaseException:
-        # Ctrl-C: the save is abandoned (the previous checkpoints are
-        # intact), its threads' complaints about it are not news.
-        held.clear()
-        quiet.drop_orbax_thread_errors()
-        # Its threads end before the interpreter does: one still writing
-        # at exit aborted the process (in tensorstore's C++).
-        self._abandon(threads)
-        raise
-
-  def _abandon(self, threads: set[threading.Thread]) -> None:
-    """Waits (up to ``_ABANDON_SECONDS``) for the threads a save cut short
-    started, those not in ``threads``, to end; what they report is
-    dropped (the caller says it in one line)."""
-    try:
+    # Ctrl-C: the save is abandoned, the previous checkpoints are intact.
+    with quiet.dropping(quiet.METRICLESS), writing.one_line(
+        lambda cause: errors.write_error(step, self.step_dir(step), cause),
+        wait=self._manager.wait_until_finished):
+      self._manager.save(step, args=ocp.args.StandardSave(state),
+                         metrics=metrics, force=True,
+                         custom_metadata=metadata)
       self._manager.wait_until_finished()
-    except Exception:  # pylint: disable=broad-except
-      pass  # the save's own failure, not news
-    deadline = time.monotonic() + _ABANDON_SECONDS
-    # One thread of a save starts the next as it ends.
-    while time.monotonic() < deadline:
-      running = set(threading.enumerate()) - threads
-      if not running:
-        break
-      for thread in running:
-        thread.join(max(0.0, deadline - time.monotonic()))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

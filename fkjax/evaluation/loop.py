@@ -293,7 +293,9 @@ class Evaluator:
                     key: jax.Array) -> None:
     """Refuses, in one line, a batch that would not fit in memory
     (:mod:`fkjax.evaluation.memory`), before it runs."""
-    devices = len(getattr(images.sharding, "device_set", ())) or 1
+    placed = list(getattr(getattr(images, "sharding", None), "device_set",
+                          ()) or jax.devices()[:1])
+    devices = len(placed)
     half = images.shape[0] // 2
     eval_memory.check(
         compiled, int(images.shape[0]), f"attack {name}",
@@ -301,7 +303,8 @@ class Evaluator:
         at_half=lambda: self._jitted[counting][name].trace(
             variables, images[:half], labels[:half], key).lower().compile(),
         # The CPU's devices share its memory; a GPU's estimate is its own.
-        scale=devices if images.devices().pop().platform == "cpu" else 1)
+        scale=devices if placed[0].platform == "cpu" else 1,
+        free=eval_memory.free_bytes(placed[0]))
 
   def _predictor(self, tally: Tally, *args: Any) -> Any:
     """The compiled prediction for this batch shape (its compilation

@@ -12,6 +12,7 @@ exports' files) stays as it was.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -102,3 +103,15 @@ def install(staged: str, out: str) -> str:
   finally:
     shutil.rmtree(staged, ignore_errors=True)
   return out
+
+
+def write_error(out: str, cause: OSError) -> WorkdirError:
+  """The one line for an export to ``out`` that ``cause`` failed (``out``
+  is unchanged: the export is written beside it first)."""
+  if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+    return WorkdirError(f"no space left on device while writing the export "
+                        f"to {out}; free space and rerun ({out} is "
+                        "unchanged)")
+  text = cause.strerror or os.strerror(cause.errno or 0)
+  return WorkdirError(f"could not write the export to {out}: {text}; fix "
+                      f"this and rerun ({out} is unchanged)")
