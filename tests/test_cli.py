@@ -84,7 +84,7 @@ def _assert_one_line_error(proc, *fragments, code=None):
      ["config.eval.nattack_chunk=0"], 1),
     # A ValueError's traceback, after the data were read.
     (["--config=configs/tiny.py", "--config.training.batch_size=65"],
-     ["config.training.batch_size=65", "larger than the 64 training images",
+     ["config.training.batch_size=65", "exceeds the 64 training examples",
       "choose at most 64"], 1),
     # max() of no attacks, at the end of the evaluation.
     (["--config=configs/tiny.py", "--config.eval.attacks="],

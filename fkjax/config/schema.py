@@ -154,8 +154,8 @@ def _training_batch(v: Any, config: Any) -> Problem:
   n, why = _training_pool(config)
   if v <= n:
     return None
-  return (f"larger than the {n:,} training images ({why}): an epoch would "
-          f"hold no batch; choose at most {n:,}")
+  return (f"it exceeds the {n:,} training examples ({why}): an epoch "
+          f"would hold no batch; choose at most {n:,}")
 
 
 def _lr_boundaries(v: Any, _: Any) -> Problem:
