@@ -258,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
       step_times = calibrate.measure()
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,
-                    extra_evals=not args.defer_extra_evals)
+                    extra_evals=not args.defer_extra_evals,
+                    from_scratch=_from_scratch(scale, table_rows,
+                                               step_times))
   return _run_tables(args, scale, plans, environment)
 
 
@@ -311,18 +313,20 @@ def _todo(name: str, runs: list[runner_lib.Run], defer_extra_evals: bool
   """The runs of table ``name`` left to run."""
   todo = []
   for r in runs:
-    if runner_lib.status_of(r) == "done" or (
-        defer_extra_evals and runner_lib.finished(r)):
+    if not runner_lib.finished(r):
+      todo.append(r)
       continue
-    if runner_lib.finished(r) and not runner_lib.has_checkpoint(r):
+    # Its evaluations not yet run, or made with older defaults.
+    left = [] if defer_extra_evals else runner_lib.evals_to_run(r)
+    if not left:
+      continue
+    if not runner_lib.has_checkpoint(r):
       # Restored from results/ without checkpoints: reported as it is.
-      pending = ", ".join(f"eval_{e.protocol}"
-                          for e in runner_lib.pending_evals(r))
       runner_lib.log(
-          f"{name}/{r.row.name} seed {r.seed}: {pending} not yet run, "
-          "and its workdir has no checkpoint to evaluate (restored "
-          f"from results/); to train it again, remove {r.workdir} and "
-          "rerun with --no-restore")
+          f"{name}/{r.row.name} seed {r.seed}: {', '.join(left)} not yet "
+          "run with the settings of now, and its workdir has no checkpoint "
+          "to evaluate (restored from results/); to train it again, remove "
+          f"{r.workdir} and rerun with --no-restore")
       continue
     todo.append(r)
   return todo
@@ -370,10 +374,25 @@ def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
   return stale, failed, 0
 
 
+def _from_scratch(scale: scales_lib.Scale,
+                  table_rows: dict[str, list[str]],
+                  step_times: runner_lib.StepTimes | None
+                  ) -> dict[str, tuple[float, float]]:
+  """Per table, its estimated time if nothing had run: with 1 seed a row,
+  and with the table's seeds (docs/reproduction.md's figures)."""
+  step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
+  one, every = (runner_lib.from_scratch_seconds(
+      table_rows, scale, seeds=seeds, step_times=step_times)
+                for seeds in (1, None))
+  return {name: (one[name], every[name]) for name in table_rows}
+
+
 def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
              max_runs: int | None = None,
              step_times: runner_lib.StepTimes | None = None,
-             extra_evals: bool = True) -> int:
+             extra_evals: bool = True,
+             from_scratch: dict[str, tuple[float, float]] | None = None
+             ) -> int:
   where = "on 2 idle CPU cores"
   if step_times is not None:
     where = "on this machine"
@@ -403,11 +422,23 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
       print(f"    {run.eval_command}")
       for e in run.extra_evals:
         print(f"    {e.command}")
-    print(f"# {name}: ~{runner_lib.format_seconds(table_total)} left to run "
-          "(runs not shared with a table listed before it)\n")
+    scratch = ""
+    if from_scratch:
+      one, every = from_scratch[name]
+      scratch = (f"; from scratch ~{runner_lib.format_seconds(one)} with 1 "
+                 f"seed a row, ~{runner_lib.format_seconds(every)} with the "
+                 "table's seeds")
+    print(f"# {name}: ~{runner_lib.format_seconds(table_total)} left to run"
+          f"{scratch} (runs not shared with a table listed before it)\n")
     total += table_total
   if len(plans) > 1:
-    print(f"# total: ~{runner_lib.format_seconds(total)} {where}")
+    scratch = ""
+    if from_scratch:
+      one, every = (sum(t[i] for t in from_scratch.values()) for i in (0, 1))
+      scratch = (f" (from scratch ~{runner_lib.format_seconds(one)} with 1 "
+                 f"seed a row, ~{runner_lib.format_seconds(every)} with the "
+                 "tables' seeds)")
+    print(f"# total: ~{runner_lib.format_seconds(total)} {where}{scratch}")
   return 0
 
 
@@ -439,11 +470,16 @@ def _status_and_estimate(run: runner_lib.Run,
         step_times=step_times)
   if not extra_evals:
     return ("done" if status == "done" else f"{status} (deferred)"), 0.0
+  left = runner_lib.evals_to_run(view)
   if runner_lib.has_checkpoint(run):
     return status, runner_lib.estimate_seconds(
-        run, only=runner_lib.pending_evals(view), step_times=step_times)
-  if status != "done":
+        run, only=[e for e in run.extra_evals
+                   if f"eval_{e.protocol}" in left],
+        main_eval="eval" in left, step_times=step_times)
+  if runner_lib.pending_evals(view):
     status += " (no checkpoint here: reported without it)"
+  elif left:
+    status += " (no checkpoint here: reported as it ran)"
   return status, 0.0
 
 

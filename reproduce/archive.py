@@ -7,9 +7,9 @@ train them again. So every finished run's small files (its record, config,
 metrics log, evaluations and weight analysis; never its checkpoints) are
 copied to ``<results>/<scale>/runs/<table>/<row>_seed<k>/``, and a run whose
 workdir is missing gets them back before anything reads it. A restored run
-is ``done`` as before but has no checkpoint: a changed training or main
-evaluation setting trains it again, and an extra evaluation added since
-stays pending until it is trained again (``--no-restore``).
+is ``done`` as before but has no checkpoint: a changed training setting
+trains it again, and an evaluation added or changed since stays pending
+until it is trained again (``--no-restore``).
 """
 from __future__ import annotations
 

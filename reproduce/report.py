@@ -103,16 +103,35 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
         # after the run finished is filled from what its evaluation wrote.
         # A pending extra evaluation's columns stay empty, whatever an
         # older setting of it left.
-        pending = runner_lib.pending_evals(run)
-        current = [e for e in run.extra_evals if e not in pending]
+        # One made with older defaults (fkjax.config.history) is reported,
+        # its columns marked.
+        standing = runner_lib.standings(run)
+        pending = [e for e in run.extra_evals
+                   if standing[f"eval_{e.protocol}"] is None]
+        kept = record.get("fingerprints", {})
+        reported = [runner_lib.kept_result(run, e,
+                                           kept.get(f"eval_{e.protocol}"))
+                    for e in run.extra_evals if e not in pending]
         stale = {c for e in pending for c in e.columns}
         main = runner_lib.main_eval(run)
+        if standing["eval"] is None:
+          # Its main evaluation ran with other settings: none of its
+          # columns are reported until it runs again.
+          main = {}
+          stale |= set(runner_lib.MAIN_EVAL_COLUMNS) - {
+              c for e in reported for c in e.columns}
         metrics = {k: v for k, v in {
             **record.get("metrics", {}), **runner_lib.metrics_of(
-                run.workdir, run.eval_result, current, main)}.items()
+                run.workdir, run.eval_result, reported, main)}.items()
                    if k not in stale}
+        older = {stage: list(o) for stage, o in standing.items() if o}
         entries.append({**record, "metrics": metrics, "status": "done",
-                        "pending": [f"eval_{e.protocol}" for e in pending],
+                        "pending": (["eval"] if standing["eval"] is None
+                                    else []) + [f"eval_{e.protocol}"
+                                                for e in pending],
+                        "older_settings": older,
+                        "older_columns": _older_columns(
+                            older, run.extra_evals, table.metrics),
                         "correct_per_image":
                             runner_lib.correct_per_image_of(main),
                         **_checkpoint_epoch(record, run.config,
@@ -126,6 +145,10 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
                 round(runner_lib.estimate_seconds(run)),
         })
     done = [e for e in entries if e["status"] == "done"]
+    older: dict[str, list[str]] = {}
+    for e in done:
+      for metric, notes in e["older_columns"].items():
+        older[metric] = sorted(set(older.get(metric, [])) | set(notes))
     summary = {}
     for metric in table.metrics:
       values = [e["metrics"][metric] for e in done
@@ -142,6 +165,9 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
         "seeds": len(entries),
         "runs": entries,
         "summary": summary,
+        # metric -> the older defaults some of its finished runs were made
+        # with (fkjax.config.history): the table marks those cells
+        "older": {m: notes for m, notes in older.items() if m in summary},
     })
   example = runs[0].config if runs else None
   version = workdir_lib.source_version(package_only=True)
@@ -165,6 +191,27 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
       **{k: version[k] for k in ("git_commit", "git_dirty")},
       "rows": rows,
   }
+
+
+def _older_columns(older: dict[str, list[str]],
+                   extra_evals: Iterable[runner_lib.ExtraEvalRun],
+                   metrics: Iterable[str]) -> dict[str, list[str]]:
+  """Metric -> the older defaults its value was made with, from the stages
+  made so (``older``): an extra evaluation's columns, the main
+  evaluation's (all others), or every column for the training."""
+  extra_columns = {f"eval_{e.protocol}": e.columns for e in extra_evals}
+  theirs = {c for cs in extra_columns.values() for c in cs}
+  out: dict[str, list[str]] = {}
+  for stage, notes in older.items():
+    if stage == "train":
+      columns = list(metrics)
+    elif stage == "eval":
+      columns = [m for m in metrics if m not in theirs]
+    else:
+      columns = list(extra_columns.get(stage, ()))
+    for column in columns:
+      out[column] = sorted(set(out.get(column, [])) | set(notes))
+  return out
 
 
 def format_summary(summary: dict[str, Any] | None) -> str:
@@ -217,11 +264,21 @@ def markdown(data: dict[str, Any]) -> str:
       "| " + " | ".join(header) + " |",
       "|" + "|".join("---" for _ in header) + "|",
   ]
+  # Cells made with older defaults (fkjax.config.history): a mark each,
+  # said under the table.
+  marks: dict[str, str] = {}
+  for r in rows:
+    for m in metrics:
+      for note in r.get("older", {}).get(m, ()):
+        marks.setdefault(note, _MARKS[len(marks) % len(_MARKS)]
+                         * (1 + len(marks) // len(_MARKS)))
   for r in rows:
     done = [e for e in r["runs"] if e["status"] == "done"]
     cells = [r["label"].get(k, "") for k in labels]
     for m in metrics:
-      cells.append(format_summary(r["summary"].get(m)) if done else NOT_RUN)
+      mark = "".join(marks[n] for n in r.get("older", {}).get(m, ()))
+      cells.append(format_summary(r["summary"].get(m)) + mark if done
+                   else NOT_RUN)
       cells.append(format_paper(r["paper"].get(m)))
     cells.append(f"{len(done)}/{r['seeds']}")
     if done:
@@ -229,6 +286,10 @@ def markdown(data: dict[str, Any]) -> str:
     else:
       cells.append("—")
     lines.append("| " + " | ".join(cells) + " |")
+  for note, mark in marks.items():
+    lines += ["", f"{mark} made with {note}: kept as it ran; a run with a "
+              "checkpoint in its workdir runs it again with the setting of "
+              "now."]
   lines += ["", "Columns:"]
   for m in metrics:
     lines.append(f"- {data['metrics'][m]}: {_COLUMN_DOC[m]}")
@@ -240,6 +301,8 @@ def markdown(data: dict[str, Any]) -> str:
       status = e["status"]
       if e.get("pending"):
         status += f" ({', '.join(e['pending'])} not yet run)"
+      for stage, notes in e.get("older_settings", {}).items():
+        status += f" ({stage} made with {', '.join(notes)})"
       wall = (f", {runner_lib.format_seconds(e['wall_seconds'])} on "
               f"{e.get('devices') or CPU_BEFORE_DEVICES}"
               if e["status"] == "done" else "")
@@ -265,6 +328,9 @@ def markdown(data: dict[str, Any]) -> str:
             f"{scales_lib.command_flags(data['scale'])}`.", ""]
   return "\n".join(lines)
 
+
+# The marks of cells made with older defaults, in order of first use.
+_MARKS = ("†", "‡", "§", "¶")
 
 _COLUMN_DOC = {
     "A1": "accuracy on clean test images",

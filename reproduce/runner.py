@@ -21,6 +21,7 @@ figures), so a killed runner leaves a table of the runs finished so far.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -28,11 +29,14 @@ import shlex
 import shutil
 import threading
 import time
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import (Any, Callable, Collection, Iterable, Mapping, Optional,
+                    Tuple)
 
 import ml_collections
 
+from configs import default as default_config
 from fkjax import atomic
+from fkjax.config import history
 from fkjax.config import keys as config_keys
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import strong_result as eval_strong_result
@@ -186,11 +190,9 @@ def plan(table: tables_lib.Table, scale: scales_lib.Scale, *,
         if sync:
           sync_archive(run, restore if isinstance(restore, bool)
                        else run.workdir not in restore)
-      if sync:   # a dry run writes nothing
-        for cfg in [run.config] + [_with(run.config, e.overrides)
-                                   for e in run.extra_evals]:
-          # named before _n<N>
-          workdir_lib.adopt_subset_result(run.workdir, cfg)
+      # Results named before subsets said _n<N> are read where they are
+      # (_main_result_path, kept_result): renamed here, they would reach
+      # results/ as copies.
       runs.append(run)
   return runs
 
@@ -331,6 +333,11 @@ class Progress:
     s = self.data["stages"].get(name)
     return bool(s and s["done"] and s.get("fingerprint") == fingerprint)
 
+  def kept(self) -> dict[str, str]:
+    """Stage -> the fingerprint it was done with, for the stages done."""
+    return {k: s.get("fingerprint", "")
+            for k, s in self.data["stages"].items() if s.get("done")}
+
   def _save(self) -> None:
     with self._lock:
       atomic.write_json(self.path, self.data)
@@ -340,7 +347,8 @@ class Progress:
     return _timed_together([self], name, [fingerprint], fn)
 
 
-def _computed(config: ml_collections.ConfigDict, with_eval: bool,
+def _computed(config: ml_collections.ConfigDict | Mapping[str, Any],
+              with_eval: bool,
               saved_keys: set[str] | None = None) -> dict[str, Any]:
   """The keys that change what a stage computes: all but the environment
   keys (where data live, progress output, ...), and ``eval.*`` if asked.
@@ -350,9 +358,11 @@ def _computed(config: ml_collections.ConfigDict, with_eval: bool,
   unset placeholder keeps the old behaviour, so it must not mark finished
   runs as changed (``run_config.differences`` reads configs the same way).
   """
-  return {k: v for k, v in run_config.flatten(run_config.as_dict(config))
-          .items() if (not run_config.is_environment_key(k)
-                       or (with_eval and k.startswith("eval.")))
+  data = (run_config.as_dict(config)
+          if isinstance(config, ml_collections.ConfigDict) else config)
+  return {k: v for k, v in run_config.flatten(data).items()
+          if (not run_config.is_environment_key(k)
+              or (with_eval and k.startswith("eval.")))
           and (saved_keys is None or k in saved_keys or v is not None)}
 
 
@@ -391,6 +401,128 @@ def fingerprints(run: Run) -> dict[str, str]:
     out[f"eval_{extra.protocol}"] = _fingerprint(_computed(
         _with(run.config, extra.overrides), True, keys))
   return out
+
+
+# --------------------------------------------------------------------------
+# Where each stage of a finished run stands against the settings of now.
+#
+# A stage's fingerprint (kept in the run's record and progress file) is a
+# hash of the settings it ran with: equal to the one of now, the stage is
+# current. Otherwise the settings it ran with are read back from the file
+# they were recorded in (config.json for training and the main evaluation,
+# the result file of an extra evaluation), found by that same hash, and
+# compared with those of now, key by key: the training by its own keys
+# only, an evaluation by its eval.* keys only (a paper-protocol one not by
+# the strong protocol's). fkjax.config.history reads a key the record lacks
+# (added since) as the value that reproduced the run, and names the older
+# default a stage ran with (where the table asks for today's default, not a
+# value of its own); any other difference means that the stage ran with
+# other settings, and runs again.
+
+# A stage that ran with today's settings, or with these older defaults
+# (descriptions, fkjax.config.history.Change.describe); None: not done with
+# the settings of now.
+Standing = Optional[Tuple[str, ...]]
+
+
+def _stage_config(run: Run, stage: str) -> ml_collections.ConfigDict:
+  if stage in ("train", "eval"):
+    return run.config
+  extra = next(e for e in run.extra_evals if f"eval_{e.protocol}" == stage)
+  return _with(run.config, extra.overrides)
+
+
+def _compared_keys(stage: str, config: Mapping[str, Any]) -> set[str]:
+  """The keys that decide whether ``stage``, run with ``config`` (flat),
+  is current."""
+  if stage == "train":
+    return {k for k in config if not run_config.is_environment_key(k)}
+  strong = config.get("eval.protocol") == "strong"
+  return {k for k in config if k.startswith("eval.")
+          and (strong or not k.startswith("eval.strong."))}
+
+
+def _recorded(run: Run, stage: str, fingerprint: str
+              ) -> tuple[dict[str, Any], str] | None:
+  """The settings ``stage`` ran with, as recorded beside its result, and
+  that file: the one whose settings hash to ``fingerprint`` (None: none
+  does)."""
+  with_eval = stage != "train"
+  if stage in ("train", "eval"):
+    saved = run_config.load_saved(run.workdir)
+    candidates = [(saved, run_config.config_path(run.workdir))]
+  else:
+    candidates = []
+    for path in sorted(glob.glob(os.path.join(run.workdir,
+                                              f"{stage}*.json"))):
+      data = files.load_json(path) or {}
+      candidates.append((data.get("metadata", {}).get("config"), path))
+  for settings, path in candidates:
+    if isinstance(settings, dict) and _fingerprint(
+        _computed(settings, with_eval)) == fingerprint:
+      return settings, path
+  return None
+
+
+def _standing(run: Run, stage: str, fingerprint: str | None,
+              now_fingerprint: str | None = None) -> Standing:
+  """Where ``stage``, done with ``fingerprint``, stands (see above);
+  ``now_fingerprint``: its fingerprint now, where already computed."""
+  if not fingerprint:
+    return None
+  if fingerprint == (now_fingerprint or fingerprints(run)[stage]):
+    return ()
+  found = _recorded(run, stage, fingerprint)
+  if found is None:
+    return None
+  ran = run_config.flatten(history.complete(found[0]))
+  now = run_config.flatten(run_config.as_dict(_stage_config(run, stage)))
+  older = []
+  for key in sorted(_compared_keys(stage, now) | _compared_keys(stage, ran)):
+    if key not in ran or ran[key] == now.get(key):
+      continue   # a key added since that history does not list: as it ran
+    change = history.older(key, ran[key], now.get(key))
+    if change is None or now.get(key) != _default(key):
+      return None   # another setting, or one the table asks for itself
+    older.append(change.describe(now.get(key)))
+  return tuple(older)
+
+
+def _default(key: str) -> Any:
+  """``key``'s default in configs/default.py (None where it has none)."""
+  value = default_config.DEFAULTS.get(key)
+  if isinstance(value, default_config.Nullable):
+    return value.default
+  return list(value) if isinstance(value, tuple) else value
+
+
+def standings(run: Run, kept: Mapping[str, str] | None = None
+              ) -> dict[str, Standing]:
+  """Per stage (``train``, ``eval``, ``eval_<protocol>``), where it stands
+  by the fingerprints ``kept`` (default: the finished run's record's)."""
+  if kept is None:
+    record = files.load_json(os.path.join(run.workdir, RUN_RECORD)) or {}
+    kept = record.get("fingerprints", {}) if record.get("done") else {}
+  return {stage: _standing(run, stage, kept.get(stage), now)
+          for stage, now in fingerprints(run).items()}
+
+
+def kept_result(run: Run, extra: ExtraEvalRun, fingerprint: str | None
+                 ) -> ExtraEvalRun:
+  """``extra`` reading the file its result done with ``fingerprint`` is
+  in: named by older settings, or before subsets said ``_n<N>``."""
+  found = (_recorded(run, f"eval_{extra.protocol}", fingerprint)
+           if fingerprint else None)
+  if found is None:
+    return extra
+  return dataclasses.replace(extra, result_file=os.path.basename(found[1]))
+
+
+def _main_result_path(run: Run) -> str:
+  """The main evaluation's result file (:func:`fkjax.workdir.
+  existing_eval_result`: perhaps named before subsets said ``_n<N>``)."""
+  return (workdir_lib.existing_eval_result(run.workdir, run.config)
+          or os.path.join(run.workdir, run.eval_result))
 
 
 def _train_done(run: Run) -> bool:
@@ -441,8 +573,11 @@ def execute(run: Run, *, show_progress: bool = True,
     stage = f"eval_{extra.protocol}"
     cfg = _with(config, extra.overrides)
     fp = fps[stage]
-    path = os.path.join(run.workdir, extra.result_file)
-    if not (progress.done(stage, fp) and files.load_json(path)):
+    # One made with older defaults (fkjax.config.history) runs again: its
+    # file, named by those settings, stays.
+    path = workdir_lib.existing_eval_result(run.workdir, cfg)
+    if not (_standing(run, stage, progress.kept().get(stage)) == ()
+            and path and files.load_json(path)):
       log(f"{what}: extra evaluation {extra.protocol} "
           f"({extra.attacks}, {cfg.eval.num_examples or 'all'} images)")
       progress.timed(stage, fp, lambda cfg=cfg: eval_run.evaluate_checkpoint(
@@ -462,22 +597,29 @@ def _core_stages(run: Run, config: ml_collections.ConfigDict,
   from fkjax.training import train  # pylint: disable=import-outside-toplevel
   from reproduce import analysis  # pylint: disable=C0415
   train_fp, eval_fp = fps["train"], fps["eval"]
-  if not (progress.done("train", train_fp) and _train_done(run)):
+  kept = progress.kept()
+  # A training made with older defaults (fkjax.config.history) is never
+  # run again; an evaluation is, where it can be.
+  if not (_standing(run, "train", kept.get("train")) is not None
+          and _train_done(run)):
     log(f"{what}: training in {run.workdir}")
     progress.timed("train", train_fp,
                    lambda: train.train_and_evaluate(config, run.workdir))
-  main_path = os.path.join(run.workdir, run.eval_result)
-  if not (progress.done("eval", eval_fp) and files.load_json(main_path)):
+  if not (_standing(run, "eval", kept.get("eval")) == ()
+          and files.load_json(_main_result_path(run))):
     log(f"{what}: evaluating ({config.eval.attacks})")
     progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
         config, run.workdir, exp=exp()))
+  # The analysis and the published weights are of the evaluated checkpoint.
   apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
-  if not (progress.done("analysis", eval_fp) and files.load_json(apath)):
+  if not (_standing(run, "eval", kept.get("analysis")) is not None
+          and files.load_json(apath)):
     progress.timed("analysis", eval_fp,
                    lambda: analysis.analyze_run(config, run.workdir, exp=exp()))
   wpath = os.path.join(run.workdir, weights_lib.WEIGHTS_FILE)
-  if run.publish and not (progress.done("publish", eval_fp)
-                          and os.path.exists(wpath)):
+  if run.publish and not (
+      _standing(run, "eval", kept.get("publish")) is not None
+      and os.path.exists(wpath)):
     progress.timed("publish", eval_fp,
                    lambda: weights_lib.publish(config, run.workdir, exp=exp()))
 
@@ -593,7 +735,12 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
 
 def main_eval(run: Run) -> dict[str, Any]:
   """A run's main evaluation result (``{}`` where it has none)."""
-  return files.load_json(os.path.join(run.workdir, run.eval_result)) or {}
+  return files.load_json(_main_result_path(run)) or {}
+
+
+# The columns the main evaluation's result file fills (metrics_of).
+MAIN_EVAL_COLUMNS = (*tables_lib.ATTACK_OF, "sparsity", "channel_sparsity",
+                     "w_A1", "w_A2", "w_A3")
 
 
 def metrics_of(workdir: str, eval_result: str,
@@ -650,11 +797,14 @@ def commands_of(run: Run) -> dict[str, str]:
 
 def make_record(run: Run, progress: Progress) -> dict[str, Any]:
   stages = progress.data.get("stages", {})
-  # An extra evaluation not run (execute's extra_evals=False) has no
-  # fingerprint in the record: pending_evals names it.
-  done = {k: v for k, v in fingerprints(run).items()
-          if k in ("train", "eval") or progress.done(k, v)}
-  extras = [e for e in run.extra_evals if f"eval_{e.protocol}" in done]
+  # Each stage's fingerprint as it was done (with older defaults, perhaps);
+  # an extra evaluation not run (execute's extra_evals=False) has none in
+  # the record: pending_evals names it.
+  kept = progress.kept()
+  done = {k: kept[k] for k in fingerprints(run)
+          if _standing(run, k, kept.get(k)) is not None}
+  extras = [kept_result(run, e, done[f"eval_{e.protocol}"])
+            for e in run.extra_evals if f"eval_{e.protocol}" in done]
   main = main_eval(run)
   metadata = main.get("metadata", {})
   return {
@@ -698,27 +848,42 @@ def record_failure(run: Run, error: BaseException) -> None:
   progress._save()   # pylint: disable=protected-access
 
 
-def _core_stages_done(run: Run, record: Mapping[str, Any] | None) -> bool:
+def _trained(run: Run, record: Mapping[str, Any] | None) -> bool:
   if not (record and record.get("done")):
     return False
-  kept, now = record.get("fingerprints", {}), fingerprints(run)
-  return all(kept.get(k) == now[k] for k in ("train", "eval"))
+  return _standing(run, "train",
+                   record.get("fingerprints", {}).get("train")) is not None
 
 
 def pending_evals(run: Run) -> list[ExtraEvalRun]:
   """The extra evaluations a finished run lacks, or ran with other settings
-  (a column added to its table after it ran)."""
-  record = files.load_json(os.path.join(run.workdir, RUN_RECORD)) or {}
-  kept, now = record.get("fingerprints", {}), fingerprints(run)
-  return [e for e in run.extra_evals
-          if kept.get(f"eval_{e.protocol}") != now[f"eval_{e.protocol}"]]
+  (a column added to its table after it ran); not those made with older
+  defaults (:func:`older_settings`)."""
+  now = standings(run)
+  return [e for e in run.extra_evals if now[f"eval_{e.protocol}"] is None]
+
+
+def older_settings(run: Run) -> dict[str, tuple[str, ...]]:
+  """Stage -> the older defaults it was made with (fkjax.config.history),
+  for each stage of a finished run made so: kept and reported, marked."""
+  return {stage: older for stage, older in standings(run).items() if older}
+
+
+def evals_to_run(run: Run) -> list[str]:
+  """The evaluation stages of a finished run that are not current: pending
+  (:func:`pending_evals`), or made with older defaults (run again where
+  its workdir has a checkpoint; a training never is)."""
+  return [stage for stage, standing in standings(run).items()
+          if stage != "train" and standing != ()]
 
 
 def finished(run: Run) -> bool:
-  """Trained and evaluated with its current settings: reportable, though
-  an extra evaluation may still be pending (:func:`pending_evals`)."""
-  return _core_stages_done(
-      run, files.load_json(os.path.join(run.workdir, RUN_RECORD)))
+  """Trained with its current training settings (or older defaults:
+  :func:`older_settings`) and evaluated: reportable, though an evaluation
+  may be pending (:func:`evals_to_run`; evaluation settings never make a
+  run train again)."""
+  return _trained(run, files.load_json(os.path.join(run.workdir,
+                                                    RUN_RECORD)))
 
 
 def has_checkpoint(run: Run) -> bool:
@@ -734,11 +899,17 @@ def status_of(run: Run) -> str:
   done)`` where a killed evaluation kept some) or ``not started``."""
   record = files.load_json(os.path.join(run.workdir, RUN_RECORD))
   if record and record.get("done"):
-    if _core_stages_done(run, record):
-      pending = [f"eval_{e.protocol}" for e in pending_evals(run)]
-      return ("done" if not pending else
-              f"done, {', '.join(pending)} not yet run")
-    # e.g. an evaluation setting (a new attack) changed since
+    now = standings(run, record.get("fingerprints", {}))
+    if now["train"] is not None:
+      pending = [s for s in now if s != "train" and now[s] is None]
+      status = ("done" if not pending else
+                f"done, {', '.join(pending)} not yet run")
+      older = {stage: o for stage, o in now.items() if o}
+      if older:
+        status += ", " + "; ".join(
+            f"{stage} made with {', '.join(o)}" for stage, o in older.items())
+      return status
+    # a training setting changed since
     return "to update (settings changed since it ran)"
   progress = files.load_json(os.path.join(run.workdir, PROGRESS_FILE)) or {}
   if progress.get("error"):
@@ -804,9 +975,11 @@ _NATTACK_QUERY_COST = 0.8
 
 def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
                      epochs_done: int = 0,
-                     step_times: StepTimes = REFERENCE_STEP_TIMES) -> float:
+                     step_times: StepTimes = REFERENCE_STEP_TIMES,
+                     main_eval: bool = False) -> float:
   """A rough wall-time estimate of ``run`` (``only``: of these extra
-  evaluations alone; ``epochs_done``: what is left after that many epochs
+  evaluations alone, and of the main one if ``main_eval``;
+  ``epochs_done``: what is left after that many epochs
   of its training) on a machine with these ResNet20 ``step_times`` (default:
   the reference machine's, 2 idle CPU cores). Evaluation scales with the
   attack iteration's time, compilation with the clean step's."""
@@ -833,7 +1006,9 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
       # APGD-CE + APGD-DLR (+ APGD-T per target), each num_iters + 1
       # gradients of eot_samples draws and a check of check_draws forward
       # passes (a third of a gradient each) per iteration; sanity checks
-      # not counted.
+      # not counted. Every attack is costed on every image: an upper bound,
+      # as APGD-T attacks only the images the others (and its earlier
+      # targets) left robust, which no estimate knows before the run.
       st = cfg.eval.strong
       noisy = bool(cfg.model.noise_coef)
       eot = (st.eot_samples or 20) if noisy else 1
@@ -851,13 +1026,36 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
         total += n * m * eval_iter_per_image * _EVAL_ITERS[name]
     return total
   if only is not None:
-    return sum(eval_cost(_with(c, e.overrides)) for e in only)
+    return (sum(eval_cost(_with(c, e.overrides)) for e in only)
+            + (eval_cost(c) if main_eval else 0.0))
   # About a minute of compiling per ResNet20-sized program set.
   compile_seconds = 60 * m * step_times.clean_step / reference.clean_step
   total = train + eval_cost(c) + compile_seconds
   for e in run.extra_evals:
     total += eval_cost(_with(c, e.overrides))
   return total
+
+
+def from_scratch_seconds(tables: Mapping[str, Iterable[str] | None],
+                         scale: scales_lib.Scale, *,
+                         seeds: int | None = None,
+                         step_times: StepTimes = REFERENCE_STEP_TIMES
+                         ) -> dict[str, float]:
+  """Per table (name -> its rows, None: all), the estimated seconds of its
+  runs as if none had run (``seeds``: per row, default the table's),
+  counting only the runs that no table before it in ``tables`` has: what
+  docs/reproduction.md tabulates. Reads no file."""
+  seen: set[str] = set()
+  out = {}
+  for name, rows in tables.items():
+    total = 0.0
+    for run in plan(tables_lib.TABLES[name], scale, rows=rows or None,
+                    seeds=seeds):
+      if run.key not in seen:
+        seen.add(run.key)
+        total += estimate_seconds(run, step_times=step_times)
+    out[name] = total
+  return out
 
 
 def format_seconds(seconds: float) -> str:

@@ -953,7 +953,12 @@ def test_a_shared_run_with_another_tables_evaluation_is_done(tmp_path):
             "fingerprints": {**runner.fingerprints(run), "eval_a5": "x"}}
   Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
   assert runner.status_of(run) == "done"
+  # Another main evaluation: it runs again, the training stays.
   record["fingerprints"]["eval"] = "changed"
+  Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
+  assert runner.status_of(run) == "done, eval not yet run"
+  assert runner.finished(run) and runner.evals_to_run(run) == ["eval"]
+  record["fingerprints"]["train"] = "changed"
   Path(run.workdir, runner.RUN_RECORD).write_text(json.dumps(record))
   assert runner.status_of(run).startswith("to update")
 

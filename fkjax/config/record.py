@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 
 from fkjax import atomic
+from fkjax.config import history
 from fkjax.config import keys as config_keys
 from fkjax.config import schema as config_schema
 from fkjax.config.names import ATTACK_NAMES as _ATTACK_NAMES
@@ -93,10 +94,11 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any],
                 ) -> list[tuple[str, Any, Any]]:
   """``(key, a's value, b's value)`` for every key where two configs differ.
 
-  ``a`` is the saved record: keys it lacks (added to fkjax after the run was
-  trained) are not differences.
+  ``a`` is the saved record: a key it lacks that :mod:`fkjax.config.history`
+  lists (added to fkjax after the run was trained) reads as the value that
+  reproduces how it ran; any other key it lacks is not a difference.
   """
-  fa, fb = flatten(a), flatten(b)
+  fa, fb = flatten(history.complete(a)), flatten(b)
   missing = object()
   out = []
   for key in sorted(set(fa) | set(fb)):
@@ -217,11 +219,14 @@ def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
           f"the --config given is not the config of the run in {workdir} ("
           + _format(diffs, "run", "--config") + "); drop --config to use "
           "the run's own")
-  # Keys a newer fkjax added since the run was trained keep the config
-  # file's defaults; everything the run recorded comes from its record, but
-  # the environment keys of a config file the user named explicitly.
+  # Keys a newer fkjax added since the run was trained take the value that
+  # reproduces how it ran (fkjax.config.history), else the config file's
+  # defaults; everything the run recorded comes from its record, but the
+  # environment keys of a config file the user named explicitly.
   config = (ml_collections.ConfigDict(as_dict(cli)) if cli is not None
             else ml_collections.ConfigDict(saved))
+  saved = history.complete(saved, [c for c in history.CHANGES
+                                   if not is_environment_key(c.key)])
   for key, value in flatten(saved).items():
     if not (config_given and is_environment_key(key)):
       config_keys.set_value(config, key, value)

@@ -24,6 +24,7 @@ from fkjax.workdir.per_image import encode_correct
 from fkjax.workdir.results import FINAL
 from fkjax.workdir.results import adopt_subset_result
 from fkjax.workdir.results import eval_result_path
+from fkjax.workdir.results import existing_eval_result
 from fkjax.workdir.results import read_results
 from fkjax.workdir.results import result_path
 from fkjax.workdir.results import results_lock
@@ -32,7 +33,7 @@ from fkjax.workdir.results import write_results
 __all__ = [
     "CORRECT_ENCODING", "FINAL", "LOCK_NAME", "WorkdirError", "WorkdirLock",
     "adopt_subset_result", "check_workdir", "decode_correct",
-    "encode_correct", "eval_result_path", "read_results", "result_path",
-    "results_lock", "results_metadata",
+    "encode_correct", "eval_result_path", "existing_eval_result",
+    "read_results", "result_path", "results_lock", "results_metadata",
     "source_version", "write_results",
 ]

@@ -92,24 +92,52 @@ def _eval_result_path(workdir, config, n: int | None) -> str:
                      eot=eot if eot > 1 else None, n=n)
 
 
+def existing_eval_result(workdir: str | os.PathLike[str], config: Any
+                         ) -> str | None:
+  """The file that holds the result of the evaluation ``config`` describes:
+  :func:`eval_result_path`, or the name fkjax gave a subset's result before
+  subsets said ``_n<N>`` where what that file records is named
+  :func:`eval_result_path` today (its ``eval.num_examples`` and, for the
+  strong protocol, its targeting); None if neither holds it."""
+  new = eval_result_path(workdir, config)
+  if os.path.exists(new):
+    return new
+  if not config.eval.get("num_examples"):
+    return None
+  old = _eval_result_path(workdir, config, n=None)
+  try:
+    with open(old) as f:
+      recorded = json.load(f)["metadata"]["config"]
+    recorded_name = _eval_result_path(
+        workdir, _Attributes(recorded),
+        n=recorded["eval"].get("num_examples") or None)
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return None
+  # An untargeted strong evaluation never passes for a targeted one.
+  return old if recorded_name == new else None
+
+
+class _Attributes(dict):
+  """A recorded config (plain JSON data) read as ``config.eval.protocol``."""
+
+  def __getattr__(self, name: str) -> Any:
+    try:
+      value = self[name]
+    except KeyError as e:
+      raise AttributeError(name) from e
+    return _Attributes(value) if isinstance(value, dict) else value
+
+
 def adopt_subset_result(workdir: str | os.PathLike[str], config: Any) -> bool:
   """Renames the result of ``config``'s subset evaluation that fkjax wrote
   under the whole test set's name (before subsets said ``_n<N>``) to its
-  name now; True if it did. Only a file whose recorded
-  ``eval.num_examples`` is the config's moves, and never over a file."""
-  n = config.eval.get("num_examples")
+  name now; True if it did. Only a file whose recorded settings are named
+  so today moves (:func:`existing_eval_result`), and never over a file."""
   new = eval_result_path(workdir, config)
-  old = _eval_result_path(workdir, config, n=None)
-  if not n or os.path.exists(new):
+  found = existing_eval_result(workdir, config)
+  if found is None or found == new:
     return False
-  try:
-    with open(old) as f:
-      recorded = json.load(f)["metadata"]["config"]["eval"]["num_examples"]
-  except (OSError, ValueError, KeyError, TypeError):
-    return False
-  if recorded != n:
-    return False
-  os.replace(old, new)
+  os.replace(found, new)
   return True
 
 
