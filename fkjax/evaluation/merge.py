@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
+from fkjax.config import history
 from fkjax.config import record as run_config
 
 # Config keys (a section name covers the section) that say which attacks an
@@ -40,8 +41,11 @@ def mismatch(old_metadata: Mapping[str, Any],
     if old_metadata.get(key) != new_metadata.get(key):
       return (f"{key} {old_metadata.get(key)!r}, now "
               f"{new_metadata.get(key)!r}")
+  # Both completed alike: a key fkjax added since reads as its value
+  # before (fkjax.config.history) on either side.
   diffs = [d for d in run_config.differences(
-      old_metadata.get("config") or {}, new_metadata.get("config") or {},
+      old_metadata.get("config") or {},
+      history.complete(new_metadata.get("config") or {}),
       ignore_environment=False) if not _ignored(d[0])]
   if diffs:
     key, then, now = diffs[0]
