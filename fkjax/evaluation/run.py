@@ -257,7 +257,6 @@ class Restored:
       self.say(f"{os.path.basename(path)}: {remark}")
     return results
 
-
   def log_test(self, path: str, accuracies: Mapping[str, float],
                report: Any) -> None:
     """The evaluation's accuracies (A1..A5) and sparsity in TensorBoard,
