@@ -146,6 +146,13 @@ def test_merge_keeps_only_what_the_same_settings_made():
     assert list(document["attacks"]) == ["natural"]
     assert "are replaced" in remark and (
         "step 12, now 13" in remark or "config.seed 0, now 1" in remark)
+  # A file that does not say how it was made is not merged into.
+  document, remark = eval_merge.merge(
+      {"attacks": {"cw": {"accuracy": 1.0}}}, new, metadata)
+  assert list(document["attacks"]) == ["natural"]
+  assert remark == ("the earlier results of cw are replaced: they were made "
+                    "under another checkpoint or settings (the earlier file "
+                    "does not record its config)")
   # No earlier file, or one of the same attacks: nothing to say.
   assert eval_merge.merge(None, new, metadata)[1] is None
   assert eval_merge.merge(_file(["natural"], "2026-01-01T00:00:00Z"), new,

@@ -37,6 +37,8 @@ def mismatch(old_metadata: Mapping[str, Any],
              new_metadata: Mapping[str, Any]) -> str | None:
   """Why results of ``old_metadata`` are not comparable with those of
   ``new_metadata`` (None: the same checkpoint, data and settings)."""
+  if not isinstance(old_metadata.get("config"), Mapping):
+    return "the earlier file does not record its config"
   for key in ("checkpoint", "step", "data", "protocol"):
     if old_metadata.get(key) != new_metadata.get(key):
       return (f"{key} {old_metadata.get(key)!r}, now "
@@ -67,7 +69,8 @@ def _with_notes(document: dict[str, Any], note: dict[str, Any]) -> None:
   for attacks in (document.get("attacks", {}),
                   document.get("admm_dense_w", {}).get("attacks", {})):
     for entry in attacks.values():
-      entry.setdefault("produced", dict(note))
+      if isinstance(entry, dict):   # else not fkjax's: left as it is
+        entry.setdefault("produced", dict(note))
 
 
 def merge(previous: Mapping[str, Any] | None, new: Mapping[str, Any],
@@ -90,8 +93,7 @@ def merge(previous: Mapping[str, Any] | None, new: Mapping[str, Any],
   extra = [name for name in old["attacks"] if name not in names]
   if not extra:
     return document, None
-  made = ", ".join(f"{name} (of {old['attacks'][name]['produced']['date']})"
-                   for name in extra)
+  made = ", ".join(_made(name, old["attacks"][name]) for name in extra)
   why = mismatch(old_metadata, metadata)
   if why is not None:
     return document, (
@@ -106,6 +108,13 @@ def merge(previous: Mapping[str, Any] | None, new: Mapping[str, Any],
         old["admm_dense_w"]["attacks"], document["admm_dense_w"]["attacks"])
   return document, (f"kept the earlier results of {made}: same checkpoint "
                     "and settings")
+
+
+def _made(name: str, entry: Any) -> str:
+  """``fgsm (of DATE)``: an earlier attack, and when it was made."""
+  produced = entry.get("produced") if isinstance(entry, dict) else None
+  date = produced.get("date") if isinstance(produced, dict) else None
+  return f"{name} (of {date})" if date else name
 
 
 def _ordered(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
