@@ -31,12 +31,12 @@ def main(argv):
   config = cli.run_config_for_eval(argv, FLAGS.workdir, FLAGS["config"])
   from fkjax import checkpoint  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import devices  # pylint: disable=import-outside-toplevel
   from fkjax import workdir  # pylint: disable=import-outside-toplevel
   # Before the lock, whose file would otherwise be left in a directory that
   # holds no run to evaluate.
   checkpoint.require_checkpoints(FLAGS.workdir)
-  experiment.enable_compilation_cache(config)
+  devices.enable_compilation_cache(config)
   # Evaluations may run side by side, but not while train.py writes.
   with workdir.WorkdirLock(FLAGS.workdir, shared=True):
     eval_run.evaluate_checkpoint(config, FLAGS.workdir)

@@ -46,9 +46,13 @@ def restore_pruned(config, workdir: str):
   its checkpoint restored, the variables evaluated (the sparse ``u`` of
   RVSM/RGSM).
   """
-  from fkjax.training import experiment
-  exp, step, state = experiment.restore_checkpoint(workdir, config)
-  return exp, int(step), experiment.eval_variables(state, config)
+  from fkjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
+  from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  return exp, int(step), sparsify.eval_variables(state, config)
 
 
 def main(argv):

@@ -50,9 +50,9 @@ def main(argv):
                                   FLAGS.num_processes, FLAGS.process_id,
                                   auto=FLAGS.distributed)
   # after jax.distributed.initialize
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import devices  # pylint: disable=import-outside-toplevel
   from fkjax.training import train  # pylint: disable=import-outside-toplevel
-  experiment.enable_compilation_cache(config)
+  devices.enable_compilation_cache(config)
   if config.get("sweep") is not None:
     from fkjax.training import sweep  # pylint: disable=import-outside-toplevel
     sweep.train_from_config(config, FLAGS.workdir)

@@ -1,12 +1,12 @@
-"""Training throughput by data pipeline and steps per dispatch.
+"""Training throughput by data pipeline.
 
     python -m benchmarks.bench_dispatch [--model=resnet20] [--batch=128]
-        [--attack_steps=10] [--steps=16] [--variants=host:1,host:8,device:1,device:8]
+        [--attack_steps=10] [--steps=16] [--variants=host,device]
 
-Times a single run's step program (``fkjax.training.train.train_program``, what
-``train.py`` runs) on synthetic CIFAR-shaped data, for each ``pipeline:k``
-variant: the first dispatch (compilation included), then ``--steps`` steps
-after it (images per second). Also times the host's share of the two
+Times a single run's step program (``fkjax.training.program.Runs``'s
+``step_program``, what ``train.py`` runs) on synthetic CIFAR-shaped data,
+for each pipeline: the first step (compilation included), then ``--steps``
+steps after it (images per second). Also times the host's share of the two
 pipelines: building one batch in NumPy (host) and drawing one epoch's plan
 of 45,000 images (both). Prints one JSON line per variant and a table.
 """
@@ -25,21 +25,20 @@ def _parse():
   parser.add_argument("--batch", type=int, default=128)
   parser.add_argument("--attack_steps", type=int, default=10)
   parser.add_argument("--steps", type=int, default=16)
-  parser.add_argument("--variants", default="host:1,host:8,device:1,device:8")
+  parser.add_argument("--variants", default="host,device")
   return parser.parse_args()
 
 
-def _config(args, pipeline, k):
+def _config(args, pipeline):
   from configs import default  # pylint: disable=import-outside-toplevel
   config = default.get_config(args.model)
   config.dataset.source = "synthetic"
-  n = args.batch * (args.steps + 2 * k + 1)
+  n = args.batch * (args.steps + 2)
   config.dataset.synthetic_sizes = (n + 100, 100)
   config.dataset.val_size = 100
   config.training.batch_size = args.batch
   config.training.drop_last = True
   config.training.data_pipeline = pipeline
-  config.training.steps_per_dispatch = k
   config.attack.num_steps = args.attack_steps
   config.num_devices = 1
   return config
@@ -63,28 +62,28 @@ def _host_costs(batch_size):
           "host_batch_ms": 1e3 * (time.perf_counter() - start) / 20}
 
 
-def _time_variant(args, pipeline, k):
+def _time_variant(args, pipeline):
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax.training import dispatch, epoch_steps, experiment, train  # pylint: disable=import-outside-toplevel
-  config = _config(args, pipeline, k)
-  exp = experiment.Experiment.build(config)
-  train_input = dispatch.TrainInput.build(config, exp.dataset.train)
-  program = train.train_program(exp, config, train_input,
-                                experiment.prng_key(0, "train"))
+  from fkjax.training import devices, input_pipeline, program, train  # pylint: disable=import-outside-toplevel
+  config = _config(args, pipeline)
+  runs = program.Runs.build([config])
+  train_input = input_pipeline.TrainInput.build(config,
+                                                runs.exps[0].dataset.train)
+  step_fn = runs.step_program(train_input, runs.keys("train"),
+                              runs.placed_values())
   feeds = train_input.feeds(0, 0)
-  state = exp.initial_state()
+  state = runs.initial_state()
   start = time.perf_counter()
-  state, metrics = program(state, [next(feeds) for _ in range(k)], 0)
+  state, metrics = step_fn(state, next(feeds), 0)
   jax.block_until_ready(metrics)
   first = time.perf_counter() - start
-  ran = epoch_steps.run_epoch_steps(
-      state, feeds, first_step=k, skip=0, steps_per_epoch=args.steps,
-      step_fn=program, on_metrics=lambda step, m: {}, save=None,
-      checkpoint_every=0, desc="", progress=False, steps_per_dispatch=k)
-  return {"pipeline": pipeline, "steps_per_dispatch": k,
-          "first_dispatch_s": first,
+  ran = train.epoch_steps(
+      state, feeds, first_step=1, skip=0, steps_per_epoch=args.steps,
+      step_fn=step_fn, on_metrics=lambda step, m: {}, save=None,
+      checkpoint_every=0, desc="", progress=False)
+  return {"pipeline": pipeline, "first_step_s": first,
           "images_per_second": ran.images_per_second(args.batch),
-          "device": experiment.describe_devices(1)}
+          "device": devices.describe_devices(1)}
 
 
 def main():
@@ -92,15 +91,14 @@ def main():
   args = _parse()
   print(json.dumps({"host": _host_costs(args.batch)}), flush=True)
   rows = []
-  for variant in args.variants.split(","):
-    pipeline, k = variant.split(":")
-    row = _time_variant(args, pipeline, int(k))
+  for pipeline in args.variants.split(","):
+    row = _time_variant(args, pipeline)
     rows.append(row)
     print(json.dumps(row), flush=True)
   print(f"{args.model}, batch {args.batch}, PGD-{args.attack_steps}:")
   for row in rows:
-    print(f"  {row['pipeline']:6s} k={row['steps_per_dispatch']:<2d} "
-          f"first dispatch {row['first_dispatch_s']:6.1f} s, "
+    print(f"  {row['pipeline']:6s} "
+          f"first step {row['first_step_s']:6.1f} s, "
           f"{row['images_per_second']:8.1f} images/s")
 
 

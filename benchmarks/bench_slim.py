@@ -35,10 +35,12 @@ from ml_collections import config_flags
 import numpy as np
 
 from benchmarks import bench_train
+from fkjax import checkpoint as ckpt_lib
 from fkjax import argtypes
 from fkjax import data
-from fkjax.evaluation import run as eval_run
-from fkjax.training import experiment
+from fkjax.evaluation import suites as eval_suites
+from fkjax.training import build
+from fkjax.training import sparsify
 from fkjax import kernels
 from fkjax import models
 from fkjax import slim
@@ -215,15 +217,17 @@ def main(argv):
   kernels.apply_xla_flags()  # before JAX starts its backend
   config = FLAGS.config
   # The checkpoint eval.py evaluates, as export.py restores it.
-  exp, step, state = experiment.restore_checkpoint(FLAGS.workdir, config)
-  variables = experiment.eval_variables(state, config)
+  with ckpt_lib.Checkpointer(FLAGS.workdir, must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  variables = sparsify.eval_variables(state, config)
   add_noise = FLAGS.noise
   batches = argtypes.positive_int_list(FLAGS.latency_batches)
   multiples = argtypes.positive_int_list(FLAGS.multiples)
   test = exp.dataset.test
   images, labels = _test_batch(test, max(batches + [FLAGS.attack_batch]))
   key = jax.random.key(config.seed + 2)
-  ifgsm = eval_run.attack_suite("ifgsm20", config)["ifgsm20"]
+  ifgsm = eval_suites.attack_suite("ifgsm20", config)["ifgsm20"]
   results = {"workdir": FLAGS.workdir, "step": int(step), "noise": add_noise,
              "device": jax.devices()[0].device_kind,
              "costs": _costs(exp.model, variables, multiples,

@@ -40,7 +40,7 @@ from configs import default as default_config
 from fkjax import argtypes
 from fkjax.config import names as eval_names
 from fkjax.evaluation import suites as eval_suites
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax import kernels
 
 
@@ -49,8 +49,8 @@ def bench_model(model_name: str, images: int, iters: int, repeats: int,
                 ) -> list[dict]:
   """Rows (one per attack) of seconds per call on ``images`` images."""
   config = default_config.get_config(model_name)
-  model = experiment.create_model(config, 10)
-  apply_fn, _ = experiment.model_fns(model)
+  model = build.create_model(config, 10)
+  apply_fn, _ = build.model_fns(model)
   host = bench_train.random_batch(images)
   x = jnp.asarray(host["image"])
   variables = model.init({"params": jax.random.key(0)}, x)

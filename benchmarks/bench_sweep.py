@@ -12,10 +12,10 @@ For each model and each N of ``--runs`` it builds N RGSM runs that differ
 in their seed and lambda1 (``configs/default.py`` presets, synthetic
 CIFAR-shaped data: speed does not depend on pixel values) and times
 
-* the sweep's PGD-``--steps`` training step (``fkjax.training.sweep.Sweep``:
-  every run's ``train.make_train_step`` under ``jax.vmap``, state donated,
+* the sweep's PGD-``--steps`` training step (``fkjax.training.program.Runs``:
+  every run's ``step_lib.make_train_step`` under ``jax.vmap``, state donated,
   one shared batch copied to the device inside every timed step);
-* the single run's step (``train.make_train_step`` jitted as
+* the single run's step (``step_lib.make_train_step`` jitted as
   ``train.train_and_evaluate`` jits it) for the first run: N runs one after
   another take N times its time, and compile N programs (their
   hyperparameters are constants of their programs).
@@ -49,10 +49,11 @@ from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
 from fkjax.config import keys as config_keys
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax import kernels
 from fkjax.training import parallel
 from fkjax.training import sweep as sweep_lib
+from fkjax.training import step as step_lib
 from fkjax.training import train
 from fkjax.training.sweep import spec
 
@@ -85,7 +86,7 @@ def _block(tree: Any) -> Any:
 
 def prepare_sweep(configs) -> tuple[dict[str, Any], Any]:
   """Compile times of the sweep of ``configs``, and a runner of one step."""
-  sweep = sweep_lib.Sweep.build(configs)
+  sweep = sweep_lib.Runs.build(configs)
   batch = next(iter(_batches(sweep.exps[0], configs[0])))
   state = sweep.initial_state()
   keys, values = sweep.keys("train"), sweep.placed_values()
@@ -109,12 +110,12 @@ def prepare_sweep(configs) -> tuple[dict[str, Any], Any]:
 
 def prepare_single(config) -> tuple[dict[str, Any], Any]:
   """Compile time of one run alone, as train.py jits it, and a runner."""
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   batch = next(iter(_batches(exp, config)))
   state = exp.initial_state()
-  step_fn = jax.jit(train.make_train_step(exp.model, exp.optimizer, config),
+  step_fn = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer, config),
                     donate_argnums=(0,))
-  key = experiment.prng_key(config.seed, "train")
+  key = build.prng_key(config.seed, "train")
   start = time.perf_counter()
   compiled = step_fn.lower(state, parallel.shard_batch(batch, exp.mesh),
                            key).compile()

@@ -16,7 +16,7 @@ Benches (each for every model):
   ifgsm       IFGSM^``--eval-steps`` evaluation of one ``--eval-batch`` batch
               plus the prediction (fkjax.evaluation.loop.Evaluator)
 
-The fkjax side is ``fkjax.training.train.make_train_step`` jitted exactly as
+The fkjax side is ``fkjax.training.step_lib.make_train_step`` jitted exactly as
 ``train_and_evaluate`` jits it (state donated) with ``configs/default.py``
 presets; the PyTorch side is ``benchmarks/torch_reference.py``. Timings are
 medians (and minima, the robust figure on a shared machine) over
@@ -58,10 +58,10 @@ import numpy as np
 from configs import default as default_config
 from fkjax import argtypes
 from fkjax.evaluation import loop as eval_loop
-from fkjax.evaluation import run as eval_run
-from fkjax.training import experiment
+from fkjax.training import validation
+from fkjax.training import build
 from fkjax import kernels
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 BENCHES = ("clean", "pgd", "pgd_bneval", "ifgsm")
 
@@ -239,15 +239,15 @@ def _memory_mb(compiled) -> float | None:
 
 def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
   """(run, info): ``run()`` does one blocking step; info has compile time."""
-  model = experiment.create_model(config, 10)
-  optimizer = experiment.create_optimizer(config, steps_per_epoch=391)
-  state = experiment.init_state(model, optimizer, jax.random.key(0))
+  model = build.create_model(config, 10)
+  optimizer = build.create_optimizer(config, steps_per_epoch=391)
+  state = build.init_state(model, optimizer, jax.random.key(0))
   num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
   host = random_batch(batch)
   key = jax.random.key(1)
   if bench == "ifgsm":
-    eval_apply, _ = experiment.model_fns(model)
-    attack = eval_run.validation_attacks(config)
+    eval_apply, _ = build.model_fns(model)
+    attack = validation.attacks(config)
     attack = {name: fn for name, fn in attack.items() if name != "natural"}
     evaluator = eval_loop.Evaluator(eval_apply, attack)
     variables = {"params": state["params"],
@@ -261,7 +261,7 @@ def fkjax_runner(config, bench: str, batch: int) -> tuple[Callable, dict]:
     return run, {"compile_s": compile_s, "num_params": num_params,
                  "memory_mb": memory}
 
-  step = jax.jit(train.make_train_step(model, optimizer, config),
+  step = jax.jit(step_lib.make_train_step(model, optimizer, config),
                  donate_argnums=(0,))
   start = time.perf_counter()
   compiled = step.lower(state, jax.device_put(host), key).compile()
@@ -407,7 +407,7 @@ def run_bench(model: str, bench: str, args) -> dict[str, Any]:
   config.kernels.conv = args.conv
   config.kernels.noise = args.noise
   config.kernels.member_execution = args.member_execution
-  resolved = experiment.resolve_kernels(config).names
+  resolved = build.resolve_kernels(config).names
   row: dict[str, Any] = {"model": model, "bench": bench, "batch": batch,
                          "load_before": load_average(),
                          "unroll": str(config.attack.unroll), **resolved}
@@ -460,7 +460,7 @@ def _parser() -> argparse.ArgumentParser:
                       choices=["auto", "explicit_grad", "onednn", "xla"],
                       help="config.kernels.conv (fkjax/kernels)")
   parser.add_argument("--noise", "--noise-impl", default="auto",
-                      choices=["auto", "jnp", "fused"],
+                      choices=["auto", "model", "jnp", "fused"],
                       help="config.kernels.noise (fkjax/kernels)")
   parser.add_argument("--member-execution", default="auto",
                       choices=["auto", "batched", "sequential", "unrolled"],

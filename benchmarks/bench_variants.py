@@ -26,9 +26,9 @@ import numpy as np
 from benchmarks import bench_train
 from configs import default as default_config
 from fkjax import argtypes
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax import kernels
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
@@ -43,7 +43,7 @@ def noise_cost(model_name: str, batch: int, repeats: int) -> dict[str, float]:
                             + [(i, config.model.noise_coef, i)
                                for i in PRNG_IMPLS]):
     config.model.noise_coef = coef
-    model = experiment.create_model(config, 10)
+    model = build.create_model(config, 10)
     key = jax.random.key(0, impl=impl)
     variables = jax.jit(functools.partial(model.init, train=False))(
         {"params": key, "noise": key}, images[:1])
@@ -60,9 +60,9 @@ def cache_compile(model_name: str, batch: int, unroll: str | None
                   ) -> dict[str, float]:
   """Cold compile seconds vs a persistent-cache hit, same process."""
   config = bench_train.fkjax_config(model_name, "pgd", batch, 10, 20, unroll)
-  model = experiment.create_model(config, 10)
-  optimizer = experiment.create_optimizer(config, steps_per_epoch=391)
-  state = experiment.init_state(model, optimizer, jax.random.key(0))
+  model = build.create_model(config, 10)
+  optimizer = build.create_optimizer(config, steps_per_epoch=391)
+  state = build.init_state(model, optimizer, jax.random.key(0))
   batch_arrays = jax.device_put(bench_train.random_batch(batch))
   key = jax.random.key(1)
   with tempfile.TemporaryDirectory() as cache_dir:
@@ -71,7 +71,7 @@ def cache_compile(model_name: str, batch: int, unroll: str | None
     times = {}
     for label in ("cold", "persistent cache hit"):
       jax.clear_caches()
-      step = jax.jit(train.make_train_step(model, optimizer, config),
+      step = jax.jit(step_lib.make_train_step(model, optimizer, config),
                      donate_argnums=(0,))
       start = time.perf_counter()
       step.lower(state, batch_arrays, key).compile()

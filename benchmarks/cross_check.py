@@ -47,10 +47,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fkjax import checkpoint as ckpt_lib
 from fkjax import argtypes
 from fkjax import attacks as attacks_lib
 from fkjax.evaluation import strong as eval_strong
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import sparsify
 from fkjax import kernels
 from fkjax.config import record as run_config
 
@@ -158,9 +160,11 @@ def load(workdir: str, num_images: int):
   # The first images of the whole test set, whatever subset the run was
   # evaluated on: every run is cross-checked on the same images.
   config.dataset.test_subset_per_class = None
-  exp, _, state = experiment.restore_checkpoint(workdir, config)
-  variables = experiment.eval_variables(state, config)
-  apply_fn, _ = experiment.model_fns(exp.model)
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
+  variables = sparsify.eval_variables(state, config)
+  apply_fn, _ = build.model_fns(exp.model)
   test = exp.dataset.test
   images = test.images[:num_images].astype(np.float32) / 255.0
   labels = test.labels[:num_images].astype(np.int32)

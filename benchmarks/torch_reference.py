@@ -1,7 +1,7 @@
 """PyTorch eager reference of fkjax's models, PGD and train step (benchmark only).
 
 The same computation as ``fkjax.models`` + ``fkjax.attacks.pgd`` +
-``fkjax.training.train.make_train_step`` with ``sparsity.method="none"``, written the
+``fkjax.training.step.make_train_step`` with ``sparsity.method="none"``, written the
 way the paper's authors wrote theirs (eager PyTorch, ``torch.autograd.grad``
 for the attack's input gradient), so that ``benchmarks/bench_train.py`` can
 time both on the same machine. Needs ``torch`` (see

@@ -70,14 +70,16 @@ MODEL = {
 # How fast the model runs, not what it computes (fkjax.kernels.resolve): any
 # values may train, resume and evaluate the same run.
 KERNELS = {
-    # "auto": "onednn" on CPUs (oneDNN's kernels through XLA's FFI, ~2x
-    # XLA:CPU's, fkjax/kernels/onednn_conv.py), "explicit_grad" elsewhere
-    # (XLA convolutions whose gradients stay fast inside loops,
-    # fkjax/kernels/explicit_grad_conv.py); "xla": the stock convolution.
+    # "auto": on GPUs/TPUs "xla", the stock convolution; on CPUs "onednn"
+    # (oneDNN's kernels through XLA's FFI, ~2x XLA:CPU's,
+    # fkjax/kernels/cpu/onednn_conv.py), else "explicit_grad" (XLA
+    # convolutions whose gradients stay fast inside XLA:CPU loops,
+    # fkjax/kernels/cpu/explicit_grad_conv.py). Those two run on CPUs only.
     "kernels.conv": "auto",
-    # How the noise is injected: "auto" ("fused" on CPUs: one kernel forward
-    # and one backward, fkjax/kernels/noise_cpu.cc; "jnp" elsewhere). The
-    # same values to float32 rounding.
+    # How the noise is injected: "auto" ("model" on GPUs/TPUs: the model's
+    # own, JAX's Threefry; on CPUs "fused": one kernel forward and one
+    # backward, fkjax/kernels/cpu/noise_cpu.cc, else "jnp": the model's with
+    # its Threefry written out). The same values to float32 rounding.
     "kernels.noise": "auto",
     # How ensemble members run: "batched" (nn.vmap), "sequential" (nn.scan
     # loop), "unrolled" (the scan written out) or "auto" (batched on GPUs;
@@ -117,12 +119,14 @@ TRAINING = {
     # split kept on the device, each batch built there from the host's plan;
     # "auto": device on GPUs/TPUs, host on CPUs.
     "training.data_pipeline": "auto",
-    # Training steps per jitted call (a lax.scan); 0: auto, 8 on GPUs/TPUs,
-    # 1 on CPUs. Dispatches end at every checkpoint_every_steps save.
+    # Accepted so that older configs load; changes nothing (every training
+    # step is its own dispatch: docs/training.md).
     "training.steps_per_dispatch": 0,
-    # "float32" (the paper's) or "bfloat16": the training steps compute in
-    # bfloat16 with float32 weights, optimizer state, BatchNorm statistics
-    # and loss; validation and evaluation stay float32 (docs/training.md).
+    # "float32" (the paper's: matmuls and convolutions at HIGHEST, true
+    # float32 on GPUs/TPUs too), "tf32" (at HIGH: TF32 on GPUs that have it)
+    # or "bfloat16": the training steps compute in bfloat16 with float32
+    # weights, optimizer state, BatchNorm statistics and loss; validation
+    # and evaluation stay float32 (docs/training.md).
     "precision": "float32",
 }
 
@@ -191,10 +195,12 @@ EVAL = {
     "eval.nattack_iters": 500,
     "eval.nattack_population": 300,
     # NAttack's memory: population members evaluated at once, and images
-    # attacked at once (None: all). 10 and 100 keep En5ResNet20's NAttack at
-    # batch 500 at a 2.8 GiB XLA estimate (all at once: 199 GiB); see
-    # docs/attacks.md.
-    "eval.nattack_chunk": Nullable(int, 10),
+    # attacked at once (None: all). Members 0: as many as a quarter of the
+    # device's free memory holds (fkjax/attacks/nattack.py auto_chunk), 10
+    # on a CPU; the result is the same whatever the chunk. 10 and 100 keep
+    # En5ResNet20's NAttack at batch 500 at a 2.8 GiB XLA estimate (all at
+    # once: 199 GiB); see docs/attacks.md.
+    "eval.nattack_chunk": Nullable(int, 0),
     "eval.nattack_image_chunk": Nullable(int, 100),
     # Count an image as broken if any IFGSM / C&W iterate fooled the model
     # (False: only the final iterate, as the paper's script counts).

@@ -5,7 +5,7 @@ digits of its numbers depend on it (2 vCPUs without AVX-512 trained the cpu
 scale's En2ResNet20 2-3x slower than 2 with it: docs/performance.md,
 "CPUs without AVX-512").
 Results name it beside the JAX devices
-(:func:`fkjax.training.experiment.describe_devices`).
+(:func:`fkjax.training.devices.describe_devices`).
 """
 from __future__ import annotations
 

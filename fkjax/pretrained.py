@@ -125,7 +125,7 @@ def load(name: str, results: str | None = None) -> Pretrained:
       not finished yet, or its scale does not publish them).
   """
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   folder = run_dir(name, results)
   path = os.path.join(folder, weights_file.WEIGHTS_FILE)
   if not os.path.exists(path):
@@ -138,7 +138,7 @@ def load(name: str, results: str | None = None) -> Pretrained:
   record_path = os.path.join(folder, RUN_RECORD)
   record = _read_json(record_path) if os.path.exists(record_path) else {}
   classes = 100 if config.dataset.name == "cifar100" else 10
-  model = experiment.create_model(config, classes)
+  model = build.create_model(config, classes)
   return Pretrained(model, weights_file.load(path), config, record)
 
 
@@ -152,14 +152,14 @@ def write_workdir(name: str, workdir: str, results: str | None = None
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
   from fkjax import checkpoint  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   from fkjax.training import parallel  # pylint: disable=import-outside-toplevel
   from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
   published = load(name, results)
   if checkpoint.has_checkpoints(workdir):
     raise PretrainedError(f"{workdir} already holds checkpoints: use an "
                           "empty or new folder")
-  exp = experiment.Experiment.build(published.config)
+  exp = build.Experiment.build(published.config)
   step = int(published.results.get("checkpoint_step") or 0)
   state = dict(exp.initial_state())
   state.update(parallel.replicate({

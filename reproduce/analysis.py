@@ -32,8 +32,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from fkjax import checkpoint as ckpt_lib
 from fkjax import atomic
-from fkjax.training import experiment as experiment_lib
+from fkjax.training import build
+from fkjax.training import sparsify
 from fkjax import sparsity
 
 ANALYSIS_JSON = "analysis.json"
@@ -136,18 +138,20 @@ def analyze_params(w: Any, u: Any, group: str = "input",
 
 
 def analyze_run(config: ml_collections.ConfigDict, workdir: str,
-                exp: experiment_lib.Experiment | None = None
+                exp: build.Experiment | None = None
                 ) -> dict[str, Any]:
   """Analyses the checkpoint ``config.eval.checkpoint`` of ``workdir``.
 
   Writes ``analysis.npz`` then ``analysis.json`` (the JSON last: its
   presence means both are complete) and returns the JSON data.
   """
-  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
-  u = experiment_lib.eval_variables(state, config)["params"]
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = exp or build.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  u = sparsify.eval_variables(state, config)["params"]
   summary, arrays = analyze_params(
       state["params"], u, group=config.sparsity.group,
-      layout=experiment_lib.kernel_layout(config))
+      layout=sparsify.kernel_layout(config))
   summary.update(checkpoint=config.eval.checkpoint, step=int(step))
   with atomic.replacing(os.path.join(workdir, ANALYSIS_NPZ), "wb") as f:
     np.savez_compressed(f, **arrays)

@@ -16,21 +16,21 @@ import jax
 import numpy as np
 
 from configs import default as default_config
-from fkjax.training import experiment
-from fkjax.training import train
+from fkjax.training import build
+from fkjax.training import step as step_lib
 from reproduce import runner as runner_lib
 
 
 def _step_seconds(config, repeats: int) -> float:
   """The fastest of ``repeats`` training steps (after one to warm up)."""
-  model = experiment.create_model(config, 10)
-  optimizer = experiment.create_optimizer(config, steps_per_epoch=352)
-  state = experiment.init_state(model, optimizer, jax.random.key(0))
+  model = build.create_model(config, 10)
+  optimizer = build.create_optimizer(config, steps_per_epoch=352)
+  state = build.init_state(model, optimizer, jax.random.key(0))
   rng = np.random.default_rng(0)
   batch = config.training.batch_size
   host = {"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
           "label": rng.integers(0, 10, batch).astype(np.int32)}
-  step = jax.jit(train.make_train_step(model, optimizer, config),
+  step = jax.jit(step_lib.make_train_step(model, optimizer, config),
                  donate_argnums=(0,))
   key = jax.random.key(1)
   times = []

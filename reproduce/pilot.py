@@ -90,9 +90,9 @@ def pilot_config(name: str):
 def run(name: str, root: str, results_dir: str) -> dict[str, Any]:
   from fkjax.workdir import metric_logging  # pylint: disable=import-outside-toplevel
   from fkjax.training import train  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import devices  # pylint: disable=import-outside-toplevel
   config = pilot_config(name)
-  experiment.enable_compilation_cache(config)
+  devices.enable_compilation_cache(config)
   workdir = os.path.join(root, name)
   start = time.time()
   summary = train.train_and_evaluate(config, workdir)

@@ -481,6 +481,8 @@ def _standing(run: Run, stage: str, fingerprint: str | None,
   for key in sorted(_compared_keys(stage, now) | _compared_keys(stage, ran)):
     if key not in ran or ran[key] == now.get(key):
       continue   # a key added since that history does not list: as it ran
+    if key in history.SPEED_ONLY:
+      continue   # the same results whatever its value
     change = history.older(key, ran[key], now.get(key))
     if change is None or now.get(key) != _default(key):
       return None   # another setting, or one the table asks for itself
@@ -547,20 +549,21 @@ def execute(run: Run, *, show_progress: bool = True,
   # JAX only now: planning and dry runs never load it.
   import jax  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
+  from fkjax.training import devices  # pylint: disable=import-outside-toplevel
 
   config = _with(run.config, {"progress": show_progress})
   check_workdir(run)
   os.makedirs(run.workdir, exist_ok=True)
   progress = Progress(run.workdir)
   progress.data.pop("error", None)
-  experiment.enable_compilation_cache(config)
+  devices.enable_compilation_cache(config)
   fps = fingerprints(run)
   exp_cache: dict[str, Any] = {}
 
   def exp():
     if "exp" not in exp_cache:
-      exp_cache["exp"] = experiment.Experiment.build(config)
+      exp_cache["exp"] = build.Experiment.build(config)
     return exp_cache["exp"]
 
   what = f"{run.table.name}/{run.row.name} seed {run.seed}"
@@ -703,7 +706,7 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
   then runs its other stages. A group that fails leaves its runs to train
   one at a time.
   """
-  from fkjax.training import experiment  # pylint: disable=C0415
+  from fkjax.training import devices  # pylint: disable=C0415
   from fkjax.training import sweep as sweep_lib  # pylint: disable=C0415
   trained = []
   for group in sweep_groups(runs, max_runs):
@@ -716,7 +719,7 @@ def train_in_sweeps(runs: Iterable[Run], *, max_runs: int | None = None,
       for run in group:
         check_workdir(run)
         os.makedirs(run.workdir, exist_ok=True)
-      experiment.enable_compilation_cache(configs[0])
+      devices.enable_compilation_cache(configs[0])
       progresses = [Progress(r.workdir) for r in group]
       for p in progresses:
         p.data.pop("error", None)

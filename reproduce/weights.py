@@ -43,9 +43,13 @@ def publish(config: Any, workdir: str, exp: Any = None) -> str:
   """Writes ``<workdir>/weights.npz``: the evaluated variables of the
   checkpoint ``config.eval.checkpoint``; returns its path."""
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
-  _, _, state = experiment.restore_checkpoint(workdir, config, exp)
-  variables = jax.device_get(experiment.eval_variables(state, config))
+  from fkjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
+  from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = exp or build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
+  variables = jax.device_get(sparsify.eval_variables(state, config))
   path = os.path.join(workdir, WEIGHTS_FILE)
   weights_file.save(path, variables)
   return path
@@ -86,9 +90,9 @@ def estimate(presets: str, channel_share: float) -> dict[str, float]:
   of the channels pruned."""
   import jax  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   config = default.get_config(presets)
-  model = experiment.create_model(config, 10)
+  model = build.create_model(config, 10)
   variables = jax.device_get(model.init(
       {"params": jax.random.PRNGKey(0), "noise": jax.random.PRNGKey(1)},
       np.zeros((1, 32, 32, 3), np.float32), train=False))

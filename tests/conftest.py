@@ -16,5 +16,9 @@ kernels.apply_xla_flags()
 # The tests compare values to float32 tolerances. On GPUs JAX's default
 # matmul/conv precision is TF32 (10-bit mantissa), which misses them (5 model
 # and attack tests failed on an H200 with it, all passed with "highest");
-# on CPUs this setting changes nothing.
+# on CPUs this setting changes nothing. It reaches only the tests that call
+# models and attacks directly: a run's programs (the model Experiment builds,
+# the training step) trace under config.precision's own precision, which
+# overrides this default, so what a GPU run computes is what the tests check
+# (tests/test_precision.py lowers each precision under another default).
 jax.config.update("jax_default_matmul_precision", "highest")

@@ -13,18 +13,18 @@ import numpy as np
 from configs import tiny
 from fkjax import data
 from fkjax import kernels
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax.training import parallel
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 
 def run(num_devices: int, num_steps: int, adversarial: bool = True):
   config = tiny.get_config()
   config.num_devices = num_devices
   config.training.adversarial = adversarial
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   state = exp.initial_state()
-  step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
+  step = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer, config))
   batches = data.train_batches(exp.dataset.train, config.training.batch_size,
                                seed=0, epoch=0)
   losses = []

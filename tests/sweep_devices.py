@@ -13,10 +13,10 @@ import numpy as np
 from configs import tiny
 from fkjax import data
 from fkjax import kernels
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax.training import parallel
 from fkjax.training import sweep
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 NUM_STEPS = 2
 
@@ -38,17 +38,17 @@ def configs(num_devices: int):
 def batches(exp, config):
   return list(zip(range(NUM_STEPS), data.train_batches(
       exp.dataset.train, config.training.batch_size,
-      seed=experiment.data_seed(config), epoch=0)))
+      seed=build.data_seed(config), epoch=0)))
 
 
 def run_sweep(num_devices: int, shard: str):
-  sw = sweep.Sweep.build(configs(num_devices), shard=shard)
+  sw = sweep.Runs.build(configs(num_devices), shard=shard)
   state = sw.initial_state()
   keys, values = sw.keys("train"), sw.placed_values()
   for i, batch in batches(sw.exps[0], sw.template):
     state, metrics = sw.train_step(state, sw.place_batch(batch), keys, i,
                                    values)
-  state, _ = sw.epoch_end(state, values)
+  state, _ = sw.end_of_epoch(state, values)
   kernel = state["params"]["stem"]["kernel"]
   placement = {"devices": len(kernel.sharding.device_set),
                "spec": str(kernel.sharding.spec),
@@ -59,14 +59,14 @@ def run_sweep(num_devices: int, shard: str):
 
 def run_single(index: int):
   config = configs(1)[index]
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   state = exp.initial_state()
-  step = jax.jit(train.make_train_step(exp.model, exp.optimizer, config))
-  base = experiment.prng_key(config.seed, "train")
+  step = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer, config))
+  base = build.prng_key(config.seed, "train")
   for i, batch in batches(exp, config):
     state, metrics = step(state, parallel.shard_batch(batch, exp.mesh),
                           jax.random.fold_in(base, i))
-  state = train.end_of_epoch(state, config)
+  state = step_lib.end_of_epoch(state, config)
   return jax.device_get(state["params"]), float(metrics["loss"])
 
 

@@ -9,7 +9,7 @@ import sys
 
 from fkjax import kernels
 from fkjax.config import record as run_config
-from fkjax.training import experiment
+from fkjax.training import devices
 from fkjax.training import train
 
 
@@ -23,7 +23,7 @@ def main():
     # to flip a PGD sign step within two steps), so the runs alone use the
     # jnp noise too: what is compared is the sweep, not the two kernels.
     config.kernels.noise = "jnp"
-    experiment.enable_compilation_cache(config)
+    devices.enable_compilation_cache(config)
     train.train_and_evaluate(
         config, os.path.join(out, os.path.basename(os.path.normpath(workdir))))
 

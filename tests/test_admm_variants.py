@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from configs import default
-from fkjax.training import experiment
+from fkjax.training import sparsify
 from fkjax.config import record as run_config
 from fkjax import sparsity as sp
 
@@ -267,8 +267,8 @@ def test_reset_and_sparsifier_use_the_variant():
 def test_authors_preset_selects_the_authors_admm(presets):
   config = default.get_config(presets)
   run_config.validate(config)
-  assert experiment.sparsifier(config).variant == "authors"
-  assert experiment.sparsifier(default.get_config("admm")).variant == "exact"
+  assert sparsify.sparsifier(config).variant == "authors"
+  assert sparsify.sparsifier(default.get_config("admm")).variant == "exact"
 
 
 @pytest.mark.parametrize("method", ["admm", "rvsm"])

@@ -42,7 +42,7 @@ def test_bad_values_are_refused_with_the_value_named(parse, text):
     ("benchmarks.bench_sweep", ["--repeats=0"], "--repeats"),
     ("benchmarks.bench_variants", ["noise", "--batch=-4"], "--batch"),
     ("benchmarks.bench_data", ["--batches=0"], "--batches"),
-    ("fkjax.attacks.benchmark", ["--steps", "10", "0"], "--steps"),
+    ("benchmarks.bench_pgd_loops", ["--steps", "10", "0"], "--steps"),
 ])
 def test_benchmarks_refuse_a_bad_number_before_any_work(module, argv, flag,
                                                         capsys):

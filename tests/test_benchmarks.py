@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import bench_train
 from configs import default as default_config
-from fkjax.training import experiment
+from fkjax.training import build
 
 
 def test_forward_macs_matches_a_direct_count():
@@ -135,7 +135,7 @@ def test_torch_reference_computes_the_configured_model(ensemble_size, device,
   # Noise draws cannot agree across frameworks: compare the noiseless net.
   config.model.noise_coef = 0.0
   config.kernels.conv, config.kernels.noise = "xla", "jnp"
-  model = experiment.create_model(config, 10)
+  model = build.create_model(config, 10)
   x = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
   variables = model.init({"params": jax.random.key(0)}, jnp.asarray(x))
   # Non-trivial BatchNorm statistics, so that eval mode is really checked.
@@ -236,8 +236,8 @@ def test_cross_check_attacks_the_same_model_on_both_sides():
   from benchmarks import torch_reference as ref  # pylint: disable=import-outside-toplevel
   config = default_config.get_config("resnet8")
   config.kernels.conv, config.kernels.noise = "xla", "jnp"
-  model = experiment.create_model(config, 10)
-  apply_fn, _ = experiment.model_fns(model)
+  model = build.create_model(config, 10)
+  apply_fn, _ = build.model_fns(model)
   images = np.random.default_rng(0).random((4, 32, 32, 3), dtype=np.float32)
   variables = model.init({"params": jax.random.key(0)}, jnp.asarray(images))
   variables = {"params": variables["params"],

@@ -62,28 +62,28 @@ def test_kernels_may_change_between_runs_of_a_workdir(tmp_path):
 
 def test_describe_model_names_the_resolved_kernels():
   import jax  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   config = default.get_config("en2resnet20")
   config.kernels.conv = "xla"
   config.kernels.noise = "jnp"
   state = {"params": {"w": jax.ShapeDtypeStruct((3, 4), "float32")}}
-  text = experiment.describe_model(config, state)
+  text = build.describe_model(config, state)
   assert text.startswith("En2ResNet20 (noise 0.1, skip), 12 parameters")
   members = "unrolled" if jax.default_backend() == "cpu" else "batched"
   assert text.endswith(f"conv xla, noise jnp, members {members}")
   # A plain ResNet without noise: only its convolution.
   plain = default.get_config("resnet20")
   plain.kernels.conv = "xla"
-  assert experiment.describe_model(plain, state).endswith(
+  assert build.describe_model(plain, state).endswith(
       "sparsifier none; conv xla")
 
 
 def test_a_batch_larger_than_the_training_set_is_a_clear_error():
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.batch_size = 128  # the tiny training split has 64 images
   with pytest.raises(ValueError, match="exceeds the 64 training examples"):
-    experiment.Experiment.build(config)
+    build.Experiment.build(config)
 
 
 def test_a_key_set_in_two_sections_is_an_error():
@@ -129,6 +129,6 @@ def test_optional_values_are_not_shared_between_configs():
   a, b = default.get_config(), default.get_config()
   a.eval.nattack_chunk = 3
   a.training.data_seed = 7
-  assert b.eval.nattack_chunk == 10 and b.training.data_seed is None
+  assert b.eval.nattack_chunk == 0 and b.training.data_seed is None
   b.eval.nattack_chunk = None    # a placeholder: None is allowed
-  assert default.get_config().eval.nattack_chunk == 10
+  assert default.get_config().eval.nattack_chunk == 0

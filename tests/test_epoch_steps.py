@@ -1,22 +1,16 @@
-"""The steps of one epoch (fkjax.training.epoch_steps), with a counting step."""
-import numpy as np
+"""The steps of one epoch (fkjax.training.train.epoch_steps), with a counting
+step."""
 import pytest
 
-from fkjax.training import epoch_steps
+from fkjax.training import train
 
 
-def _run(steps_per_epoch=6, skip=0, checkpoint_every=0, bad_step=None,
-         steps_per_dispatch=1, scan_limit=None):
+def _run(steps_per_epoch=6, skip=0, checkpoint_every=0, bad_step=None):
   events = []
 
-  def step_fn(state, batches, step):
-    loss = [float("nan") if s == bad_step else 1.0
-            for s in range(step, step + len(batches))]
-    if len(batches) == 1:
-      events.append(("step", step, batches[0]))
-      return state + 1, {"loss": loss[0]}
-    events.append(("steps", step, tuple(batches)))
-    return state + len(batches), {"loss": np.asarray(loss)}
+  def step_fn(state, feed, step):
+    events.append(("step", step, feed))
+    return state + 1, {"loss": float("nan") if step == bad_step else 1.0}
 
   def on_metrics(step, metrics):
     events.append(("metrics", step))
@@ -27,12 +21,11 @@ def _run(steps_per_epoch=6, skip=0, checkpoint_every=0, bad_step=None,
   def save(step, state):
     events.append(("save", step, state))
 
-  ran = epoch_steps.run_epoch_steps(
+  ran = train.epoch_steps(
       0, iter(range(steps_per_epoch)), first_step=12, skip=skip,
       steps_per_epoch=steps_per_epoch, step_fn=step_fn,
       on_metrics=on_metrics, save=save, checkpoint_every=checkpoint_every,
-      desc="epoch", progress=False, steps_per_dispatch=steps_per_dispatch,
-      scan_limit=scan_limit)
+      desc="epoch", progress=False)
   return ran, events
 
 
@@ -71,43 +64,54 @@ def test_throughput_leaves_out_the_first_step():
   assert single.images_per_second(10) is None
 
 
-def test_several_steps_a_dispatch_read_one_dispatch_late():
-  # 7 steps, 3 a dispatch, the last batch smaller (scan_limit 6)
-  ran, events = _run(steps_per_epoch=7, steps_per_dispatch=3, scan_limit=6)
-  assert events == [("steps", 12, (0, 1, 2)), ("steps", 15, (3, 4, 5)),
-                    ("metrics", 12), ("metrics", 13), ("metrics", 14),
-                    ("step", 18, 6), ("metrics", 15), ("metrics", 16),
-                    ("metrics", 17), ("metrics", 18)]
-  assert (ran.state, ran.steps, ran.steady_steps) == (7, 7, 4)
+# --------------------------------------------------------------------------
+# The step program of a run: one compiled program, no host callback.
+
+def _tiny_runs():
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax.training import program  # pylint: disable=import-outside-toplevel
+  config = tiny.get_config()
+  config.num_devices = 1
+  config.attack.num_steps = 1
+  config.dataset.synthetic_sizes = (48, 16)   # train 32: 2 steps an epoch
+  config.dataset.val_size = 16
+  config.compilation_cache_dir = ""
+  return program.Runs.build([config])
 
 
-def test_dispatches_stop_at_every_checkpoint():
-  # global steps 12..17, saves after steps 13 and 15 (every 2): 2 steps a
-  # dispatch end at each save
-  _, events = _run(steps_per_epoch=6, checkpoint_every=2,
-                   steps_per_dispatch=2)
-  assert [e[:2] for e in events if e[0] in ("steps", "step", "save")] == [
-      ("steps", 12), ("save", 14), ("steps", 14), ("save", 16),
-      ("steps", 16)]
-  _, events = _run(steps_per_epoch=6, checkpoint_every=4, skip=1,
-                   steps_per_dispatch=2)
-  # a resumed epoch from step 13, a save after step 15: the dispatch of
-  # steps 15 and 16 would span it, so step 15 runs alone
-  assert [e[:2] for e in events if e[0] in ("steps", "step", "save")] == [
-      ("steps", 13), ("step", 15), ("save", 16), ("steps", 16)]
+def _primitives(jaxpr):
+  """Every primitive's name in ``jaxpr`` and the jaxprs inside it."""
+  from jax.extend import core  # pylint: disable=import-outside-toplevel
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for sub in core.jaxprs_in_params(eqn.params):
+      names |= _primitives(sub)
+  return names
 
 
-def test_a_bad_loss_inside_a_dispatch_names_its_step():
-  with pytest.raises(FloatingPointError, match="step 14"):
-    _run(steps_per_epoch=6, steps_per_dispatch=3, bad_step=14)
-
-
-@pytest.mark.parametrize("done,first,k,limit,every,size", [
-    (0, 0, 1, 10, 0, 1), (0, 0, 4, 10, 0, 4), (8, 0, 4, 10, 0, 1),
-    (6, 0, 4, 10, 0, 4), (0, 5, 4, 10, 8, 1), (0, 6, 4, 10, 8, 1),
-    (0, 8, 4, 10, 8, 4),
-    (0, 4, 4, 10, 8, 4)])
-def test_dispatch_size(done, first, k, limit, every, size):
-  assert epoch_steps.dispatch_size(
-      done, first_step=first, steps_per_dispatch=k, scan_limit=limit,
-      checkpoint_every=every) == size
+def test_a_run_compiles_one_step_program_and_its_steps_call_no_host():
+  import jax  # pylint: disable=import-outside-toplevel
+  from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
+  runs = _tiny_runs()
+  train_input = input_pipeline.TrainInput.build(
+      runs.template, runs.exps[0].dataset.train)
+  values = runs.placed_values()
+  step_fn = runs.step_program(train_input, runs.keys("train"), values)
+  state, saves = runs.initial_state(), []
+  for epoch in range(2):   # 4 steps, a mid-epoch checkpoint every 3
+    state = train.epoch_steps(
+        state, train_input.feeds(0, epoch), first_step=2 * epoch, skip=0,
+        steps_per_epoch=2, step_fn=step_fn, on_metrics=lambda s, m: {},
+        save=lambda step, s: saves.append(step), checkpoint_every=3,
+        desc="", progress=False).state
+    state, _ = runs.end_of_epoch(state, values)
+  assert runs.step_of(state) == 4 and saves == [3]
+  assert step_fn.jitted._cache_size() == 1   # pylint: disable=protected-access
+  assert runs.end_of_epoch._cache_size() == 1   # pylint: disable=protected-access
+  feed, keys = next(iter(train_input.feeds(0, 0))), runs.keys("train")
+  jaxpr = jax.make_jaxpr(lambda s, b: runs.step(s, b, 0, keys, values))(
+      state, feed).jaxpr
+  names = _primitives(jaxpr)
+  assert "conv_general_dilated" in names or any("custom" in n for n in names)
+  assert not {n for n in names if "callback" in n}, names

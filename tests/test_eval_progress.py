@@ -9,6 +9,8 @@ import pytest
 
 from fkjax import attacks
 from fkjax import evaluation
+from fkjax import kernels
+from fkjax.evaluation import progress as eval_progress
 from fkjax.workdir import metric_logging
 from fkjax import models
 from tests import tiny_models
@@ -259,3 +261,67 @@ def test_nattack_ticks_at_most_its_count_and_all_of_it_when_never_done(
     assert counter.count == 2 < bound
   else:
     assert counter.count == bound == 6
+
+
+# --------------------------------------------------------------------------
+# On a GPU or TPU: progress between attacks, no host callback.
+
+_NATTACK = functools.partial(attacks.nattack, epsilon=1e-4, population=4,
+                             max_iters=3)
+
+
+def _lowered_text(apply_fn, attack, mlp, platform):
+  params, images, labels = mlp
+  return jax.jit(functools.partial(attack, apply_fn)).trace(
+      params, images, labels, jax.random.key(0)).lower(
+          lowering_platforms=(platform,)).as_text()
+
+
+def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
+                                                               monkeypatch):
+  assert eval_progress.CallCounting(_noisy_mlp).per_call  # this CPU's
+  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+  counting = eval_progress.CallCounting(_noisy_mlp)
+  assert not counting.per_call and counting.apply_fn is _noisy_mlp
+  per_call = eval_progress.CallCounting(_noisy_mlp, per_call=True)
+  # The same attack lowered: a callback only where asked for (JAX lowers a
+  # host callback only for the backend it runs on: here the CPU).
+  assert "callback" in _lowered_text(per_call.apply_fn, _NATTACK, mlp, "cpu")
+  assert "callback" not in _lowered_text(counting.apply_fn, _NATTACK, mlp,
+                                         "cuda")
+
+
+def test_an_accelerators_progress_moves_between_attacks(mlp, monkeypatch):
+  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+  lines = _progress_lines(mlp, monkeypatch, {"fgsm": FGSM,
+                                             "nattack": _NATTACK},
+                          work_per_image={"fgsm": 4, "nattack": 60})
+  # One line per attack and batch, one more at the end.
+  assert len(lines) == 2 * 2 + 1
+  assert lines[0].startswith("robust accuracy, batch 1/2, fgsm done: "
+                             "4/128 work units (3%)")
+  assert lines[1].startswith("robust accuracy, batch 1/2, nattack done: "
+                             "64/128 work units (50%)")
+  assert lines[-1].startswith("robust accuracy, batch 2/2, nattack done: "
+                              "128/128 work units (100%)")
+  lines = _progress_lines(mlp, monkeypatch, {"fgsm": FGSM,
+                                             "halving": _halving})
+  assert lines[2].startswith("robust accuracy, batch 2/2, fgsm done: "
+                             "3/4 attacks (75%)")
+
+
+def test_an_accelerators_progress_changes_no_result(mlp, monkeypatch):
+  params, images, labels = mlp
+  batches = [{"image": images[:3], "label": labels[:3]},
+             {"image": images[3:], "label": labels[3:]}]
+  suite = {"fgsm": FGSM, "nattack": _NATTACK}
+  off = evaluation.Evaluator(_noisy_mlp, suite)(
+      params, batches, jax.random.key(2), per_image=True)
+  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+  evaluator = evaluation.Evaluator(_noisy_mlp, suite)
+  on = evaluator(params, batches, jax.random.key(2), per_image=True,
+                 progress=True)
+  for name in suite:
+    np.testing.assert_array_equal(on.per_image[name], off.per_image[name])
+    for compiled in evaluator.compiled_attacks(name, progress=True):
+      assert "callback" not in compiled.as_text()

@@ -357,24 +357,24 @@ def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
 
 def test_eval_says_up_front_what_it_costs_and_how_to_bound_it():
   from configs import cpu  # pylint: disable=import-outside-toplevel
-  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import cost as eval_cost  # pylint: disable=import-outside-toplevel
   config = cpu.get_config()
   names = config.eval.attacks.split(",")
-  costs = eval_run.attack_costs(names, config)
+  costs = eval_cost.attack_costs(names, config)
   # The README demo's NAttack: 20 iterations of 50 + 3 success draws.
   assert costs["nattack"] == 20 * 53 + 1
   # IFGSM^20 on the noisy net: 20 gradients (3 each) and 20 check draws.
   assert costs["ifgsm20"] == 20 * 4 + 1
   # The authors' C&W: 50 gradients, whatever the paper's attacks' steps.
-  assert eval_run.attack_costs(["cw_authors"], config)["cw_authors"] == (
+  assert eval_cost.attack_costs(["cw_authors"], config)["cw_authors"] == (
       50 * 3 + 1)
-  text = eval_run.cost_summary(names, config, 250)
+  text = eval_cost.cost_summary(names, config, 250)
   assert "250 test images in batches of 50" in text
   assert "nattack is most of the time" in text
   assert "--config.eval.attacks=natural,fgsm,ifgsm20,cw" in text
   assert "--config.eval.num_examples=N" in text
   # Without NAttack no attack dominates: no advice to leave one out.
-  short = eval_run.cost_summary(["natural", "fgsm", "ifgsm20", "cw"], config,
+  short = eval_cost.cost_summary(["natural", "fgsm", "ifgsm20", "cw"], config,
                                 250)
   assert "leaves it out" not in short
 
@@ -387,10 +387,10 @@ _ITERATIONS = {"ifgsm20": "num_steps", "cw": "num_steps",
 @pytest.mark.parametrize("name", sorted(_ITERATIONS))
 def test_an_attack_s_cost_follows_its_suite_s_iterations(name, monkeypatch):
   from configs import cpu  # pylint: disable=import-outside-toplevel
-  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import cost as eval_cost  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
   config = cpu.get_config()
-  before = eval_run.attack_costs([name], config)[name]
+  before = eval_cost.attack_costs([name], config)[name]
   # The suites with this attack's iterations doubled: its cost (beyond the
   # final prediction's forward pass) doubles with them.
   for suite_name, build in list(eval_suites.SUITES.items()):
@@ -403,7 +403,7 @@ def test_an_attack_s_cost_follows_its_suite_s_iterations(name, monkeypatch):
             attack.func, **{**attack.keywords, key: 2 * attack.keywords[key]})
       return suite
     monkeypatch.setitem(eval_suites.SUITES, suite_name, doubled)
-  after = eval_run.attack_costs([name], config)[name]
+  after = eval_cost.attack_costs([name], config)[name]
   assert after - 1 == 2 * (before - 1)
 
 
@@ -482,6 +482,7 @@ def test_the_strong_protocol_attacks_only_what_autoattack_attacks():
 def test_attack_names_are_defined_once_and_the_rest_derived():
   from configs import cpu  # pylint: disable=import-outside-toplevel
   from fkjax.config import names as eval_names  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import cost as eval_cost  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
   from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
   from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
@@ -493,13 +494,13 @@ def test_attack_names_are_defined_once_and_the_rest_derived():
   assert set(eval_suites.strong_attacks()) < set(eval_names.STRONG_COLUMNS)
   assert run_config._ATTACK_NAMES is names  # pylint: disable=protected-access
   config = cpu.get_config()
-  assert tuple(eval_run.attack_suite(",".join(names), config)) == names
-  assert tuple(eval_run.attack_costs(list(names), config)) == names
+  assert tuple(eval_suites.attack_suite(",".join(names), config)) == names
+  assert tuple(eval_cost.attack_costs(list(names), config)) == names
   # A name that exists nowhere is refused with the names that do.
   with pytest.raises(run_config.ConfigError,
                      match=r"unknown attacks \['fgsm_authors'\]; choose from "
                      r"\['natural', .*'cw_authors'\]"):
-    eval_run.attack_suite("natural,fgsm_authors", config)
+    eval_suites.attack_suite("natural,fgsm_authors", config)
 
 
 def test_suites_and_protocols_are_registered_by_name():

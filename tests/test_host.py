@@ -2,7 +2,7 @@
 import jax
 import pytest
 
-from fkjax.training import experiment
+from fkjax.training import devices  # pylint: disable=import-outside-toplevel
 from fkjax import host
 
 _X86 = """processor\t: 0
@@ -38,7 +38,7 @@ def test_a_cpu_without_x86_flags_is_named_without_an_instruction_set():
 
 
 def test_the_device_label_names_the_host_cpu_on_cpu():
-  label = experiment.describe_devices(1)
+  label = devices.describe_devices(1)
   if jax.devices()[0].platform != "cpu":
     pytest.skip("not a CPU backend")
   prefix, _, cpu = label.partition("; ")

@@ -12,12 +12,13 @@ import pytest
 from jax import lax
 
 from fkjax import kernels
-from fkjax.kernels import build
-from fkjax.kernels import explicit_grad_conv
-from fkjax.kernels import noise_cpu
-from fkjax.kernels import noise_jnp
-from fkjax.kernels import onednn_conv
+from fkjax import models
 from fkjax.kernels import selection
+from fkjax.kernels.cpu import build
+from fkjax.kernels.cpu import explicit_grad_conv
+from fkjax.kernels.cpu import noise_cpu
+from fkjax.kernels.cpu import onednn_conv
+from fkjax.kernels.cpu import threefry
 from fkjax.models import ensemble
 from fkjax.slim import model as slim_model
 
@@ -39,7 +40,10 @@ def test_auto_on_this_cpu_takes_the_library_where_it_builds():
   assert k.conv is (onednn_conv.conv_general_dilated if library
                     else explicit_grad_conv.conv_general_dilated)
   assert k.inject_noise is (noise_cpu.inject_noise if library
-                            else noise_jnp.inject_noise)
+                            else threefry.inject_noise)
+  assert k.platform == "cpu"
+  # A sweep's traced coefficient takes the jnp form of the fused kernel.
+  assert k.noise_any_coef is threefry.inject_noise
   assert k.member_execution == "unrolled"
   assert dict(k.names) == {
       "conv": "onednn" if library else "explicit_grad",
@@ -61,28 +65,67 @@ def test_member_execution_by_backend_and_ensemble_size():
                          backend="cpu").member_execution == "batched"
 
 
-def test_accelerators_take_xla_convolutions_and_the_jnp_noise():
-  k = kernels.resolve(None, backend="gpu")   # no config: all "auto"
-  assert k.conv is explicit_grad_conv.conv_general_dilated
-  assert k.inject_noise is noise_jnp.inject_noise
+@pytest.mark.parametrize("backend", ["gpu", "cuda", "rocm", "tpu"])
+def test_accelerators_take_the_models_own_convolution_and_noise(backend):
+  k = kernels.resolve(None, ensemble_size=2, backend=backend)  # all "auto"
+  assert k.conv is lax.conv_general_dilated
+  assert k.inject_noise is models.inject_noise
+  assert k.noise_any_coef is models.inject_noise
+  assert dict(k.names) == {"conv": "xla", "noise": "model",
+                           "member_execution": "batched"}
+  assert k.platform == ("tpu" if backend == "tpu" else "gpu")
   # Plain ResNets without noise say only what they use.
-  assert kernels.resolve(None, noise=False, backend="gpu").description == (
-      "conv explicit_grad")
+  assert kernels.resolve(None, noise=False, backend=backend).description == (
+      "conv xla")
+
+
+def test_a_platform_choice_never_changes_another_platforms():
+  # The same config, resolved for each platform: a CPU keeps its kernels,
+  # an accelerator its stock programs; choices valid everywhere stay.
+  chosen = _auto(conv="xla", noise="model", member_execution="sequential")
+  for backend in ("cpu", "gpu", "tpu"):
+    k = kernels.resolve(chosen, ensemble_size=2, backend=backend)
+    assert dict(k.names) == {"conv": "xla", "noise": "model",
+                             "member_execution": "sequential"}
+  cpu = kernels.resolve(_auto(), ensemble_size=2, backend="cpu")
+  assert cpu.names["conv"] in ("onednn", "explicit_grad")
+  assert cpu.names["noise"] in ("fused", "jnp")
+
+
+def test_the_platform_can_be_forced_to_an_accelerators(monkeypatch):
+  if jax.default_backend() != "cpu":
+    pytest.skip("forcing a GPU's selections on a CPU")
+  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+  assert kernels.platform() == "gpu"
+  k = kernels.resolve(None, ensemble_size=2)
+  assert dict(k.names) == {"conv": "xla", "noise": "model",
+                           "member_execution": "batched"}
+  # An explicit backend still wins over the environment.
+  assert kernels.resolve(None, backend="cpu").platform == "cpu"
+  monkeypatch.setenv(kernels.PLATFORM_ENV, "TPU")
+  assert kernels.platform() == "tpu"
+  monkeypatch.setenv(kernels.PLATFORM_ENV, "metal")
+  with pytest.raises(ValueError, match="FKJAX_KERNELS_PLATFORM='metal'"):
+    kernels.resolve(None)
+  monkeypatch.delenv(kernels.PLATFORM_ENV)
+  assert kernels.platform() == "cpu"
 
 
 def test_explicit_choices_and_errors():
   k = kernels.resolve(_auto(conv="xla", noise="jnp"), backend="cpu")
   assert k.conv is lax.conv_general_dilated
-  assert k.inject_noise is noise_jnp.inject_noise
+  assert k.inject_noise is threefry.inject_noise
   with pytest.raises(ValueError, match="kernels.conv must be"):
     kernels.resolve(_auto(conv="fft"), backend="cpu")
   with pytest.raises(ValueError, match="kernels.noise must be"):
     kernels.resolve(_auto(noise="fast"), backend="cpu")
   with pytest.raises(ValueError, match="unknown config.kernels keys"):
     kernels.resolve({"noise_impl": "jnp"}, backend="cpu")
-  for key, value in (("conv", "onednn"), ("noise", "fused")):
-    with pytest.raises(ValueError, match="CPUs only"):
-      kernels.resolve({key: value}, backend="gpu")
+  for key, value in (("conv", "onednn"), ("conv", "explicit_grad"),
+                     ("noise", "fused"), ("noise", "jnp")):
+    for backend in ("gpu", "tpu"):
+      with pytest.raises(ValueError, match="CPUs only"):
+        kernels.resolve({key: value}, backend=backend)
 
 
 def test_asking_for_the_library_where_it_does_not_build(tmp_path,
@@ -98,6 +141,8 @@ def test_asking_for_the_library_where_it_does_not_build(tmp_path,
                       kernels.selection._warn_fallback.__wrapped__)  # pylint: disable=protected-access
   with pytest.warns(RuntimeWarning, match="falls back.*no oneDNN"):
     k = kernels.resolve(None, backend="cpu")
+  # An accelerator's selections never build or ask for the CPU library.
+  assert kernels.resolve(None, backend="gpu").names["conv"] == "xla"
   assert dict(k.names) == {"conv": "explicit_grad", "noise": "jnp",
                            "member_execution": "unrolled"}
 
@@ -146,10 +191,14 @@ def test_models_import_nothing_else_from_fkjax():
           assert name.startswith("fkjax.models"), f"{path.name}: {name}"
 
 
-def test_kernels_take_only_the_member_executions_from_the_models():
+def test_kernels_take_only_the_member_executions_and_noise_from_the_models():
   # The models are the bottom layer; the kernels know no model, only the
-  # one list of how an ensemble's members may run.
-  for path in sorted((ROOT / "fkjax" / "kernels").glob("*.py")):
+  # one list of how an ensemble's members may run and the one noise draw
+  # (which the CPU's jnp form runs with its hash written out).
+  paths = sorted((ROOT / "fkjax" / "kernels").rglob("*.py"))
+  assert any(p.parent.name == "cpu" for p in paths)
+  imported = set()
+  for path in paths:
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
         assert not any(alias.name.startswith("fkjax.models")
@@ -157,8 +206,8 @@ def test_kernels_take_only_the_member_executions_from_the_models():
       elif (isinstance(node, ast.ImportFrom)
             and (node.module or "").startswith("fkjax.models")):
         assert node.module == "fkjax.models", path.name
-        assert [a.name for a in node.names] == ["MEMBER_EXECUTIONS"], (
-            path.name)
+        imported |= {a.name for a in node.names}
+  assert imported == {"MEMBER_EXECUTIONS", "inject_noise", "noise"}
 
 
 def test_member_executions_are_defined_once():

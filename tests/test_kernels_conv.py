@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fkjax.kernels import build
-from fkjax.kernels import explicit_grad_conv
-from fkjax.kernels import onednn_conv as onednn
+from fkjax.kernels.cpu import build
+from fkjax.kernels.cpu import explicit_grad_conv
+from fkjax.kernels.cpu import onednn_conv as onednn
 from fkjax.models import create_model
 
 DN = ("NHWC", "HWIO", "NHWC")

@@ -7,9 +7,9 @@ import pytest
 from scipy import special
 
 from fkjax import models
-from fkjax.kernels import build
-from fkjax.kernels import noise_cpu
-from fkjax.kernels import noise_jnp
+from fkjax.kernels.cpu import build
+from fkjax.kernels.cpu import noise_cpu
+from fkjax.kernels.cpu import threefry
 from fkjax.models import create_model
 
 needs_library = pytest.mark.skipif(
@@ -25,10 +25,35 @@ def test_threefry_is_jaxs_threefry():
   rng = np.random.default_rng(0)
   k0, k1, x0, x1 = (jnp.asarray(rng.integers(0, 2**32, n, dtype=np.uint32))
                     for n in (1, 1, 1000, 1000))
-  ours = jax.jit(noise_jnp.threefry2x32)(k0[0], k1[0], x0, x1)
+  ours = jax.jit(threefry.threefry2x32)(k0[0], k1[0], x0, x1)
   theirs = jex_random.threefry2x32_p.bind(k0[0], k1[0], x0, x1)
   for a, b in zip(ours, theirs):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (6,), (7,), (2, 5)])
+def test_written_out_hash_is_jaxs_hash_function(shape):
+  # The hash the models' draw takes (jax.extend.random.threefry_2x32's
+  # contract), odd counts included.
+  keypair = jnp.asarray([0x13198A2E, 0x03707344], jnp.uint32)
+  count = jnp.arange(np.prod(shape), dtype=jnp.uint32).reshape(shape) * 7919
+  np.testing.assert_array_equal(
+      jax.jit(threefry.threefry_2x32)(keypair, count),
+      jex_random.threefry_2x32(keypair, count))
+
+
+def test_one_draw_the_cpu_form_only_swaps_the_hash():
+  # The jnp noise is the models' own function with the written-out hash:
+  # the map from bits to normals exists once (fkjax.models.noise).
+  text = open(threefry.__file__).read()
+  assert "erf_inv" not in text and "bitcast_convert_type" not in text
+  seen = []
+  key = jax.random.key(3)
+  spy = lambda k, c: seen.append(c.shape) or threefry.threefry_2x32(k, c)
+  np.testing.assert_array_equal(
+      models.standard_normal(key, (2, 3, 4), threefry=spy),
+      threefry.standard_normal(key, (2, 3, 4)))
+  assert seen == [(2, 2, 6)]
 
 
 # Odd per-example sizes (the last pair's second word dropped), no batch axis.
@@ -39,7 +64,7 @@ def test_written_out_draws_are_the_models_bits(shape, jit):
   key = jax.random.key(11)
   draw = lambda f: (jax.jit(f, static_argnums=1) if jit else f)(key, shape)
   want = np.asarray(draw(models.standard_normal))
-  got = np.asarray(draw(noise_jnp.standard_normal))
+  got = np.asarray(draw(threefry.standard_normal))
   assert got.shape == want.shape == shape
   np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
@@ -49,14 +74,24 @@ def test_written_out_injection_is_the_models(std_over):
   x = jax.random.normal(jax.random.key(1), (4, 5, 5, 3))
   key = jax.random.key(2)
   np.testing.assert_array_equal(
-      noise_jnp.inject_noise(x, 0.3, key, std_over),
+      threefry.inject_noise(x, 0.3, key, std_over),
       models.inject_noise(x, 0.3, key, std_over))
   with pytest.raises(ValueError, match="std_over"):
-    noise_jnp.inject_noise(x, 0.3, key, "channel")
+    threefry.inject_noise(x, 0.3, key, "channel")
 
 
 # --------------------------------------------------------------------------
 # The fused CPU kernel.
+
+
+def _bits(key, rows, cols):
+  """uint32[rows, cols]: JAX's Threefry of the counters (row, j), the bits
+  fkjax.models.noise.standard_normal maps to normals."""
+  half = (cols + 1) // 2
+  row, col = np.indices((rows, half), dtype=np.uint32)
+  words = jex_random.threefry_2x32(jax.random.key_data(key),
+                                   jnp.asarray(np.stack([row, col])))
+  return np.concatenate([words[0], words[1]], axis=1)[:, :cols]
 
 
 def _both(x, coef, key, std_over):
@@ -90,7 +125,7 @@ def test_draws_are_standard_normals_draws():
   _, z, _ = noise_cpu._forward(  # pylint: disable=protected-access
       x, jax.random.key_data(key), 1.0, False, keep_z=True)
   # standard_normal's bits, mapped in float64: sqrt(2) erfinv(2u - 1).
-  bits = np.asarray(noise_jnp.words(key, 64, 9 * 9 * 7))
+  bits = _bits(key, 64, 9 * 9 * 7)
   u = ((bits >> 9) | 0x3F800000).view(np.float32).astype(np.float64) - 1
   lo = np.nextafter(np.float32(-1), np.float32(1))
   want = np.sqrt(2) * special.erfinv(np.maximum(lo, 2 * u - 1))
@@ -152,7 +187,7 @@ def test_en2_model_gradients_equal_jnp_model(execution):
   labels = jnp.arange(4) % 10
   fused, ref = (create_model(depth=8, ensemble_size=2, noise_coef=0.1,
                              inject_noise=inject, member_execution=execution)
-                for inject in (noise_cpu.inject_noise, noise_jnp.inject_noise))
+                for inject in (noise_cpu.inject_noise, threefry.inject_noise))
   variables = fused.init(jax.random.key(0), images)
 
   def loss(model, params, x):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fkjax.kernels import noise_jnp
+from fkjax.kernels.cpu import threefry
 from fkjax.models import noise
 
 
@@ -56,7 +56,7 @@ def test_other_prng_impls_keep_their_own_normal():
 
 
 @pytest.mark.parametrize("inject", [noise.inject_noise,
-                                    noise_jnp.inject_noise],
+                                    threefry.inject_noise],
                          ids=["models", "kernels_jnp"])
 @pytest.mark.parametrize("std_over", ["batch", "example"])
 def test_a_constant_group_gets_no_noise_and_a_finite_gradient(inject,

@@ -1,4 +1,4 @@
-"""A single run and a sweep share one training loop (fkjax.training.loop): a
+"""A single run and a sweep share one training loop (fkjax.training.train): a
 sweep of one run writes the single run's records and selects and evaluates
 its checkpoint.
 
@@ -16,11 +16,11 @@ import pytest
 
 from configs import tiny
 from fkjax import checkpoint as ckpt_lib
-from fkjax.workdir import metric_logging
-from fkjax.training import loop as run_loop
+from fkjax.training import program
 from fkjax.training import sweep
 from fkjax.training import train
-from fkjax.training.sweep import loop as sweep_loop
+from fkjax.training import validation
+from fkjax.workdir import metric_logging
 
 # The loop's own times, which no two runs share.
 TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds")
@@ -43,7 +43,7 @@ def _config():
   return config
 
 
-# Added to each validation, outside anything a Runs times itself.
+# Added to each validation, inside what the loop times as val_seconds.
 VALIDATION_PAUSE = 0.5
 
 
@@ -58,8 +58,7 @@ def _paused(validate):
 def both(tmp_path_factory):
   root = tmp_path_factory.mktemp("one_loop")
   with pytest.MonkeyPatch.context() as patch:
-    for runs in (train.SingleRun, sweep_loop.SweepRuns):
-      patch.setattr(runs, "validate", _paused(runs.validate))
+    patch.setattr(program.Runs, "validate", _paused(program.Runs.validate))
     single = train.train_and_evaluate(_config(), str(root / "single"))
     swept, = sweep.train_sweep([_config()], [root / "sweep"])
   return {"single": (root / "single", single),
@@ -124,6 +123,6 @@ def test_a_sweep_of_one_selects_and_evaluates_the_single_runs_checkpoint(
 
 def test_the_selection_column_follows_select_by():
   config = _config()
-  assert run_loop.selection_column(config) == "pgd1"
+  assert validation.selection_column(config) == "pgd1"
   config.validation.select_by = "natural"
-  assert run_loop.selection_column(config) == "natural"
+  assert validation.selection_column(config) == "natural"

@@ -10,10 +10,10 @@ import pytest
 from configs import default, tiny
 from fkjax import attacks
 from fkjax import data
-from fkjax.training import experiment
+from fkjax.training import build
 from fkjax import models
 from fkjax.config import record as run_config
-from fkjax.training import train
+from fkjax.training import step as step_lib
 
 
 def test_defaults_follow_the_text_then_the_authors_code():
@@ -68,7 +68,7 @@ def test_momentum_reset_zeroes_the_buffers_and_keeps_the_counts():
   state = tx.init(params)
   for _ in range(3):
     _, state = tx.update({"w": jnp.ones((3,))}, state, params)
-  reset = train.reset_momentum(state)
+  reset = step_lib.reset_momentum(state)
   traces = [n for n in jax.tree.leaves(
       reset, is_leaf=lambda n: isinstance(n, optax.TraceState))
             if isinstance(n, optax.TraceState)]
@@ -89,9 +89,9 @@ def test_attack_updating_batch_stats_matches_pgd_and_torch_semantics():
   kw = dict(epsilon=8 / 255, step_size=2 / 255)
   # Jitted: run eagerly, op by op, these calls took ~50 s on 2 cores.
   x_adv, stats = jax.jit(functools.partial(
-      train.pgd_updating_batch_stats, model, num_steps=3, **kw))(
+      step_lib.pgd_updating_batch_stats, model, num_steps=3, **kw))(
           variables, x, y, key)
-  _, train_apply = experiment.model_fns(model)
+  _, train_apply = build.model_fns(model)
   pgd = jax.jit(functools.partial(attacks.pgd, train_apply, unroll=1, **kw),
                 static_argnames="num_steps")
   np.testing.assert_allclose(x_adv, pgd(variables, x, y, key, num_steps=3),
@@ -116,9 +116,9 @@ def test_attack_updating_batch_stats_matches_pgd_and_torch_semantics():
 def test_validation_split_test_needs_no_val_split():
   config = tiny.get_config("authors")
   config.num_devices = 1
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   assert len(exp.dataset.val.labels) == 0
   config = tiny.get_config()
   config.dataset.val_size = 0
   with pytest.raises(run_config.ConfigError, match="validation.split"):
-    experiment.Experiment.build(config)
+    build.Experiment.build(config)

@@ -521,7 +521,9 @@ def test_the_runner_writes_the_run_names_with_its_tables(tiny):
 @pytest.mark.slow   # eval.py evaluates the published weights in a process
 def test_a_published_run_loads_by_name_and_evaluates_without_training(
     tiny, tmp_path):
-  from fkjax.training import experiment  # pylint: disable=C0415
+  from fkjax import checkpoint as ckpt_lib  # pylint: disable=C0415
+  from fkjax.training import build  # pylint: disable=C0415
+  from fkjax.training import sparsify  # pylint: disable=C0415
   import jax  # pylint: disable=C0415
   results = str(tiny["root"] / "results")
   kept = tiny["root"] / "results" / "tiny" / "runs" / os.path.join(
@@ -533,8 +535,10 @@ def test_a_published_run_loads_by_name_and_evaluates_without_training(
   assert record["metrics"] == json.loads(
       (kept / runner.RUN_RECORD).read_text())["metrics"]
   workdir = str(tiny["root"] / "w" / os.path.join(*ROW_WORKDIR))
-  _, _, state = experiment.restore_checkpoint(workdir, config)
-  evaluated = experiment.eval_variables(state, config)
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
+  evaluated = sparsify.eval_variables(state, config)
   for a, b in zip(jax.tree.leaves(evaluated), jax.tree.leaves(variables)):
     np.testing.assert_array_equal(np.asarray(a), b)
   images = np.zeros((2, 32, 32, 3), np.float32)

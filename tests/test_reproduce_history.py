@@ -151,12 +151,12 @@ def test_a_dry_run_of_the_committed_cpu_scale_has_nothing_to_retrain(
     tmp_path, monkeypatch, capsys):
   # A dry run reads files only: nothing builds a model, trains or
   # evaluates, nothing is restored into a workdir.
-  from fkjax.training import experiment  # pylint: disable=C0415
+  from fkjax.training import build  # pylint: disable=C0415
 
   def never(*args, **kwargs):
     raise AssertionError("a dry run ran something")
   for module, name in ((runner, "execute"), (runner, "train_in_sweeps"),
-                       (experiment.Experiment, "build")):
+                       (build.Experiment, "build")):
     monkeypatch.setattr(module, name, never)
   capsys.readouterr()
   assert reproduce_main.main(["all", "--scale=cpu", "--dry-run",

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from configs import cpu, default, tiny
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import devices
 from fkjax.config import record as run_config
 from fkjax.config.record import ConfigError
 
@@ -90,7 +91,7 @@ def test_build_validates_before_loading_data():
   config.dataset.data_dir = "/nonexistent/data"
   config.model.depth = 21
   with pytest.raises(ConfigError, match="model.depth"):
-    experiment.Experiment.build(config)
+    build.Experiment.build(config)
 
 
 def test_resume_refuses_a_changed_training_section(tmp_path):
@@ -159,11 +160,11 @@ def test_a_failed_save_keeps_the_previous_config_and_no_temporary(
 def test_prng_streams_are_distinct_and_seed_specific():
   import jax  # pylint: disable=import-outside-toplevel
   keys = {(seed, s): tuple(jax.random.key_data(
-      experiment.prng_key(seed, s)).tolist())
-          for seed in (0, 1) for s in experiment.STREAMS}
+      build.prng_key(seed, s)).tolist())
+          for seed in (0, 1) for s in build.STREAMS}
   assert len(set(keys.values())) == len(keys)
   with pytest.raises(ValueError, match="unknown PRNG stream"):
-    experiment.prng_key(0, "dropout")
+    build.prng_key(0, "dropout")
 
 
 def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path, monkeypatch):
@@ -175,7 +176,7 @@ def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path, monkeypatch):
   config = tiny.get_config()
   config.compilation_cache_dir = str(blocker / "cache")
   with pytest.warns(RuntimeWarning, match="compilation cache disabled"):
-    assert experiment.enable_compilation_cache(config) is None
+    assert devices.enable_compilation_cache(config) is None
 
 
 def test_a_run_resumes_with_other_speed_settings_not_another_precision(
@@ -192,13 +193,14 @@ def test_a_run_resumes_with_other_speed_settings_not_another_precision(
 
 def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
   # One list: a pipeline (or data source) the code gains is valid at once.
-  from fkjax.training import dispatch  # pylint: disable=import-outside-toplevel
+  from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
   from fkjax.data import loader  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.data_pipeline = "sharded"
   with pytest.raises(ConfigError, match="one of"):
     run_config.validate(config)
-  monkeypatch.setattr(dispatch, "PIPELINES", (*dispatch.PIPELINES, "sharded"))
+  monkeypatch.setattr(input_pipeline, "PIPELINES",
+                      (*input_pipeline.PIPELINES, "sharded"))
   run_config.validate(config)
   monkeypatch.setattr(loader, "SOURCES", ("synthetic",))
   config.dataset.source = "tfds"

@@ -22,7 +22,8 @@ import pytest
 from configs import sweep as sweep_config
 from configs import tiny
 from fkjax import checkpoint as ckpt_lib
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import sparsify
 from fkjax.config import record as run_config
 from fkjax import sparsity
 from fkjax.training import sweep
@@ -121,9 +122,9 @@ def test_shared_data_order_records_the_data_seed():
     c.seed = seed
   shared = sweep.with_data_seed(configs, "shared")
   assert [c.training.data_seed for c in shared] == [None, 4, None]
-  assert [experiment.data_seed(c) for c in shared] == [4, 4, 4]
+  assert [build.data_seed(c) for c in shared] == [4, 4, 4]
   own = sweep.with_data_seed(configs, "per_run")
-  assert [experiment.data_seed(c) for c in own] == [4, 5, 4]
+  assert [build.data_seed(c) for c in own] == [4, 5, 4]
   assert configs[1].training.data_seed is None   # inputs left alone
   with pytest.raises(run_config.ConfigError, match="data_order"):
     sweep.with_data_seed(configs, "random")
@@ -244,7 +245,7 @@ def _runs(workdir):
 
 def _restore(workdir, step):
   config = run_config.config_for_eval(str(workdir), None, {}, False)
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:
     return jax.device_get(checkpointer.restore(exp.abstract_state(), "latest",
@@ -360,7 +361,7 @@ def test_each_run_is_projected_with_its_own_hyperparameters(whole):
   for run in _runs(whole["full"]):
     config = run_config.config_for_eval(str(run), None, {}, False)
     state = _restore(run, 4)
-    report = experiment.sparsity_report(state["params"], config)
+    report = sparsify.sparsity_report(state["params"], config)
     norms = report.channel_norms()
     threshold = np.sqrt(2 * config.sparsity.lamb1 / config.sparsity.beta)
     # w was replaced by u: a channel group is 0 or above the run's threshold

@@ -25,7 +25,9 @@ from fkjax import checkpoint as ckpt_lib
 from fkjax import data
 from fkjax import sparsity
 from fkjax.evaluation import run as eval_run
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import parallel
+from fkjax.training import sparsify
 from tests.killed import Killed, killed_after
 from tests.subprocess_env import subprocess_env
 
@@ -103,7 +105,7 @@ def four_devices(full_run):
 
 def _restore(workdir, which="latest", config=None):
   config = config or tiny.get_config()
-  exp = experiment.Experiment.build(config)
+  exp = build.Experiment.build(config)
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:
     return exp.restore(checkpointer, which)
@@ -120,8 +122,8 @@ def test_progress_in_a_log_file_is_plain_epoch_lines(runs):
 
 
 def test_the_log_names_the_speed_settings(runs):
-  # the CPU's defaults: auto resolves to NumPy batches, one step a dispatch
-  assert ("training: data pipeline host, 1 step per dispatch, precision "
+  # the CPU's default: auto resolves to NumPy batches
+  assert ("training: data pipeline host, precision "
           "float32") in runs["full_log"]
 
 
@@ -241,10 +243,13 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
   apply_fn, variables = slim.load_slim(str(out))
   config = tiny.get_config()
   config.num_devices = 1
-  exp, _, state = experiment.restore_checkpoint(str(runs["full"]), config)
+  with ckpt_lib.Checkpointer(str(runs["full"]),
+                             must_exist=True) as checkpointer:
+    exp = build.Experiment.build(config)
+    _, state = exp.restore(checkpointer, config.eval.checkpoint)
   images = data.to_float(exp.dataset.test.images[:8])
   key = jax.random.key(3)
-  original = exp.model.apply(experiment.eval_variables(state, config),
+  original = exp.model.apply(sparsify.eval_variables(state, config),
                              images, train=False, rngs={"noise": key})
   np.testing.assert_allclose(apply_fn(variables, images, key), original,
                              atol=1e-4)
@@ -264,15 +269,15 @@ def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
   expected = json.loads(result.read_text())
   result.unlink()
 
-  real = eval_run.sharded_eval_batches
-  monkeypatch.setattr(eval_run, "sharded_eval_batches",
+  real = parallel.eval_batches
+  monkeypatch.setattr(parallel, "eval_batches",
                       lambda *a, **k: killed_after(real(*a, **k), 2))
   with pytest.raises(Killed):
     eval_run.evaluate_checkpoint(config, str(workdir))
   assert not result.exists()
   assert len(list((workdir / eval_journal.JOURNAL_DIR).iterdir())) == 1
   assert eval_journal.batches_kept(str(workdir)) == 2
-  monkeypatch.setattr(eval_run, "sharded_eval_batches", real)
+  monkeypatch.setattr(parallel, "eval_batches", real)
   capsys.readouterr()
   resumed = eval_run.evaluate_checkpoint(config, str(workdir))
   assert "batches done by an earlier attempt (main: 2)" in (

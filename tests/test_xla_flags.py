@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fkjax.kernels import xla_flags
+from fkjax.kernels.cpu import xla_flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULTS = [f"{k}={v}" for k, v in xla_flags.DEFAULT_CPU_FLAGS.items()]

@@ -16,7 +16,7 @@ import numpy as np
 
 from benchmarks.experiments.common import median_ms
 from fkjax import kernels
-from fkjax.kernels import explicit_grad_conv
+from fkjax.kernels.cpu import explicit_grad_conv
 
 DN = ("NHWC", "HWIO", "NHWC")
 SHAPES = [(32, 16, 16, 3, 1), (32, 16, 32, 3, 2), (32, 16, 32, 1, 2),

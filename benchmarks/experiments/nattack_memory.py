@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from configs import default
-from fkjax.training import experiment
+from fkjax.training import build
+from fkjax.training import sparsify
 from fkjax import kernels
 
 nattack_lib = importlib.import_module("fkjax.attacks.nattack")
@@ -35,11 +36,11 @@ def main() -> None:
   args = parser.parse_args()
   kernels.apply_xla_flags()  # before JAX starts its backend
   config = default.get_config(args.model)
-  model = experiment.create_model(config, 10)
-  eval_apply, _ = experiment.model_fns(model)
-  state = experiment.init_state(model, experiment.create_optimizer(config, 391),
+  model = build.create_model(config, 10)
+  eval_apply, _ = build.model_fns(model)
+  state = build.init_state(model, build.create_optimizer(config, 391),
                            jax.random.key(0))
-  variables = experiment.eval_variables(state, config)
+  variables = sparsify.eval_variables(state, config)
   images = jax.ShapeDtypeStruct((args.batch, 32, 32, 3), jnp.float32)
   labels = jax.ShapeDtypeStruct((args.batch,), jnp.int32)
   for pair in args.chunks.split(","):

@@ -38,8 +38,9 @@ def _measure(model: str, workload: str, nattack_iters: int,
   from benchmarks import bench_train  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
   from fkjax import evaluation  # pylint: disable=import-outside-toplevel
-  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
-  from fkjax.training import experiment  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import suites as eval_suites  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
+  from fkjax.training import sparsify  # pylint: disable=import-outside-toplevel
 
   config = default.get_config(model)
   config.eval.nattack_iters = nattack_iters
@@ -56,16 +57,16 @@ def _measure(model: str, workload: str, nattack_iters: int,
     estimate = info.get("memory_mb")
   else:
     batch = config.eval.batch_size
-    model_ = experiment.create_model(config, 10)
-    eval_apply, _ = experiment.model_fns(model_)
-    state = experiment.init_state(model_, experiment.create_optimizer(config, 391),
+    model_ = build.create_model(config, 10)
+    eval_apply, _ = build.model_fns(model_)
+    state = build.init_state(model_, build.create_optimizer(config, 391),
                              jax.random.key(0))
-    variables = experiment.eval_variables(state, config)
+    variables = sparsify.eval_variables(state, config)
     rng = np.random.default_rng(0)
     data = [{"image": rng.random((batch, 32, 32, 3), dtype=np.float32),
              "label": rng.integers(0, 10, batch).astype(np.int32)}]
     evaluator = evaluation.Evaluator(eval_apply,
-                                   eval_run.attack_suite(workload, config))
+                                   eval_suites.attack_suite(workload, config))
     evaluator(variables, data, jax.random.key(1))
     estimate = bench_train._memory_mb(  # pylint: disable=protected-access
         evaluator.compiled_attacks(workload)[0])

@@ -30,6 +30,7 @@ from fkjax.attacks.gradient import cw_linf
 from fkjax.attacks.gradient import fgsm
 from fkjax.attacks.gradient import pgd
 from fkjax.attacks.gradient import sweep_step_size
+from fkjax.attacks.nattack import auto_chunk as nattack_auto_chunk
 from fkjax.attacks.nattack import nattack
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "input_gradient",
     "loss_and_gradient",
     "nattack",
+    "nattack_auto_chunk",
     "per_example_loss",
     "pgd",
     "project",

@@ -82,6 +82,9 @@ def has_checkpoints(workdir: str) -> bool:
 class Checkpointer:
   """Saves and restores training states under ``<workdir>/checkpoints``.
 
+  A context manager: ``with Checkpointer(workdir, must_exist=True) as c:``
+  restores for reading and closes the manager after.
+
   Args:
     workdir: the run's directory.
     must_exist: open for reading only (eval): raise ``CheckpointError`` if
@@ -244,3 +247,9 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc_info: Any) -> None:
+    self.close()

@@ -15,6 +15,9 @@ such key, the value that reproduces how the runs saved before it ran.
   fills (where its table asks for today's default, not a value of its
   own). A difference in a key not listed here is a different run.
 
+A key that changes only how fast a stage runs, never its results, is in
+:data:`SPEED_ONLY` instead: a run recorded with another value is current.
+
 Contributors: when you add a config key whose default is not None, or
 change a default, add a line here (docs/reproduction.md, "Adding or changing
 a setting"). A test checks that the runs committed under ``results/`` stay
@@ -59,6 +62,17 @@ CHANGES: tuple[Change, ...] = (
            "APGD-T joined the strong protocol, as in AutoAttack's standard "
            "version"),
 )
+
+# Keys that change how fast a stage runs, never what it computes (its
+# results are the same whatever their value, tests say so): a difference in
+# them is no difference, whatever the value a run recorded.
+SPEED_ONLY = frozenset({
+    # NAttack's population chunk: the same images whatever the chunk
+    # (tests/test_gpu_lowering.py); 10 before 2026-12-06, now 0 (as many as
+    # the device's memory holds).
+    "eval.nattack_chunk",
+})
+
 
 def change_of(key: str) -> Change | None:
   """The entry of ``key``, or None if it was never added nor changed."""

@@ -2,7 +2,7 @@
 
 Every other list of attack names is derived from these:
 ``fkjax.evaluation.suites.default_attacks`` keys its attacks by ``PAPER_COLUMNS``,
-``fkjax.evaluation.run.attack_suite`` accepts ``ATTACK_NAMES``,
+``fkjax.evaluation.suites.attack_suite`` accepts ``ATTACK_NAMES``,
 ``fkjax.config.record`` validates ``config.eval.attacks`` against them, and the
 tables label their columns with ``COLUMN_LABELS`` and ``STRONG_COLUMNS``.
 This module imports nothing, so that the config's validation can read it

@@ -269,9 +269,9 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("eval.num_noise_draws", integer()),
       ("eval.nattack_iters", integer()),
       ("eval.nattack_population", integer()),
-      # A chunk of 0 never advanced (NAttack ran forever), a negative one
-      # failed deep inside JAX.
-      ("eval.nattack_chunk", optional(integer())),
+      # 0: as many as the device's memory holds (fkjax.attacks.nattack's
+      # auto_chunk); a negative one failed deep inside JAX.
+      ("eval.nattack_chunk", optional(integer(0))),
       ("eval.nattack_image_chunk", optional(integer())),
       # eval.py evaluates something; train.py's final_attacks may be empty
       # (no final evaluation).
@@ -282,7 +282,7 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       # elsewhere is said before JAX loads (seconds).
       ("kernels", kernel_choices),
       ("training.data_pipeline",
-       optional(one_of(names_in("fkjax.training.dispatch", "PIPELINES")))),
+       optional(one_of(names_in("fkjax.training.input_pipeline", "PIPELINES")))),
       ("precision", optional(one_of(names_in("fkjax.training.precision",
                                              "PRECISIONS")))),
       # Checked whatever the method: the authors preset sets it for every

@@ -30,6 +30,7 @@ from fkjax.data.loader import DATA_DIR_ENV
 from fkjax.data.loader import SOURCES
 from fkjax.data.loader import load_dataset
 from fkjax.data.loader import resolve_data_dir
+from fkjax.data.splits import limit
 from fkjax.data.splits import subset_per_class
 from fkjax.data.splits import train_val_split
 from fkjax.data.synthetic import synthetic_splits
@@ -58,6 +59,7 @@ __all__ = [
     "record_size",
     "resolve_data_dir",
     "steps_per_epoch",
+    "limit",
     "subset_per_class",
     "synthetic_splits",
     "to_float",

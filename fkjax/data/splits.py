@@ -12,6 +12,13 @@ def take(split: Split, indices: np.ndarray) -> Split:
   return Split(split.images[indices], split.labels[indices])
 
 
+def limit(split: Split, num_examples: int) -> Split:
+  """The first ``num_examples`` of ``split`` (all of it for 0)."""
+  if num_examples and num_examples < len(split.labels):
+    return Split(split.images[:num_examples], split.labels[:num_examples])
+  return split
+
+
 def train_val_split(split: Split, val_size: int,
                     seed: int) -> tuple[Split, Split]:
   """Splits off a fixed random validation set (the paper's 45K/5K split).

@@ -16,6 +16,13 @@ counted model, the counts expected and seen); ``CallCounting.show`` opens
 the display of one evaluation, and ``SILENT`` stands in for it without
 progress: the attacks are then compiled without the callback, the same
 program, numbers and speed as before.
+
+Per model call is a CPU's progress (``fkjax.kernels.platform``). On a GPU or
+TPU a host callback in every model call would stop the device thousands of
+times an image group (NAttack: a check and a population pass per
+iteration), so there the attacks are compiled without it and the display
+moves on the host between attacks, one step per attack and batch (weighed
+by its work, given ``work_per_image``).
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import jax
 from jax.extend import core as jax_core
 
 from fkjax import attacks as attacks_lib
+from fkjax import kernels
 from fkjax.workdir import metric_logging
 
 
@@ -207,6 +215,14 @@ class Display:
       self._bar.total = total
       self._batch = self._batch_text(batch_index)
 
+  def finished(self, name: str, weight: int) -> None:
+    """Attack ``name`` finished its batch: the display moves by
+    ``weight`` (progress between attacks, on accelerators)."""
+    with self._lock:
+      self._bar.set_description(f"{self._desc}, {self._batch}, {name} done",
+                                refresh=False)
+      self._bar.update(weight)
+
   def listener(self, name: str, expected: int | None, weight: int = 1
                ) -> Callable[[int], None]:
     """What a ``CallCounter`` reports the calls of attack ``name`` to;
@@ -242,16 +258,24 @@ class CallCounting:
   Args:
     apply_fn: the model; ``self.apply_fn`` is it counted.
     work_per_image: each attack's cost per image in any unit (e.g. forward
-      passes, ``fkjax.evaluation.run.attack_costs``). Given, the progress moves
+      passes, ``fkjax.evaluation.cost.attack_costs``). Given, the progress moves
       by work units (one call of an attack weighs its work over its calls
       per batch), so that the time-left estimate does not take a cheap
       attack's calls for an expensive one's; None: by model calls.
+    per_call: count every model call (a host callback in the compiled
+      attacks), or move the display only between attacks (no callback);
+      default: per call on a CPU only (:func:`fkjax.kernels.platform`).
   """
 
   def __init__(self, apply_fn: attacks_lib.ApplyFn,
-               work_per_image: Mapping[str, float] | None = None):
+               work_per_image: Mapping[str, float] | None = None,
+               per_call: bool | None = None):
     self.calls = CallCounter()
-    self.apply_fn = counting_apply(apply_fn, self.calls.tick)
+    self.per_call = (kernels.platform() == "cpu" if per_call is None
+                     else bool(per_call))
+    # Between attacks the counted model is the model itself.
+    self.apply_fn = (counting_apply(apply_fn, self.calls.tick)
+                     if self.per_call else apply_fn)
     self.work_per_image = (dict(work_per_image) if work_per_image is not None
                            else None)
     # Expected model calls per (attack, batch shape), and the last count
@@ -261,15 +285,17 @@ class CallCounting:
 
   def traced(self, name: str, signature: Any, traced: Any) -> None:
     """Records the calls attack ``name``'s traced program makes on a batch
-    of ``signature`` (``jax.jit(...).trace(...)``)."""
-    self._expected[(name, signature)] = count_model_calls(traced.jaxpr)
+    of ``signature`` (``jax.jit(...).trace(...)``); between attacks, one
+    step per batch."""
+    self._expected[(name, signature)] = (
+        count_model_calls(traced.jaxpr) if self.per_call else 1)
 
   def show(self, names: Sequence[str], desc: str, num_batches: int | None,
            enabled: bool = True) -> "Shown":
     """The display of one evaluation over attacks ``names``."""
-    return Shown(self, names, Display(
-        desc, num_batches, enabled,
-        unit="model call" if self.work_per_image is None else "work unit"))
+    unit = ("work unit" if self.work_per_image is not None
+            else "model call" if self.per_call else "attack")
+    return Shown(self, names, Display(desc, num_batches, enabled, unit=unit))
 
   def estimate(self, name: str, signature: Any) -> tuple[int | None,
                                                         int | None]:
@@ -320,6 +346,13 @@ class Shown:
   @contextlib.contextmanager
   def attack(self, name: str) -> Iterator[None]:
     """Counts the calls of attack ``name`` run inside the block."""
+    weight = self._weight.get(name, 1)
+    if not self._counting.per_call:
+      yield
+      self._counting.seen(name, 1)
+      self._display.finished(name, weight)
+      self._display.attack_done(weight)
+      return
     calls = self._counting.calls
     calls.watch(self._display.listener(name, self._expected.get(name),
                                        self._weight.get(name, 1)))

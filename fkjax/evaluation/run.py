@@ -19,16 +19,15 @@ file is written.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import os
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import ml_collections
 
-from fkjax import attacks
+from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax.evaluation import cost as eval_cost
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import loop as eval_loop
 from fkjax.evaluation import merge as eval_merge
@@ -37,142 +36,17 @@ from fkjax.evaluation import result as eval_result
 from fkjax.evaluation import strong as eval_strong
 from fkjax.evaluation import suites as eval_suites
 from fkjax.evaluation import tables as eval_tables
-from fkjax.training import experiment as experiment_lib
+from fkjax.training import build
+from fkjax.training import devices
+from fkjax.training import sparsify
 from fkjax.workdir import metric_logging
 from fkjax.training import parallel
 from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
 
 
-def limit(split: data_lib.Split, num_examples: int) -> data_lib.Split:
-  """The first ``num_examples`` of ``split`` (all of it for 0)."""
-  if num_examples and num_examples < len(split.labels):
-    return data_lib.Split(split.images[:num_examples],
-                          split.labels[:num_examples])
-  return split
-
-
-def sharded_eval_batches(split: data_lib.Split, batch_size: int,
-                         mesh) -> Iterator[dict[str, jax.Array]]:
-  """Padded, masked evaluation batches placed on the mesh."""
-  parallel.check_batch_size(batch_size, mesh)
-  for batch in data_lib.eval_batches(
-      split, batch_size, process_index=jax.process_index(),
-      process_count=jax.process_count()):
-    yield parallel.shard_batch(batch, mesh)
-
-
-def attack_suite(names: str, config: ml_collections.ConfigDict
-                 ) -> dict[str, eval_suites.Attack]:
-  """The attacks named in a comma-separated string (of
-  ``eval_names.ATTACK_NAMES``), from the eval config."""
-  wanted = [n.strip() for n in names.split(",") if n.strip()]
-  unknown = sorted(set(wanted) - set(eval_names.ATTACK_NAMES))
-  if unknown:
-    raise run_config.ConfigError(
-        f"unknown attacks {unknown}; choose from "
-        f"{list(eval_names.ATTACK_NAMES)}")
-  e = config.eval
-  every = {**eval_suites.suite(
-      "paper", eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
-      epsilon=config.attack.epsilon, step_size=config.attack.step_size,
-      nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
-      nattack_image_chunk=e.nattack_image_chunk,
-      unroll=config.attack.unroll, best_so_far=e.best_so_far,
-      # a deterministic model needs no fresh draw to check an iterate
-      check_draws=1 if config.model.noise_coef else 0,
-      nattack_variant=e.nattack_variant,
-      nattack_success_draws=e.nattack_success_draws),
-           **eval_suites.suite("authors")}
-  return {name: every[name] for name in wanted}
-
-
-# Forward passes one gradient costs (forward + backward), for the cost line.
-_GRADIENT_COST = 3
-
-
-def _iterative_cost(k: Mapping[str, Any]) -> int:
-  # A best-so-far iterate is checked on fresh draws (none: the gradient's
-  # logits are reused).
-  check = k["check_draws"] if k["return_best"] else 0
-  return k["num_steps"] * (_GRADIENT_COST * k["eot_samples"] + check) + 1
-
-
-# Attack function -> forward passes per image, from its keyword arguments.
-_COSTS: dict[Callable[..., Any], Callable[[Mapping[str, Any]], int]] = {
-    attacks.fgsm: lambda k: _GRADIENT_COST * k["eot_samples"] + 1,
-    attacks.pgd: _iterative_cost,
-    attacks.cw_linf: _iterative_cost,
-    attacks.cw_authors: lambda k: k["num_steps"] * _GRADIENT_COST + 1,
-    attacks.nattack: lambda k: k["max_iters"] * (k["population"]
-                                                 + k["success_draws"]) + 1,
-}
-
-
-def _attack_cost(attack: eval_suites.Attack) -> int:
-  """Forward passes ``attack`` (``natural`` or a ``functools.partial`` of
-  an ``fkjax.attacks`` function) costs per image at most."""
-  if attack is eval_suites.natural:
-    return 1
-  func = attack.func
-  keywords = {name: p.default
-              for name, p in inspect.signature(func).parameters.items()
-              if p.default is not inspect.Parameter.empty}
-  return _COSTS[func]({**keywords, **attack.keywords})
-
-
-def attack_costs(names: list[str], config: ml_collections.ConfigDict
-                 ) -> dict[str, int]:
-  """Forward-pass equivalents each attack of the paper's protocol costs per
-  image at most (a gradient counts 3; NAttack stops early once every image
-  of its batch is broken, so it can cost less), read from the attacks
-  ``attack_suite`` builds (their steps, EOT and check draws)."""
-  suite = attack_suite(",".join(names), config)
-  return {name: _attack_cost(suite[name]) for name in names}
-
-
-def cost_summary(names: list[str], config: ml_collections.ConfigDict,
-                 num_images: int) -> str:
-  """What an evaluation will cost, said before it starts, and how to bound
-  it: each attack's share of the forward passes, and the flags that cut
-  the bulk."""
-  costs = attack_costs(names, config)
-  total = sum(costs.values())
-  shares = ", ".join(f"{name} {cost} ({100 * cost / total:.0f}%)"
-                     for name, cost in costs.items())
-  batch = config.eval.batch_size
-  text = (f"evaluating {num_images} test images in batches of "
-          f"{min(batch, num_images)}; forward passes per image (a gradient "
-          f"counts 3), at most: {shares}.")
-  heavy = max(costs, key=costs.get)
-  if costs[heavy] > total / 2 and len(costs) > 1:
-    rest = ",".join(n for n in names if n != heavy)
-    text += (f" {heavy} is most of the time: --config.eval.attacks={rest} "
-             f"leaves it out")
-    if heavy == "nattack":
-      text += (", --config.eval.nattack_iters=N shortens it (the paper's "
-               "is 500)")
-    text += (f"; --config.eval.num_examples=N evaluates the first N images "
-             f"only (written to its own file).")
-  return text + (" A killed evaluation resumes at its next batch: run the "
-                 "same command again.")
-
-
-def validation_attacks(config: ml_collections.ConfigDict
-                       ) -> dict[str, eval_suites.Attack]:
-  """Natural accuracy and, if configured, PGD-k accuracy on validation."""
-  suite = {"natural": eval_suites.natural}
-  steps = config.validation.attack_steps
-  if steps:
-    suite[f"pgd{steps}"] = functools.partial(
-        attacks.pgd, epsilon=config.attack.epsilon,
-        step_size=config.attack.step_size, num_steps=steps,
-        random_start=False, unroll=config.attack.unroll)
-  return suite
-
-
 def _journal(config: ml_collections.ConfigDict, workdir: str, step: int,
-             exp: experiment_lib.Experiment, result_path: str,
+             exp: build.Experiment, result_path: str,
              parts: list[str], logger) -> eval_journal.Journal | None:
   """The journal of the evaluation writing ``result_path``: its identity is
   the checkpoint and every setting its numbers depend on; ``parts``: the
@@ -210,7 +84,7 @@ class Restored:
   """What an evaluation evaluates: the checkpoint restored, and how."""
   config: ml_collections.ConfigDict
   workdir: str
-  exp: experiment_lib.Experiment
+  exp: build.Experiment
   step: int
   state: Any
   variables: Any   # the evaluated ones (ADMM's projected u)
@@ -221,7 +95,7 @@ class Restored:
 
   def batches(self) -> Iterator[dict[str, jax.Array]]:
     """The test batches, placed on the mesh."""
-    return sharded_eval_batches(self.test, self.config.eval.batch_size,
+    return parallel.eval_batches(self.test, self.config.eval.batch_size,
                                 self.exp.mesh)
 
   def num_batches(self) -> int:
@@ -229,7 +103,7 @@ class Restored:
                                      self.config.eval.batch_size)
 
   def key(self) -> jax.Array:
-    return experiment_lib.prng_key(self.config.seed, "test")
+    return build.prng_key(self.config.seed, "test")
 
   def say(self, text: str) -> None:
     _say(text, self.logger)
@@ -245,7 +119,7 @@ class Restored:
     metadata = workdir_lib.results_metadata(
         self.config, step=self.step, data=self.exp.dataset.description,
         checkpoint=self.config.eval.checkpoint, protocol=protocol,
-        devices=experiment_lib.describe_devices(self.exp.mesh.size))
+        devices=devices.describe_devices(self.exp.mesh.size))
     if not merge:
       workdir_lib.write_results(path, results, metadata)
       return results
@@ -276,15 +150,17 @@ class Restored:
 
 
 def restore(config: ml_collections.ConfigDict, workdir: str, *,
-            exp: experiment_lib.Experiment | None = None, final: bool = False,
+            exp: build.Experiment | None = None, final: bool = False,
             logger: metric_logging.MetricLogger | None = None) -> Restored:
   """Restores the run's checkpoint for evaluation on its test images."""
-  exp, step, state = experiment_lib.restore_checkpoint(workdir, config, exp)
-  eval_apply, _ = experiment_lib.model_fns(exp.model)
+  with ckpt_lib.Checkpointer(workdir, must_exist=True) as checkpointer:
+    exp = exp or build.Experiment.build(config)
+    step, state = exp.restore(checkpointer, config.eval.checkpoint)
+  eval_apply, _ = build.model_fns(exp.model)
   return Restored(config, workdir, exp, step, state,
-                  experiment_lib.eval_variables(state, config), eval_apply,
-                  limit(exp.dataset.test, config.eval.num_examples), final,
-                  logger)
+                  sparsify.eval_variables(state, config), eval_apply,
+                  data_lib.limit(exp.dataset.test, config.eval.num_examples),
+                  final, logger)
 
 
 def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
@@ -293,9 +169,9 @@ def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
   config = r.config
   st = config.eval.strong
   stochastic = bool(config.model.noise_coef)
-  sanity = (list(sharded_eval_batches(limit(r.test, st.sanity_examples),
-                                      config.eval.batch_size, r.exp.mesh))
-            if st.sanity_examples else None)
+  sanity = (list(parallel.eval_batches(
+      data_lib.limit(r.test, st.sanity_examples), config.eval.batch_size,
+      r.exp.mesh)) if st.sanity_examples else None)
   path = workdir_lib.eval_result_path(r.workdir, config)
   parts = [f"seed{s}" for s in range(st.num_seeds)] + (
       ["sanity"] if sanity else [])
@@ -315,7 +191,7 @@ def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
                       "nattack_image_chunk": config.eval.nattack_image_chunk},
       progress=config.progress, num_batches=r.num_batches(),
       journal=journal)
-  report = experiment_lib.sparsity_report(r.variables["params"], config)
+  report = sparsify.sparsity_report(r.variables["params"], config)
   results = {**result.to_json(), "step": r.step,
              "weight_sparsity": report.weight_sparsity,
              "channel_sparsity": report.channel_sparsity}
@@ -353,7 +229,7 @@ def _paper_accuracy(r: Restored, variables: Any,
       num_batches=r.num_batches(), journal=journal,
       batch_key="config.eval.batch_size",
       # The progress in forward passes: NAttack's calls cost more.
-      work_per_image=attack_costs(list(suite), r.config))
+      work_per_image=eval_cost.attack_costs(list(suite), r.config))
 
 
 def _admm_dense_w(r: Restored, suite: dict[str, eval_suites.Attack],
@@ -366,12 +242,12 @@ def _admm_dense_w(r: Restored, suite: dict[str, eval_suites.Attack],
       r, dense, suite,
       journal.scoped("dense_w") if journal is not None else None,
       per_image=False)
-  report = experiment_lib.sparsity_report(dense["params"], r.config)
+  report = sparsify.sparsity_report(dense["params"], r.config)
   return {"attacks": {k: {"accuracy": v}
                       for k, v in results.accuracies().items()},
           "weight_sparsity": report.weight_sparsity,
           "channel_sparsity": report.channel_sparsity,
-          "near_zero": experiment_lib.near_zero_shares(dense["params"],
+          "near_zero": sparsify.near_zero_shares(dense["params"],
                                                        r.config)}
 
 
@@ -424,10 +300,11 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   from fkjax.evaluation import plots as plots_lib  # matplotlib only when needed
 
   config = r.config
-  suite = attack_suite(attacks_csv or config.eval.attacks, config)
+  suite = eval_suites.attack_suite(attacks_csv or config.eval.attacks,
+                                   config)
   path = workdir_lib.eval_result_path(r.workdir, config, r.final)
   if not r.final:
-    r.say(cost_summary(list(suite), config, len(r.test.labels)))
+    r.say(eval_cost.cost_summary(list(suite), config, len(r.test.labels)))
   dense_part = (["dense_w"] if config.sparsity.method == "admm"
                 and not r.final else [])
   # train.py's short final evaluation is not worth a journal.
@@ -438,8 +315,8 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   # evaluated on the same images compare image by image (a paired test, the
   # reproduction's claims).
   results = result.to_json()
-  report = experiment_lib.sparsity_report(r.variables["params"], config)
-  results["near_zero"] = experiment_lib.near_zero_shares(
+  report = sparsify.sparsity_report(r.variables["params"], config)
+  results["near_zero"] = sparsify.near_zero_shares(
       r.variables["params"], config)
   if dense_part:
     results["admm_dense_w"] = _admm_dense_w(r, suite, journal)
@@ -450,7 +327,7 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(
         r.variables["params"], report, os.path.join(r.workdir, "plots"),
-        layout=experiment_lib.kernel_layout(config))
+        layout=sparsify.kernel_layout(config))
   r.say(_paper_text(r, result, results, report, path))
   return results
 
@@ -465,7 +342,7 @@ PROTOCOLS: dict[str, Callable[..., dict[str, Any]]] = {
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
-                        exp: experiment_lib.Experiment | None = None,
+                        exp: build.Experiment | None = None,
                         attacks_csv: str | None = None,
                         plots: bool | None = None,
                         final: bool = False,

@@ -8,7 +8,8 @@
   for a noisy model (AutoAttack's standard and "rand" versions).
 
 ``suite(name, **options)`` builds the one named; a new protocol's suite is a
-function registered with ``@register("name")``. Each attack is
+function registered with ``@register("name")``. ``attack_suite(names,
+config)`` builds the attacks a run's config names. Each attack is
 ``attack(apply_fn, variables, images, labels, key) -> x_adv``.
 """
 from __future__ import annotations
@@ -17,8 +18,11 @@ import functools
 from typing import Any, Callable
 
 import jax
+import ml_collections
 
 from fkjax import attacks as attacks_lib
+from fkjax.config import record as run_config
+from fkjax.config import names as eval_names
 
 Attack = Callable[[attacks_lib.ApplyFn, Any, jax.Array, jax.Array, jax.Array],
                   jax.Array]
@@ -86,7 +90,8 @@ def default_attacks(eot_samples: int = 1,
     ifgsm_steps: IFGSM steps (A3 is IFGSM^20).
     cw_steps: C&W-l_inf steps.
     nattack_population: NAttack's population.
-    nattack_chunk: population members NAttack evaluates at once (memory).
+    nattack_chunk: population members NAttack evaluates at once (memory;
+      0: as many as the device's memory holds, ``attacks.nattack``).
     nattack_image_chunk: images NAttack attacks at once (memory: its
       population arrays grow with ``population * images``).
     ifgsm_random_start: start IFGSM from a random point of the ball. False by
@@ -223,3 +228,28 @@ def strong_attacks(epsilon: float = 8 / 255,
         attacks_lib.apgd, loss="dlr_targeted", num_targets=num_targets,
         **common)
   return suite
+
+
+def attack_suite(names: str, config: ml_collections.ConfigDict
+                 ) -> dict[str, Attack]:
+  """The attacks named in a comma-separated string (of
+  ``eval_names.ATTACK_NAMES``), from the eval config."""
+  wanted = [n.strip() for n in names.split(",") if n.strip()]
+  unknown = sorted(set(wanted) - set(eval_names.ATTACK_NAMES))
+  if unknown:
+    raise run_config.ConfigError(
+        f"unknown attacks {unknown}; choose from "
+        f"{list(eval_names.ATTACK_NAMES)}")
+  e = config.eval
+  every = {**suite(
+      "paper", eot_samples=e.eot_samples, nattack_iters=e.nattack_iters,
+      epsilon=config.attack.epsilon, step_size=config.attack.step_size,
+      nattack_population=e.nattack_population, nattack_chunk=e.nattack_chunk,
+      nattack_image_chunk=e.nattack_image_chunk,
+      unroll=config.attack.unroll, best_so_far=e.best_so_far,
+      # a deterministic model needs no fresh draw to check an iterate
+      check_draws=1 if config.model.noise_coef else 0,
+      nattack_variant=e.nattack_variant,
+      nattack_success_draws=e.nattack_success_draws),
+           **suite("authors")}
+  return {name: every[name] for name in wanted}

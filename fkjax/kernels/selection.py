@@ -1,4 +1,11 @@
-"""The one place that turns ``config.kernels`` into what a model runs."""
+"""The one place that turns ``config.kernels`` into what a model runs.
+
+On a CPU ``"auto"`` takes fkjax's CPU kernels (:mod:`fkjax.kernels.cpu`);
+on GPUs and TPUs it takes what the models compute with themselves: the stock
+``lax.conv_general_dilated`` and :func:`fkjax.models.noise.inject_noise`
+(JAX's Threefry, straight-line ``stablehlo`` there). A choice for one
+platform never changes another's.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -6,31 +13,38 @@ import functools
 from typing import Any, Callable, Mapping
 import warnings
 
-import jax
 from jax import lax
 
-from fkjax.kernels import build
-from fkjax.kernels import explicit_grad_conv
-from fkjax.kernels import noise_cpu
-from fkjax.kernels import noise_jnp
-from fkjax.kernels import onednn_conv
+from fkjax.kernels.cpu import build
+from fkjax.kernels.cpu import explicit_grad_conv
+from fkjax.kernels.cpu import noise_cpu
+from fkjax.kernels.cpu import onednn_conv
+from fkjax.kernels.cpu import threefry
+from fkjax.kernels.platforms import platform as selection_platform
 from fkjax.models import MEMBER_EXECUTIONS
+from fkjax.models import inject_noise as model_inject_noise
 
 CONVS: dict[str, Callable] = {
+    "xla": lax.conv_general_dilated,
     "onednn": onednn_conv.conv_general_dilated,
     "explicit_grad": explicit_grad_conv.conv_general_dilated,
-    "xla": lax.conv_general_dilated,
 }
 NOISES: dict[str, Callable] = {
+    "model": model_inject_noise,
     "fused": noise_cpu.inject_noise,
-    "jnp": noise_jnp.inject_noise,
+    "jnp": threefry.inject_noise,
 }
 # The values of each key of config.kernels besides "auto".
 CHOICES: dict[str, tuple[str, ...]] = {
     "conv": tuple(CONVS), "noise": tuple(NOISES),
     "member_execution": MEMBER_EXECUTIONS}
-# The choices that need fkjax's CPU library (fkjax.kernels.build).
+# The choices that run on CPUs only (fkjax.kernels.cpu), and those of them
+# that need fkjax's CPU library (fkjax.kernels.cpu.build).
+CPU_ONLY = {"conv": ("onednn", "explicit_grad"), "noise": ("fused", "jnp")}
 _NEED_LIBRARY = {"conv": "onednn", "noise": "fused"}
+# "auto" on GPUs and TPUs: the models' own computation.
+_ACCELERATOR = {"conv": "xla", "noise": "model",
+                "member_execution": "batched"}
 
 # On 2 CPU cores En5ResNet20's PGD-10 step written out compiles in 17-18 s
 # (9.5 s as a loop) and runs 22% faster (10.9 vs 13.9 s per step, 1.4 vs
@@ -49,12 +63,19 @@ class ModelKernels:
     names: the resolved choice of each of ``conv``, ``noise`` and
       ``member_execution``.
     description: e.g. ``"conv onednn, noise fused, members unrolled"``.
+    platform: ``"cpu"``, ``"gpu"`` or ``"tpu"``: whose selections these
+      are.
+    noise_any_coef: ``inject_noise``, or where that takes its coefficient
+      as a constant (the fused CPU kernel) the same noise taking a traced
+      one (a sweep's per-run coefficient).
   """
   conv: Callable
   inject_noise: Callable
   member_execution: str
   names: Mapping[str, str]
   description: str
+  platform: str
+  noise_any_coef: Callable
 
   @property
   def model_kwargs(self) -> dict[str, Any]:
@@ -65,19 +86,23 @@ class ModelKernels:
 def resolve(kernel_config: Mapping[str, str] | None = None, *,
             ensemble_size: int = 1, noise: bool = True,
             backend: str | None = None) -> ModelKernels:
-  """Resolves every ``"auto"`` of ``config.kernels``.
+  """Resolves every ``"auto"`` of ``config.kernels`` for a platform.
 
-  * ``conv``: ``"auto"`` is ``"onednn"`` on a CPU backend where fkjax's CPU
-    library builds (one warning says why where it does not), else
-    ``"explicit_grad"``; ``"xla"`` is the stock convolution.
-  * ``noise``: ``"auto"`` is ``"fused"`` (one CPU kernel forward and one
-    backward, about 2x the jnp form's speed) where the library builds, else
-    ``"jnp"``. Both draw :func:`fkjax.models.noise.standard_normal`'s noise.
-  * ``member_execution``: ``"auto"`` is ``"batched"`` on accelerators; on a
-    CPU (where XLA runs the grouped convolutions of batched members slowly)
-    ``"unrolled"`` up to :data:`MAX_UNROLLED_MEMBERS` members, the fastest,
-    and ``"sequential"`` beyond, whose compile time does not grow with the
-    ensemble.
+  On GPUs and TPUs ``"auto"`` is the models' own computation: ``conv``
+  ``"xla"`` (``lax.conv_general_dilated``), ``noise`` ``"model"``
+  (:func:`fkjax.models.noise.inject_noise`) and ``member_execution``
+  ``"batched"``. On a CPU:
+
+  * ``conv``: ``"onednn"`` where fkjax's CPU library builds (one warning
+    says why where it does not), else ``"explicit_grad"``.
+  * ``noise``: ``"fused"`` (one CPU kernel forward and one backward, about
+    2x the jnp form's speed) where the library builds, else ``"jnp"`` (the
+    models' draw with its Threefry written out). All draw
+    :func:`fkjax.models.noise.standard_normal`'s numbers.
+  * ``member_execution``: ``"unrolled"`` up to :data:`MAX_UNROLLED_MEMBERS`
+    members, the fastest (XLA:CPU runs the grouped convolutions of batched
+    members slowly), and ``"sequential"`` beyond, whose compile time does
+    not grow with the ensemble.
 
   Every choice computes the same function (to float32 rounding).
 
@@ -86,11 +111,14 @@ def resolve(kernel_config: Mapping[str, str] | None = None, *,
       ones: ``"auto"``), e.g. ``config.kernels``.
     ensemble_size: the model's number of members.
     noise: whether the model injects noise (only for the description).
-    backend: JAX's backend; default ``jax.default_backend()``.
+    backend: the platform whose selections to take (``"cpu"``, ``"gpu"``,
+      ``"cuda"``, ``"tpu"``, ...); default
+      :func:`fkjax.kernels.platform` (``$FKJAX_KERNELS_PLATFORM``, else
+      JAX's backend).
 
   Raises:
-    ValueError: an unknown choice, or ``"onednn"``/``"fused"`` on another
-      backend than the CPU.
+    ValueError: an unknown choice, or a CPU kernel
+      (:data:`CPU_ONLY`) for another platform than the CPU.
     fkjax.kernels.OneDnnUnavailable: ``"onednn"`` or ``"fused"`` asked for
       where fkjax's CPU library cannot be built.
   """
@@ -103,32 +131,40 @@ def resolve(kernel_config: Mapping[str, str] | None = None, *,
     if names[key] != "auto" and names[key] not in allowed:
       raise ValueError(f"config.kernels.{key} must be 'auto' or one of "
                        f"{sorted(allowed)}, got {names[key]!r}")
-  backend = backend or jax.default_backend()
-  on_cpu = backend == "cpu"
+  platform = selection_platform(backend)
+  on_cpu = platform == "cpu"
+  for key, cpu_only in CPU_ONLY.items():
+    if names[key] in cpu_only and not on_cpu:
+      raise ValueError(f"config.kernels.{key}={names[key]!r} runs on CPUs "
+                       f"only, not on {platform!r} (its 'auto' is "
+                       f"{_ACCELERATOR[key]!r})")
   for key, needs in _NEED_LIBRARY.items():
     if names[key] == needs:
-      if not on_cpu:
-        raise ValueError(f"config.kernels.{key}={needs!r} runs on CPUs only, "
-                         f"not on {backend!r}")
       build.load()  # raises OneDnnUnavailable with the reason
-  library = on_cpu and _library_reason() is None
-  if names["conv"] == "auto":
-    names["conv"] = "onednn" if library else "explicit_grad"
-  if names["noise"] == "auto":
-    names["noise"] = "fused" if library else "jnp"
-  if names["member_execution"] == "auto":
-    names["member_execution"] = (
-        "batched" if not on_cpu else
-        "unrolled" if ensemble_size <= MAX_UNROLLED_MEMBERS else "sequential")
+  if on_cpu:
+    library = any(names[key] == "auto" for key in _NEED_LIBRARY) and (
+        _library_reason() is None)
+    auto = {"conv": "onednn" if library else "explicit_grad",
+            "noise": "fused" if library else "jnp",
+            "member_execution": ("unrolled"
+                                 if ensemble_size <= MAX_UNROLLED_MEMBERS
+                                 else "sequential")}
+  else:
+    auto = _ACCELERATOR
+  names = {key: auto[key] if value == "auto" else value
+           for key, value in names.items()}
   parts = [f"conv {names['conv']}"]
   if noise:
     parts.append(f"noise {names['noise']}")
   if ensemble_size > 1:
     parts.append(f"members {names['member_execution']}")
-  return ModelKernels(conv=CONVS[names["conv"]],
-                      inject_noise=NOISES[names["noise"]],
-                      member_execution=names["member_execution"],
-                      names=names, description=", ".join(parts))
+  inject = NOISES[names["noise"]]
+  return ModelKernels(
+      conv=CONVS[names["conv"]], inject_noise=inject,
+      member_execution=names["member_execution"],
+      names=names, description=", ".join(parts), platform=platform,
+      noise_any_coef=NOISES["jnp"] if names["noise"] == "fused" else inject)
+
 
 
 def _library_reason() -> str | None:

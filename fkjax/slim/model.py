@@ -117,8 +117,9 @@ class SlimResNet(nn.Module):
   Attributes:
     spec: the architecture (:func:`fkjax.slim.slim` builds it).
     conv: the convolution, ``lax.conv_general_dilated``'s signature; e.g.
-      ``fkjax.kernels.onednn_conv.conv_general_dilated`` on CPU or
-      ``fkjax.kernels.explicit_grad_conv.conv_general_dilated`` for fast attack loops.
+      ``fkjax.kernels.cpu.onednn_conv.conv_general_dilated`` on CPU or
+      ``fkjax.kernels.cpu.explicit_grad_conv.conv_general_dilated`` for
+      fast attack loops on CPU.
     inject: the noise injection, ``inject(out, coef, key, std_over)``;
       ``None`` is :func:`fkjax.models.noise.inject_noise`. Another
       implementation must draw the same normals to give the same function.

@@ -1,1 +1,2 @@
-"""Training: the PGD step, the epoch loop (a run or a sweep), the mesh, precision."""
+"""Training: the PGD step (``step``), the one loop of a run or a sweep
+(``train``, ``program``), validation, the mesh, precision."""

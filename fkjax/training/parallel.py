@@ -8,12 +8,13 @@ slice of every global batch (``fkjax.data`` slices by ``process_index``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fkjax import data as data_lib
 from fkjax.config import record as run_config
 
 DATA_AXIS = "data"
@@ -89,3 +90,14 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
 def replicate(tree: Any, mesh: Mesh) -> Any:
   """Puts every leaf of ``tree`` on all devices of the mesh."""
   return jax.device_put(tree, replicated(mesh))
+
+
+def eval_batches(split: Any, batch_size: int, mesh: Mesh
+                 ) -> Iterator[dict[str, jax.Array]]:
+  """Padded, masked evaluation batches of ``split`` (an
+  ``fkjax.data.Split``) placed on the mesh, each process giving its slice."""
+  check_batch_size(batch_size, mesh)
+  for batch in data_lib.eval_batches(
+      split, batch_size, process_index=jax.process_index(),
+      process_count=jax.process_count()):
+    yield shard_batch(batch, mesh)

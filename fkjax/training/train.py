@@ -1,195 +1,50 @@
-"""PGD adversarial training with RVSM / RGSM / ADMM sparsification.
+"""PGD adversarial training with RVSM / RGSM / ADMM sparsification: the loop.
 
-``train_and_evaluate(config, workdir)`` runs the paper's protocol: each step
-attacks the batch with PGD, then updates the weights through the optax chain
-``weight decay -> [group lasso] -> SGD (Nesterov) -> sparsifier``. At the end
-of every epoch RVSM/RGSM replace ``w`` by its sparse projection ``u`` (ADMM
-resets its auxiliary variables instead), the model is validated, and a
-checkpoint is written. Running the same command again resumes from the last
-complete checkpoint and reaches the same parameters as an uninterrupted run.
+``train_and_evaluate(config, workdir)`` runs the paper's protocol, read top
+to bottom in :func:`train_runs`: build the runs, restore the latest
+checkpoint (or initialise), then per epoch the training steps
+(:mod:`fkjax.training.step`: PGD on the batch, the loss's gradient, the
+optax chain ``weight decay -> [group lasso] -> SGD (Nesterov) ->
+sparsifier``), the end of the epoch (RVSM/RGSM replace ``w`` by its sparse
+projection ``u``, ADMM resets its auxiliary variables; one jitted program),
+the validation, the epoch's record and the checkpoint; at the end the test
+evaluation of the best checkpoint. Running the same command again resumes
+from the last complete checkpoint and reaches the same parameters as an
+uninterrupted run.
 
-What is built from the config lives in :mod:`fkjax.training.experiment`; the epoch
-loop, which a sweep shares (:class:`SingleRun` is one run of it), in
-:mod:`fkjax.training.loop`; the test evaluation of a checkpoint in
-:mod:`fkjax.evaluation.run`.
+A sweep (:mod:`fkjax.training.sweep`) is the same loop over N runs stepped
+as one program on a run axis; a single run is N = 1
+(:mod:`fkjax.training.program`).
 """
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Sequence
+import dataclasses
+import itertools
+import math
+import os
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
-from fkjax import attacks
-from fkjax.training import dispatch
-from fkjax.evaluation import run as eval_run
-from fkjax import evaluation
-from fkjax.training import experiment as experiment_lib
-from fkjax.training import parallel
-from fkjax.training import precision
-from fkjax.config import record as run_config
-from fkjax.training import loop as run_loop
+from fkjax import checkpoint as ckpt_lib
+from fkjax import data as data_lib
 from fkjax import workdir as workdir_lib
+from fkjax.config import record as run_config
 from fkjax.errors import NonFiniteLossError
+from fkjax.evaluation import run as eval_run
+from fkjax.training import build
+from fkjax.training import devices
+from fkjax.training import input_pipeline
+from fkjax.training import program
+from fkjax.training import sparsify
+from fkjax.training import validation
+from fkjax.workdir import metric_logging
 
 PyTree = Any
-
-# --------------------------------------------------------------------------
-# The jitted step.
-
-
-def pgd_updating_batch_stats(model, variables, images, labels, key, *,
-                             epsilon: float, step_size: float,
-                             num_steps: int, random_start: bool = True
-                             ) -> tuple[jax.Array, PyTree]:
-  """PGD on the cross-entropy whose forward passes update BatchNorm's
-  running averages, as a PyTorch model in ``train()`` mode does.
-
-  The same iterates as ``attacks.pgd(train_apply, ...)`` with the same key;
-  returns them with the ``batch_stats`` after ``num_steps`` updates.
-  """
-  start_key, steps_key = jax.random.split(key)
-  x = images
-  if random_start:
-    noise = attacks.common.uniform(start_key, images.shape, -epsilon, epsilon)
-    x = attacks.project(images + noise, images, epsilon)
-  params = variables["params"]
-
-  def step(carry, step_key):
-    x, stats = carry
-
-    def loss(x):
-      logits, new = model.apply({"params": params, "batch_stats": stats}, x,
-                                train=True, rngs={"noise": step_key},
-                                mutable=["batch_stats"])
-      return jnp.sum(attacks.cross_entropy(logits, labels)), new[
-          "batch_stats"]
-
-    grad, stats = jax.grad(loss, has_aux=True)(x)
-    x = attacks.project(x + step_size * jnp.sign(grad), images, epsilon)
-    return (x, stats), None
-
-  if num_steps <= 0:
-    return x, variables["batch_stats"]
-  (x, stats), _ = jax.lax.scan(step, (x, variables["batch_stats"]),
-                               jax.random.split(steps_key, num_steps))
-  return x, stats
-
-
-def make_train_step(model, optimizer: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict) -> Callable:
-  """``train_step(state, batch, key) -> (state, metrics)``, pure; in
-  ``config.precision`` (:mod:`fkjax.training.precision`)."""
-  model = precision.training_model(model, config)
-  eval_apply, train_apply = experiment_lib.model_fns(model)
-  a = config.attack
-  bn_mode = a.bn_mode
-  attack_apply = eval_apply if bn_mode == "eval" else train_apply
-  pgd = functools.partial(
-      attacks.pgd, epsilon=a.epsilon, step_size=a.step_size,
-      num_steps=a.num_steps, random_start=a.random_start, loss="ce",
-      unroll=a.unroll)
-  adversarial = config.training.adversarial
-  track_clean = config.training.track_clean_accuracy and adversarial
-
-  def train_step(state, batch, key):
-    images, labels = batch["image"], batch["label"]
-    attack_key, noise_key, clean_key = jax.random.split(key, 3)
-    variables = {"params": state["params"],
-                 "batch_stats": state["batch_stats"]}
-    batch_stats = state["batch_stats"]
-    if adversarial and bn_mode == "update":
-      x_train, batch_stats = pgd_updating_batch_stats(
-          model, variables, images, labels, attack_key, epsilon=a.epsilon,
-          step_size=a.step_size, num_steps=a.num_steps,
-          random_start=a.random_start)
-    elif adversarial:
-      x_train = pgd(attack_apply, variables, images, labels, attack_key)
-    else:
-      x_train = images
-
-    def loss_fn(params):
-      logits, new_vars = model.apply(
-          {"params": params, "batch_stats": batch_stats}, x_train,
-          train=True, rngs={"noise": noise_key}, mutable=["batch_stats"])
-      loss = optax.softmax_cross_entropy_with_integer_labels(
-          logits, labels).mean()
-      return loss, (logits, new_vars["batch_stats"])
-
-    (loss, (logits, batch_stats)), grads = jax.value_and_grad(
-        loss_fn, has_aux=True)(state["params"])
-    updates, opt_state = optimizer.update(grads, state["opt_state"],
-                                          state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    percent_correct = lambda z: 100.0 * jnp.mean(jnp.argmax(z, -1) == labels)
-    metrics = {"loss": loss,
-               ("adv_accuracy" if adversarial else "accuracy"):
-                   percent_correct(logits)}
-    if track_clean:
-      metrics["clean_accuracy"] = percent_correct(
-          train_apply(variables, images, clean_key))
-    new_state = {"step": state["step"] + 1, "params": params,
-                 "batch_stats": batch_stats, "opt_state": opt_state}
-    return new_state, metrics
-
-  return train_step
-
-
-def reset_momentum(opt_state: PyTree) -> PyTree:
-  """``opt_state`` with every momentum buffer (``optax.TraceState``) zeroed:
-  what re-creating a PyTorch SGD optimizer does, step counts kept."""
-  is_trace = lambda node: isinstance(node, optax.TraceState)
-  return jax.tree.map(
-      lambda node: node._replace(trace=jax.tree.map(jnp.zeros_like,
-                                                     node.trace))
-      if is_trace(node) else node, opt_state, is_leaf=is_trace)
-
-
-def end_of_epoch(state: dict[str, PyTree], config: ml_collections.ConfigDict
-                 ) -> dict[str, PyTree]:
-  """The paper's per-epoch step: ``w <- u`` (RVSM/RGSM), ADMM reset; and
-  the momentum reset of ``config.training.reset_momentum``."""
-  if config.training.reset_momentum:
-    state = {**state, "opt_state": reset_momentum(state["opt_state"])}
-  params, opt_state = experiment_lib.sparsifier(config).end_of_epoch(
-      state["params"], state["opt_state"])
-  return {**state, "params": params, "opt_state": opt_state}
-
-
-def make_loss_check(model) -> Callable:
-  """``loss(variables, images, labels, key)``: mean clean cross-entropy in
-  eval mode, to check the weights about to be saved."""
-  eval_apply, _ = experiment_lib.model_fns(model)
-
-  def loss(variables, images, labels, key):
-    logits = eval_apply(variables, images, key)
-    return optax.softmax_cross_entropy_with_integer_labels(
-        logits.astype(jnp.float32), labels).mean()
-  return jax.jit(loss)
-
-
-def train_program(exp: experiment_lib.Experiment,
-                  config: ml_collections.ConfigDict,
-                  train_input: dispatch.TrainInput, base_key: jax.Array
-                  ) -> dispatch.StepProgram:
-  """A single run's step program: ``make_train_step`` with the key
-  ``fold_in(base_key, step)``, its batches split over the mesh."""
-  train_step = make_train_step(exp.model, exp.optimizer, config)
-  sharding = parallel.batch_sharding(exp.mesh)
-
-  def make_batch(data, feed):
-    return jax.lax.with_sharding_constraint(train_input.batch(data, feed),
-                                            sharding)
-  return dispatch.step_program(
-      lambda state, batch, step, key: train_step(
-          state, batch, jax.random.fold_in(key, step)),
-      make_batch, data=train_input.data(parallel.replicated(exp.mesh)),
-      place=lambda feed, is_stacked: dispatch.put(
-          feed, dispatch.stacked(sharding) if is_stacked else sharding),
-      extra=base_key)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -205,96 +60,396 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   if lock is not None:
     lock.acquire()
   try:
-    return _train_and_evaluate(config, workdir)
+    return train_runs([config], [workdir])[0]
   finally:
     if lock is not None:
       lock.release()
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict,
-                        workdir: str) -> dict[str, Any]:
-  run_loop.check_resumable([config], [workdir])
-  exp = experiment_lib.Experiment.build(config)
-  return run_loop.train(SingleRun(exp, workdir))[0]
+def train_runs(configs: Sequence[ml_collections.ConfigDict],
+               workdirs: Sequence[str], *,
+               names: Sequence[str] | None = None, shard: str = "batch",
+               sweep: bool = False) -> list[dict[str, Any]]:
+  """Trains (or resumes) the runs ``configs`` in ``workdirs`` as one
+  program and evaluates every run's best checkpoint.
+
+  Args:
+    configs: equal but for :data:`fkjax.training.sweep.SWEEPABLE_KEYS`.
+    workdirs: one directory per run.
+    names: the runs' names in messages.
+    shard: ``"batch"`` or ``"runs"`` (:class:`program.Runs`).
+    sweep: whether the runs are a sweep's (its log lines and record keys).
+
+  Returns:
+    Per run, ``{"validation": the last epoch's record, "test": the final
+    evaluation}`` (``"test"`` where ``config.eval.final_attacks`` is set).
+  """
+  # Build.
+  check_resumable(configs, workdirs)
+  runs = program.Runs.build(configs, names, shard=shard)
+  config, exp = runs.template, runs.exps[0]
+  files = Files.open(runs, workdirs, sweep)
+  files.describe(runs)
+  # Restore.
+  start, state = runs.restore(files.checkpointers)
+  files.started(start)
+  train_input = input_pipeline.TrainInput.build(config, exp.dataset.train)
+  files.say("training: "
+            + input_pipeline.describe(train_input.pipeline, config))
+  values, val_keys = runs.placed_values(), runs.keys("validation")
+  step_fn = runs.step_program(train_input, runs.keys("train"), values)
+  val_split = data_lib.limit(
+      exp.dataset.test if config.validation.split == "test"
+      else exp.dataset.val, config.validation.num_examples)
+  t, spe = config.training, runs.steps_per_epoch
+  summaries: list[dict[str, Any]] = [{} for _ in configs]
+  for epoch in range(runs.step_of(state) // spe, t.num_epochs):
+    # The epoch's steps.
+    epoch_start = time.perf_counter()
+    ran = epoch_steps(
+        state, _feeds(runs, train_input, epoch), first_step=epoch * spe,
+        # steps of this epoch already done (resuming from a mid-epoch save)
+        skip=runs.step_of(state) - epoch * spe, steps_per_epoch=spe,
+        step_fn=step_fn, on_metrics=files.metrics_adder(epoch),
+        save=lambda step, state: runs.save(files.checkpointers, step, state),
+        checkpoint_every=t.checkpoint_every_steps,
+        desc=(f"epoch {epoch + 1}/{t.num_epochs}"
+              + (f" ({runs.size} runs)" if sweep else "") + files.synthetic),
+        progress=config.progress)
+    # The end of the epoch: w <- u (RVSM/RGSM), ADMM's reset.
+    state, evaluated = runs.end_of_epoch(ran.state, values)
+    train_seconds = time.perf_counter() - epoch_start
+    step = runs.step_of(state)
+    # The loss of a step is taken before its update: a step that blows the
+    # weights up shows only in the next one. Check the weights about to be
+    # saved, so that a checkpoint is never a diverged model.
+    files.check_loss(runs.weights_loss(evaluated, val_split, val_keys, values),
+                     f"of the weights after epoch {epoch + 1}")
+    # Validation.
+    val_start = time.perf_counter()
+    val_accuracy = runs.validate(evaluated, val_split, val_keys, epoch,
+                                 values)
+    val_seconds = time.perf_counter() - val_start
+    # The epoch's records, then the checkpoints.
+    summaries = files.write_records(
+        step, runs.unstack(evaluated), epoch=epoch,
+        sums=files.sums, steps=ran.steps, val_accuracy=val_accuracy,
+        train_seconds=train_seconds, val_seconds=val_seconds,
+        images_per_second=ran.images_per_second(t.batch_size))
+    select = validation.selection_column(config)
+    runs.save(files.checkpointers, step, state,
+              val_accuracy=[a[select] for a in val_accuracy])
+    if step >= t.num_epochs * spe:
+      break
+  # The final evaluation of every run's best checkpoint.
+  return files.final_evaluations(runs, summaries)
 
 
-class SingleRun(run_loop.Runs):
-  """One run for :func:`fkjax.training.loop.train`: its state on the mesh,
-  batches split over it, validated by :class:`fkjax.evaluation.Evaluator`."""
+def check_resumable(configs: Sequence[ml_collections.ConfigDict],
+                    workdirs: Sequence[str]) -> None:
+  """Raises ConfigError where a workdir holds checkpoints of another run."""
+  for config, workdir in zip(configs, workdirs):
+    if ckpt_lib.has_checkpoints(workdir):
+      run_config.check_same_run(config, workdir)
 
-  def __init__(self, exp: experiment_lib.Experiment, workdir: str):
-    super().__init__([exp.config], [workdir], [exp])
-    self.exp, self.config, self.workdir = exp, exp.config, workdir
-    self.checkpointer = self.checkpointers[0]
-    self._val_key = experiment_lib.prng_key(exp.config.seed, "validation")
 
-  def describe_devices(self) -> str:
-    return experiment_lib.describe_devices(self.exp.mesh.size)
+def _feeds(runs: program.Runs, train_input: input_pipeline.TrainInput,
+           epoch: int) -> Iterable[Any]:
+  """The epoch's feeds of the step program: one stream shared by the runs,
+  or (a data seed per run) every run's stacked on a run axis."""
+  seeds = [build.data_seed(c) for c in runs.configs]
+  if runs.shared_batch:
+    return train_input.feeds(seeds[0], epoch)
+  return map(input_pipeline.stack, zip(*[train_input.feeds(s, epoch)
+                                         for s in seeds]))
 
-  def restore_or_init(self) -> PyTree:
-    if self.checkpointer.latest_step() is None:
-      return self.exp.initial_state()
-    _, state = self.exp.restore(self.checkpointer, "latest")
-    self.say(f"resumed from step {int(state['step'])}")
-    return state
 
-  def program(self, train_input: dispatch.TrainInput
-              ) -> dispatch.StepProgram:
-    return train_program(self.exp, self.config, train_input,
-                         experiment_lib.prng_key(self.config.seed, "train"))
+@dataclasses.dataclass
+class EpochSteps:
+  """What the steps of an epoch leave.
 
-  def feeds(self, train_input: dispatch.TrainInput, epoch: int):
-    return train_input.feeds(experiment_lib.data_seed(self.config), epoch)
+  Attributes:
+    state: the training state after the last step.
+    steps: steps run by this call (a resumed epoch's skipped ones excluded).
+    steady_seconds: wall time from reading the first step's metrics to the
+      end (compilation excluded); None with a single step.
+    steady_steps: the steps run in ``steady_seconds``.
+  """
+  state: PyTree
+  steps: int
+  steady_seconds: float | None
+  steady_steps: int = 0
 
-  def epoch_end(self, state: PyTree) -> tuple[PyTree, PyTree]:
-    state = end_of_epoch(state, self.config)
-    return state, experiment_lib.eval_variables(state, self.config)
+  def images_per_second(self, batch_size: int) -> float | None:
+    """Throughput after the first step, in images of ``batch_size``."""
+    if not self.steady_seconds:
+      return None
+    return self.steady_steps * batch_size / self.steady_seconds
 
-  def step_of(self, state: PyTree) -> int:
-    return int(state["step"])
 
-  def _val_batches(self, split):
-    return eval_run.sharded_eval_batches(
-        split, self.config.validation.batch_size, self.exp.mesh)
+def epoch_steps(state: PyTree, feeds: Iterable[Any], *, first_step: int,
+                skip: int, steps_per_epoch: int,
+                step_fn: Callable[[PyTree, Any, int], tuple[PyTree, Any]],
+                on_metrics: Callable[[int, Any], Mapping[str, str]],
+                save: Callable[[int, PyTree], None], checkpoint_every: int,
+                desc: str, progress: bool) -> EpochSteps:
+  """Runs ``step_fn`` over ``feeds``, the rest of one epoch, one step per
+  dispatch.
 
-  @functools.cached_property
-  def _loss_check(self) -> Callable:
-    return make_loss_check(self.exp.model)
+  A step's metrics are read one step late, so that the host prepares the
+  next batch while the device still runs this step (reading them at once
+  would wait for the device every step); progress is reported here, on the
+  host, between dispatches.
 
-  def weights_loss(self, evaluated: PyTree, split) -> list[float]:
-    batch = next(self._val_batches(split))
-    return [float(self._loss_check(evaluated, batch["image"], batch["label"],
-                                   self._val_key))]
+  Args:
+    state: the training state.
+    feeds: the epoch's feeds (batches, or plans of them), all of them (the
+      first ``skip`` are dropped).
+    first_step: the global step of the epoch's first feed.
+    skip: steps of this epoch done before (resuming mid-epoch).
+    steps_per_epoch: steps of a whole epoch.
+    step_fn: ``(state, feed, step) -> (state, metrics)``.
+    on_metrics: called with ``(step, metrics on the host)`` for every step,
+      one step late; checks the loss (raising stops the epoch) and returns
+      the progress bar's postfix.
+    save: ``(step, state)``, a mid-epoch checkpoint.
+    checkpoint_every: steps between mid-epoch checkpoints; 0: none.
+    desc: the progress bar's label.
+    progress: whether to show progress (see
+      :func:`fkjax.workdir.metric_logging.progress`).
+  """
+  bar = metric_logging.progress(
+      None, total=steps_per_epoch, initial=skip, desc=desc, unit="step",
+      disable=not progress, leave=False)
+  consumed = steady_from = 0
+  first_done = None
 
-  @functools.cached_property
-  def _validator(self) -> evaluation.Evaluator:
-    eval_apply, _ = experiment_lib.model_fns(self.exp.model)
-    return evaluation.Evaluator(eval_apply,
-                              eval_run.validation_attacks(self.config),
-                              batch_key="config.validation.batch_size")
+  def consume(step: int, metrics: Any) -> None:
+    nonlocal consumed, first_done, steady_from
+    postfix = on_metrics(step, jax.device_get(metrics))
+    consumed += 1
+    if first_done is None:
+      first_done, steady_from = time.perf_counter(), consumed
+    bar.set_postfix(postfix)
+    bar.update(1)
 
-  def validate(self, evaluated: PyTree, split, epoch: int
-               ) -> list[dict[str, float]]:
-    val = self._validator(evaluated, self._val_batches(split),
-                          jax.random.fold_in(self._val_key, epoch))
-    return [val.accuracies()]
+  pending = None
+  for done, feed in enumerate(
+      itertools.islice(feeds, skip, steps_per_epoch), start=skip + 1):
+    step = first_step + done - 1
+    state, metrics = step_fn(state, feed, step)
+    if pending is not None:
+      consume(*pending)
+    pending = (step, metrics)
+    if (checkpoint_every and (step + 1) % checkpoint_every == 0
+        and done < steps_per_epoch):
+      consume(*pending)   # never checkpoint a state with a non-finite loss
+      pending = None
+      save(step + 1, state)
+  if pending is not None:
+    consume(*pending)
+  bar.close()
+  steady = (time.perf_counter() - first_done
+            if consumed > steady_from else None)
+  return EpochSteps(state, consumed, steady, consumed - steady_from)
 
-  def per_run(self, evaluated: PyTree) -> list[PyTree]:
-    return [evaluated]
 
-  def save(self, step: int, state: PyTree,
-           val_accuracy: Sequence[float] | None = None) -> None:
-    self.checkpointer.save(step, state, val_accuracy=(
-        None if val_accuracy is None else val_accuracy[0]))
+def epoch_summary(*, epoch: int, learning_rate: float,
+                  train_sums: Mapping[str, float], steps: int,
+                  val_accuracy: Mapping[str, float],
+                  report: Any, train_seconds: float,
+                  images_per_second: float | None,
+                  val_seconds: float) -> dict[str, Any]:
+  """One run's record of an epoch (a line of ``metrics.jsonl``).
 
-  def divergence(self, run: int, value: float, bound: float,
-                 where: str) -> Exception:
-    del run
-    last = self.checkpointer.latest_step()
-    kept = (f"the last good checkpoint (step {last}) is kept in "
-            f"{self.workdir}/checkpoints" if last is not None else
-            "no checkpoint was written")
+  Args:
+    epoch: the epoch, from 1.
+    learning_rate: of the epoch's last step.
+    train_sums: the per-step training metrics, summed over ``steps``.
+    steps: the steps summed (0 is taken as 1).
+    val_accuracy: ``{attack name: accuracy (%)}``.
+    report: the evaluated weights' :class:`fkjax.sparsity` report.
+    train_seconds: the epoch's training time, projection included.
+    images_per_second: the steps' throughput after the first step (in
+      global batches: every process's images).
+    val_seconds: the validation's wall time (a sweep's, shared by its runs).
+  """
+  steps = max(1, steps)
+  return {
+      "epoch": epoch,
+      "learning_rate": learning_rate,
+      **{f"train_{k}": v / steps for k, v in train_sums.items()},
+      **{f"val_{name}_accuracy": a for name, a in val_accuracy.items()},
+      "weight_sparsity": report.weight_sparsity,
+      "channel_sparsity": report.channel_sparsity,
+      "train_seconds": train_seconds,
+      "train_images_per_second": images_per_second,
+      "val_seconds": val_seconds,
+  }
+
+
+@dataclasses.dataclass
+class Files:
+  """Every run's workdir, metric logger and checkpointer, and what the
+  loop writes there: log lines, epoch records, loss checks' errors, the
+  final evaluation.
+
+  Attributes:
+    configs, workdirs, names: the runs'.
+    loggers: one :class:`fkjax.workdir.metric_logging.MetricLogger` a run;
+      the first run's log holds the loop's own lines.
+    checkpointers: one :class:`fkjax.checkpoint.Checkpointer` a run.
+    sweep: whether the runs are a sweep's: its lines name the run, its
+      records hold ``sweep_runs`` and ``sweep_images_per_second``.
+    synthetic: the tag of an epoch line on synthetic data.
+    max_loss: ``config.training.max_loss`` (inf where unset).
+    schedules: every run's learning rate schedule.
+    sums: every run's sums of the epoch's step metrics so far.
+  """
+  configs: list[ml_collections.ConfigDict]
+  workdirs: list[str]
+  names: list[str]
+  loggers: list[metric_logging.MetricLogger]
+  checkpointers: list[ckpt_lib.Checkpointer]
+  sweep: bool
+  synthetic: str
+  max_loss: float
+  schedules: list[optax.Schedule]
+  sums: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+  @classmethod
+  def open(cls, runs: program.Runs, workdirs: Sequence[str], sweep: bool
+           ) -> "Files":
+    workdirs = list(workdirs)
+    for workdir in workdirs:
+      os.makedirs(workdir, exist_ok=True)
+    enabled = jax.process_index() == 0
+    return cls(list(runs.configs), workdirs, list(runs.names),
+               [metric_logging.MetricLogger(w, enabled=enabled)
+                for w in workdirs],
+               [ckpt_lib.Checkpointer(w) for w in workdirs], sweep,
+               " [SYNTHETIC DATA]" if runs.exps[0].dataset.is_synthetic
+               else "",
+               float(runs.template.training.get("max_loss") or math.inf),
+               [build.learning_rate_schedule(c, runs.steps_per_epoch)
+                for c in runs.configs])
+
+  def say(self, text: str) -> None:
+    """A line of the whole loop's log (the first run's)."""
+    self.loggers[0].log_text(text)
+
+  def describe(self, runs: program.Runs) -> None:
+    """The log's first lines: the data, devices, model (and sweep)."""
+    exp = runs.exps[0]
+    self.say(f"data: {exp.dataset.description}")
+    self.say(f"devices: {devices.describe_devices(runs.mesh.size)}")
+    self.say("model: "
+             + build.describe_model(runs.template, exp.abstract_state()))
+    if self.sweep:
+      self.say(f"sweep: {runs.size} runs in one program, varying "
+               f"{', '.join(runs.varying) or 'nothing'}; shard {runs.shard}; "
+               + ("one batch stream" if runs.shared_batch
+                  else "a batch stream per run"))
+
+  def started(self, step: int | None) -> None:
+    """Says from which step the runs resume (None: the start) and records
+    every run's config."""
+    if step is not None:
+      self.say(f"resumed {len(self.configs)} runs from step {step}"
+               if self.sweep else f"resumed from step {step}")
+    if jax.process_index() == 0:
+      # Written once the run is known to start: a command that failed at
+      # start-up leaves no record that would refuse its corrected version.
+      for config, workdir in zip(self.configs, self.workdirs):
+        run_config.save(config, workdir)
+
+  def check_loss(self, values: Sequence[float], where: str) -> None:
+    """Stops the loop before anything of a diverged run is saved."""
+    for i, value in enumerate(np.asarray(values, np.float64).reshape(-1)):
+      value = float(value)
+      if not (math.isfinite(value) and value <= self.max_loss):
+        raise self._divergence(i, value, where)
+
+  def _divergence(self, run: int, value: float, where: str) -> Exception:
+    last = self.checkpointers[run].latest_step()
+    bound = self.max_loss
+    if not self.sweep:
+      kept = (f"the last good checkpoint (step {last}) is kept in "
+              f"{self.workdirs[run]}/checkpoints" if last is not None else
+              "no checkpoint was written")
+      return NonFiniteLossError(
+          f"training diverged: loss {value:.4g} {where} "
+          f"(config.training.max_loss={bound:g}); {kept}. Lower "
+          "config.training.learning_rate or check the data")
+    kept = (f"every run's last good checkpoint (step {last}) is kept"
+            if last is not None else "no checkpoint was written")
     return NonFiniteLossError(
-        f"training diverged: loss {value:.4g} {where} "
-        f"(config.training.max_loss={bound:g}); {kept}. Lower "
-        "config.training.learning_rate or check the data")
+        f"run {self.names[run]} ({self.workdirs[run]}) of the sweep "
+        f"diverged: loss {value:.4g} {where} (config.training.max_loss="
+        f"{bound:g}); {kept}. Lower its config.training.learning_rate, or "
+        "sweep the other runs without it")
+
+  def metrics_adder(self, epoch: int) -> Callable[[int, Any], dict[str, str]]:
+    """``on_metrics`` of :func:`epoch_steps`: checks every run's loss of a
+    step, adds its metrics to the runs' sums (kept in ``sums``) and returns
+    the progress display's postfix."""
+    self.sums = [{} for _ in self.configs]
+
+    def on_metrics(step: int, metrics: Any) -> dict[str, str]:
+      per_run = {k: np.asarray(v).reshape(len(self.configs))
+                 for k, v in metrics.items()}
+      self.check_loss(per_run["loss"], f"at step {step} (epoch {epoch + 1})")
+      for k, v in per_run.items():
+        for run_sums, value in zip(self.sums, v):
+          run_sums[k] = run_sums.get(k, 0.0) + float(value)
+      return {k: f"{float(np.mean(v)):.3f}" for k, v in per_run.items()}
+    return on_metrics
+
+  def write_records(self, step: int, evaluated: Sequence[PyTree], *,
+                    epoch: int, sums: Sequence[Mapping[str, float]],
+                    steps: int, val_accuracy: Sequence[Mapping[str, float]],
+                    train_seconds: float, images_per_second: float | None,
+                    val_seconds: float) -> list[dict[str, Any]]:
+    """Every run's record of the epoch (``metrics.jsonl`` and its log line),
+    written before the save: a kill during the save then loses no metrics
+    (a resumed run logs the epoch again; readers keep the last record)."""
+    summaries = []
+    for i, (config, variables) in enumerate(zip(self.configs, evaluated)):
+      summary = epoch_summary(
+          epoch=epoch + 1,
+          learning_rate=float(self.schedules[i](step - 1)),
+          train_sums=sums[i], steps=steps, val_accuracy=val_accuracy[i],
+          report=sparsify.sparsity_report(variables["params"], config),
+          train_seconds=train_seconds, images_per_second=images_per_second,
+          val_seconds=val_seconds)
+      if self.sweep:   # the sweep's throughput, shared by its runs
+        summary["sweep_runs"] = len(self.configs)
+        summary["sweep_images_per_second"] = (
+            images_per_second * len(self.configs) if images_per_second
+            else None)
+      self.loggers[i].write(step, summary)
+      self.loggers[i].log_text(
+          (f"[{self.names[i]}] " if self.sweep else "")
+          + metric_logging.format_epoch(summary) + self.synthetic)
+      self.loggers[i].plot_curves()
+      summaries.append(summary)
+    return summaries
+
+  def final_evaluations(self, runs: program.Runs,
+                        summaries: Sequence[dict[str, Any]]
+                        ) -> list[dict[str, Any]]:
+    """Every run's test evaluation of its best checkpoint, after the last
+    save."""
+    for checkpointer in self.checkpointers:
+      checkpointer.close()
+    results = []
+    for config, workdir, exp, logger, summary in zip(
+        self.configs, self.workdirs, runs.exps, self.loggers, summaries):
+      result = {"validation": summary}
+      if config.eval.final_attacks:
+        result["test"] = eval_run.evaluate_checkpoint(
+            config, workdir, exp=exp, attacks_csv=config.eval.final_attacks,
+            plots=False, final=True, logger=logger)
+      logger.close()
+      results.append(result)
+    return results

@@ -3,9 +3,11 @@
 Runs that differ only in values that change no shape (seeds, the
 sparsifiers' hyperparameters, learning rate, weight decay, noise coefficient,
 attack radius and step: :data:`SWEEPABLE_KEYS`) are stacked on a leading run
-axis and stepped together by ``jax.vmap`` of the single run's own step. Each
-run keeps its own PRNG streams, epoch-end projection, validation, best
-checkpoint, metrics, final evaluation and workdir::
+axis and stepped together by ``jax.vmap`` of the single run's own step
+(:class:`fkjax.training.program.Runs`), in the single run's own loop
+(:func:`fkjax.training.train.train_runs`). Each run keeps its own PRNG
+streams, epoch-end projection, validation, best checkpoint, metrics, final
+evaluation and workdir::
 
     from fkjax.training import sweep
     sweep.train_sweep(configs, workdirs)          # one workdir per run
@@ -27,15 +29,18 @@ from fkjax.training.sweep.spec import SWEEPABLE_KEYS
 from fkjax.training.sweep.spec import with_data_seed
 
 # name -> submodule, imported on first use (they import JAX).
-_LAZY = {"Sweep": "program", "resume_step": "loop", "SWEEP_FILE": "loop",
-         "train_from_config": "loop", "train_sweep": "loop"}
+_LAZY = {"SWEEP_FILE": "fkjax.training.sweep.loop",
+         "train_from_config": "fkjax.training.sweep.loop",
+         "train_sweep": "fkjax.training.sweep.loop",
+         "resume_step": "fkjax.training.program",
+         "Runs": "fkjax.training.program"}
 
 __all__ = [
     "DATA_ORDERS",
+    "Runs",
     "SHARD_MODES",
     "SWEEPABLE_KEYS",
     "SWEEP_FILE",
-    "Sweep",
     "check_configs",
     "expand",
     "groups",
@@ -48,6 +53,5 @@ __all__ = [
 
 def __getattr__(name):
   if name in _LAZY:
-    return getattr(importlib.import_module(f"fkjax.training.sweep.{_LAZY[name]}"),
-                   name)
+    return getattr(importlib.import_module(_LAZY[name]), name)
   raise AttributeError(f"module 'fkjax.training.sweep' has no attribute {name!r}")

@@ -1,16 +1,15 @@
-"""Everything a run builds from its config: data, model, optimizer, state.
+"""What a run builds from its config: data, model, optimizer, state, keys.
 
 ``Experiment.build(config)`` validates the config, loads the data and makes
 the mesh, the model and the optimizer; ``train.py`` and ``eval.py`` both
 start from it. Every random stream of a run comes from its one ``seed``
-through :func:`prng_key`, each under its own name.
+through :func:`prng_key`, each under its own name. The sparsifier of
+``config.sparsity`` is :mod:`fkjax.training.sparsify`'s.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import warnings
 import zlib
 from typing import Any, Callable
 
@@ -22,12 +21,12 @@ import optax
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
-from fkjax import host
 from fkjax import kernels
 from fkjax import models
-from fkjax.training import parallel
 from fkjax.config import record as run_config
-from fkjax import sparsity
+from fkjax.training import parallel
+from fkjax.training import precision
+from fkjax.training import sparsify
 
 PyTree = Any
 
@@ -47,36 +46,6 @@ def prng_key(seed: int, stream: str) -> jax.Array:
                             zlib.crc32(stream.encode()) & 0x7FFFFFFF)
 
 
-def enable_compilation_cache(config: ml_collections.ConfigDict) -> str | None:
-  """Turns on JAX's persistent compilation cache at
-  ``config.compilation_cache_dir`` (used by train.py and eval.py).
-
-  Leaves JAX alone when the user configured a cache (the
-  ``JAX_COMPILATION_CACHE_DIR`` variable or ``jax.config``) or the config
-  value is empty. The cache only saves time: a directory that cannot be
-  written (a read-only home, say) gives a warning and no cache. Returns the
-  cache directory in use, if any.
-  """
-  current = jax.config.jax_compilation_cache_dir
-  if current or not config.get("compilation_cache_dir"):
-    return current
-  path = os.path.expanduser(config.compilation_cache_dir)
-  try:
-    os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, f".fkjax_write_probe_{os.getpid()}")
-    with open(probe, "w") as f:
-      f.write("ok")
-    os.remove(probe)
-  except OSError as e:
-    warnings.warn(f"compilation cache disabled: cannot write to {path} "
-                  f"({e.strerror}); set config.compilation_cache_dir to a "
-                  "writable folder (or '') to silence this", RuntimeWarning,
-                  stacklevel=2)
-    return None
-  jax.config.update("jax_compilation_cache_dir", path)
-  return path
-
-
 def resolve_kernels(config: ml_collections.ConfigDict
                     ) -> kernels.ModelKernels:
   """``config.kernels`` resolved for ``config.model`` (see
@@ -88,7 +57,9 @@ def resolve_kernels(config: ml_collections.ConfigDict
 
 def create_model(config: ml_collections.ConfigDict, num_classes: int,
                  inject_noise: Callable | None = None):
-  """The model of ``config.model``, running ``config.kernels``' kernels.
+  """The model of ``config.model``, running ``config.kernels``' kernels, in
+  true float32 (:func:`fkjax.training.precision.evaluation_model`; a
+  training step takes ``config.precision``).
 
   ``inject_noise`` replaces the resolved noise kernel (a sweep passes one
   whose coefficient is its run's traced value, :mod:`fkjax.training.sweep`).
@@ -97,10 +68,10 @@ def create_model(config: ml_collections.ConfigDict, num_classes: int,
   kwargs = resolve_kernels(config).model_kwargs
   if inject_noise is not None:
     kwargs["inject_noise"] = inject_noise
-  return models.create_model(
+  return precision.evaluation_model(models.create_model(
       depth=m.depth, num_classes=num_classes, ensemble_size=m.ensemble_size,
       width=m.width, skip=m.skip, noise_coef=m.noise_coef,
-      noise_std_over=m.noise_std_over, normalize=m.normalize, **kwargs)
+      noise_std_over=m.noise_std_over, normalize=m.normalize, **kwargs))
 
 
 def data_seed(config: ml_collections.ConfigDict) -> int:
@@ -108,23 +79,6 @@ def data_seed(config: ml_collections.ConfigDict) -> int:
   ``config.training.data_seed``, else the run's ``seed``."""
   seed = config.training.get("data_seed")
   return config.seed if seed is None else seed
-
-
-def describe_devices(count: int | None = None) -> str:
-  """E.g. ``1 x NVIDIA H200 (gpu), jax 0.11.2``: what a result was computed on.
-
-  Kept with every result, since the same run's numbers differ in their last
-  digits from one kind of machine (and XLA version) to another. On CPU the
-  label names the host CPU too (``1 x cpu (cpu), jax 0.10.2; AMD EPYC, 2
-  cores, AVX2``: :func:`fkjax.host.describe_cpu`). ``count``: the devices
-  used (a mesh's size; default all).
-  """
-  devices = jax.devices()
-  label = (f"{count or len(devices)} x {devices[0].device_kind} "
-           f"({devices[0].platform}), jax {jax.__version__}")
-  if devices[0].platform == "cpu":
-    label += f"; {host.describe_cpu()}"
-  return label
 
 
 def describe_model(config: ml_collections.ConfigDict,
@@ -139,21 +93,6 @@ def describe_model(config: ml_collections.ConfigDict,
           f"{resolve_kernels(config).description}")
 
 
-def kernel_layout(config: ml_collections.ConfigDict) -> str:
-  """Layout of the model's conv kernels: an EnResNet stacks its members'
-  kernels on a leading axis."""
-  return "MHWIO" if config.model.ensemble_size > 1 else "HWIO"
-
-
-def sparsifier(config: ml_collections.ConfigDict) -> sparsity.Sparsifier:
-  """The sparsification method of ``config.sparsity``, with its
-  hyperparameters validated."""
-  try:
-    return sparsity.from_config(config.sparsity, layout=kernel_layout(config))
-  except (TypeError, ValueError) as e:
-    raise run_config.ConfigError(f"config.sparsity: {e}") from e
-
-
 def learning_rate_schedule(config: ml_collections.ConfigDict,
                            steps_per_epoch: int) -> optax.Schedule:
   """Step decay: ``lr * decay^k`` after the k-th boundary epoch."""
@@ -166,7 +105,7 @@ def learning_rate_schedule(config: ml_collections.ConfigDict,
 def create_optimizer(config: ml_collections.ConfigDict,
                      steps_per_epoch: int) -> optax.GradientTransformation:
   t = config.training
-  return sparsifier(config).optimizer(
+  return sparsify.sparsifier(config).optimizer(
       learning_rate_schedule(config, steps_per_epoch), momentum=t.momentum,
       nesterov=t.nesterov, weight_decay=t.weight_decay)
 
@@ -206,57 +145,6 @@ def model_fns(model) -> tuple[Callable, Callable]:
                             rngs={"noise": key}, mutable=["batch_stats"])
     return logits
   return eval_apply, train_apply
-
-
-def restore_checkpoint(workdir: str, config: ml_collections.ConfigDict,
-                       exp: Experiment | None = None
-                       ) -> tuple[Experiment, int, dict[str, PyTree]]:
-  """``(exp, step, state)``: the experiment of ``config`` (``exp`` if given,
-  else built) and the checkpoint ``config.eval.checkpoint`` of ``workdir``,
-  opened for reading only.
-
-  Raises:
-    CheckpointError: ``workdir`` has no such checkpoint.
-  """
-  checkpointer = ckpt_lib.Checkpointer(workdir, must_exist=True)
-  try:
-    exp = exp or Experiment.build(config)
-    step, state = exp.restore(checkpointer, config.eval.checkpoint)
-  finally:
-    checkpointer.close()
-  return exp, step, state
-
-
-def eval_variables(state: dict[str, PyTree], config: ml_collections.ConfigDict
-                   ) -> dict[str, PyTree]:
-  """The variables evaluated: the sparse ``u`` for every method."""
-  return {"params": sparsifier(config).evaluated_params(state["params"]),
-          "batch_stats": state["batch_stats"]}
-
-
-def sparsity_report(params: PyTree, config: ml_collections.ConfigDict
-                    ) -> sparsity.SparsityReport:
-  """Weight and channel sparsity of ``params`` (the evaluated ``u``)."""
-  return sparsifier(config).report(params, group=config.sparsity.group)
-
-
-def near_zero_shares(params: PyTree, config: ml_collections.ConfigDict,
-                     tol: float = 1e-3) -> dict[str, float]:
-  """% of conv weights with ``|w| < tol`` and of channel groups with norm
-  ``< tol``: the paper's Sec. 3 measure, and a reading of sparsity that
-  does not need exact zeros (ADMM's dense ``w``)."""
-  report = sparsity_report(params, config)
-  mask = sparsity.conv_kernel_mask(params, kernel_layout(config))
-  small = total = 0
-  for leaf, keep in zip(jax.tree.leaves(params), jax.tree.leaves(mask)):
-    if keep:
-      w = np.asarray(leaf)
-      small += int(np.sum(np.abs(w) < tol))
-      total += w.size
-  norms = report.channel_norms()
-  return {"weights_below_1e-3": 100.0 * small / max(total, 1),
-          "channels_below_1e-3": 100.0 * float(np.mean(norms < tol))
-                                 if norms.size else 0.0}
 
 
 def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:

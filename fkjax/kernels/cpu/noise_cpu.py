@@ -4,7 +4,7 @@
 :func:`fkjax.models.noise.standard_normal`, forward and backward each in two
 passes over the activations, through XLA's FFI (``kernels.noise="fused"``;
 about 2x the jnp form's speed). Part of fkjax's CPU library
-(:mod:`fkjax.kernels.build`). A forward pass that will be differentiated
+(:mod:`fkjax.kernels.cpu.build`). A forward pass that will be differentiated
 also writes ``z`` for the backward pass: one write costs less than drawing
 it again (forward + backward at 128x32x32x16 took 0.47 of the jnp form's
 time, against 0.63 when the backward pass drew z again).
@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fkjax.kernels import noise_jnp
-from fkjax.kernels.build import load
+from fkjax.kernels.cpu import threefry
+from fkjax.kernels.cpu.build import load
 
 
 def _stats_shape(x: jax.Array, per_example: bool) -> tuple[int, int]:
@@ -64,14 +64,14 @@ _inject.defvjp(_inject_fwd, _inject_bwd)
 def supports(x: jax.Array, key: jax.Array) -> bool:
   """Whether :func:`fused` takes these: float32 with a batch axis and a
   default (``threefry2x32``) key."""
-  return x.dtype == jnp.float32 and x.ndim >= 1 and noise_jnp.is_threefry(key)
+  return x.dtype == jnp.float32 and x.ndim >= 1 and threefry.is_threefry(key)
 
 
 def inject_noise(out: jax.Array, coef: float, key: jax.Array,
                  std_over: str = "batch") -> jax.Array:
   """:func:`fkjax.models.noise.inject_noise`, fused where :func:`supports`.
 
-  Other dtypes and keys take :func:`fkjax.kernels.noise_jnp.inject_noise`.
+  Other dtypes and keys take :func:`fkjax.kernels.cpu.threefry.inject_noise`.
 
   Raises:
     OneDnnUnavailable: fkjax's CPU library cannot be built or loaded here.
@@ -79,7 +79,7 @@ def inject_noise(out: jax.Array, coef: float, key: jax.Array,
   if std_over not in ("batch", "example"):
     raise ValueError(f"std_over must be 'batch' or 'example', got {std_over!r}")
   if not supports(out, key):
-    return noise_jnp.inject_noise(out, coef, key, std_over)
+    return threefry.inject_noise(out, coef, key, std_over)
   return fused(out, coef, key, per_example=std_over == "example")
 
 

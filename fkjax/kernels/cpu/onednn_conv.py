@@ -6,13 +6,13 @@ released wheels. :func:`conv_general_dilated` calls oneDNN's forward,
 backward-data and backward-weights primitives (``onednn_conv.cc``) through
 XLA's FFI, with the same values as ``lax.conv_general_dilated`` to float32
 rounding (``tests/test_kernels_onednn.py``), and falls back to
-:func:`fkjax.kernels.explicit_grad_conv.conv_general_dilated` for what it
+:func:`fkjax.kernels.cpu.explicit_grad_conv.conv_general_dilated` for what it
 does not handle (other layouts, dtypes, dilation, groups). CPU only: on
-other backends ``kernels.conv="auto"`` picks ``"explicit_grad"``.
+other backends ``kernels.conv="auto"`` is the stock ``"xla"``.
 
 fkjax's CPU library, which also holds the fused noise injection
-(:mod:`fkjax.kernels.noise_cpu`), is built on first use
-(:mod:`fkjax.kernels.build`).
+(:mod:`fkjax.kernels.cpu.noise_cpu`), is built on first use
+(:mod:`fkjax.kernels.cpu.build`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fkjax.kernels import explicit_grad_conv
-from fkjax.kernels.build import load, unavailable_reason
+from fkjax.kernels.cpu import explicit_grad_conv
+from fkjax.kernels.cpu.build import load, unavailable_reason
 
 
 def available() -> bool:
@@ -84,7 +84,7 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int], padding,
   Handles float32 2-D NHWC/HWIO convolutions with explicit, non-negative
   padding, no dilation and no feature groups (what fkjax's ResNets use);
   anything else goes to
-  :func:`fkjax.kernels.explicit_grad_conv.conv_general_dilated`.
+  :func:`fkjax.kernels.cpu.explicit_grad_conv.conv_general_dilated`.
 
   Raises:
     OneDnnUnavailable: oneDNN cannot be built or loaded here.

@@ -1,10 +1,10 @@
 """Measures the loop forms of ``pgd`` on a small convnet: compile and run time.
 
-    python -m fkjax.attacks.benchmark --batch 32 --steps 10 20 --repeats 3
+    python -m benchmarks.bench_pgd_loops --batch 32 --steps 10 20 --repeats 3
 
 The convnet (two 3x3 convolutions of 16 and 32 channels on 32x32x3, a dense
-head) is written here with ``jax.lax`` so that the attacks package stays
-independent of ``fkjax.models``.
+head) is written with ``jax.lax``: the attack's loop alone is timed, on a
+model small enough for its cost to show (``docs/attacks.md``, "Loop form").
 """
 from __future__ import annotations
 

@@ -13,10 +13,12 @@ loops), and the input gradient of a strided convolution is split into the
 input's stride phases instead of convolving a stride-dilated cotangent,
 which XLA:CPU runs ~3x slower than the forward pass.
 
-``kernels.conv="auto"`` picks it where oneDNN's convolutions do not run
-(``"explicit_grad"``; ``"xla"`` is the stock convolution), so attacks can run
-as ``lax.scan`` loops: they compile in a fraction of the time and memory of a
-written-out loop and run as fast (``docs/performance.md``).
+On a CPU where oneDNN's convolutions do not run, ``kernels.conv="auto"``
+picks it (``"explicit_grad"``; ``"xla"`` is the stock convolution), so
+attacks can run as ``lax.scan`` loops: they compile in a fraction of the time
+and memory of a written-out loop and run as fast (``docs/performance.md``).
+CPU only: GPUs and TPUs take the stock convolution, which their compilers
+map to their own backward kernels.
 """
 from __future__ import annotations
 
