@@ -153,3 +153,10 @@ def drop_orbax_thread_errors() -> None:
     return record.levelno < logging.ERROR or not _from_orbax(record)
   keep._fkjax_drops_orbax_errors = True
   absl.addFilter(keep)
+  # The write's futures, collected later, report their failure once more
+  # through asyncio's logger.
+  logging.getLogger("asyncio").addFilter(_not_unretrieved)
+
+
+def _not_unretrieved(record: logging.LogRecord) -> bool:
+  return "exception was never retrieved" not in str(record.msg)
