@@ -21,7 +21,9 @@ table (``<results>/<scale>/overview.md``, with ``overview.png``: the rows
 against the paper's numbers; likewise). ``--dry-run`` prints
 each run's status, exact ``train.py`` / ``eval.py`` commands and estimated
 time, and runs nothing; with ``--calibrate`` it first times ResNet20's
-training steps on this machine and estimates for it.
+training steps on this machine and estimates for it; with
+``--speed-from=benchmarks/results/gpu_latest.json`` it estimates for the
+GPU whose training steps ``python -m benchmarks.gpu_bench`` measured there.
 ``--sweep`` trains the runs that differ only in seeds or hyperparameters (a
 row's seeds, Fig. 4's lambda1 values) as one program each (docs/sweeps.md).
 ``--defer-extra-evals`` finishes each run without its extra evaluations (A5
@@ -46,6 +48,7 @@ from fkjax import kernels
 from fkjax.data.types import DataError
 from reproduce import claims
 from reproduce import figures
+from reproduce import measured_speed
 from reproduce import overview
 from reproduce import report
 from reproduce import runner as runner_lib
@@ -67,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
                  help="with --dry-run: time ResNet20 training steps on this "
                       "machine first (about a minute) and estimate for it "
                       "instead of the reference machine")
+  p.add_argument("--speed-from", "--speed_from", default=None,
+                 metavar="JSON",
+                 help="with --dry-run: estimate from the training steps "
+                      "measured in this python -m benchmarks.gpu_bench JSON "
+                      "(e.g. benchmarks/results/gpu_latest.json) instead of "
+                      "the reference CPU machine")
   p.add_argument("--report-only", "--report_only", action="store_true",
                  help="write the tables from the finished runs; train nothing")
   p.add_argument("--rows", default="",
@@ -164,6 +173,9 @@ def _check_flags(args: argparse.Namespace) -> None:
   if args.calibrate and not args.dry_run:
     raise _UsageError("--calibrate goes with --dry-run (it scales the dry "
                       "run's estimates)")
+  if args.speed_from and not (args.dry_run and not args.calibrate):
+    raise _UsageError("--speed-from goes with --dry-run, without "
+                      "--calibrate (each sets the speed it estimates for)")
 
 
 def _summary_command(args: argparse.Namespace) -> int:
@@ -250,6 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   if args.dry_run:
     step_times = None
+    if args.speed_from:
+      try:
+        speed = measured_speed.MeasuredSpeed.load(args.speed_from)
+      except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+      return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
+                      speed=speed, extra_evals=not args.defer_extra_evals,
+                      from_scratch=_from_scratch(scale, table_rows, None,
+                                                 speed))
     if args.calibrate:
       # Timed as the runs would train: with fkjax's CPU flags.
       kernels.apply_xla_flags()
@@ -376,14 +398,17 @@ def _execute(name: str, todo: list[runner_lib.Run], defer_extra_evals: bool,
 
 def _from_scratch(scale: scales_lib.Scale,
                   table_rows: dict[str, list[str]],
-                  step_times: runner_lib.StepTimes | None
+                  step_times: runner_lib.StepTimes | None,
+                  speed: measured_speed.MeasuredSpeed | None = None
                   ) -> dict[str, tuple[float, float]]:
   """Per table, its estimated time if nothing had run: with 1 seed a row,
-  and with the table's seeds (docs/reproduction.md's figures)."""
+  and with the table's seeds (docs/reproduction.md's figures); on the GPU
+  of ``speed`` if given."""
   step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
+  times_of = (lambda run: speed.step_times(run.config)) if speed else None
   one, every = (runner_lib.from_scratch_seconds(
-      table_rows, scale, seeds=seeds, step_times=step_times)
-                for seeds in (1, None))
+      table_rows, scale, seeds=seeds, step_times=step_times,
+      step_times_of=times_of) for seeds in (1, None))
   return {name: (one[name], every[name]) for name in table_rows}
 
 
@@ -391,13 +416,22 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
              max_runs: int | None = None,
              step_times: runner_lib.StepTimes | None = None,
              extra_evals: bool = True,
-             from_scratch: dict[str, tuple[float, float]] | None = None
-             ) -> int:
+             from_scratch: dict[str, tuple[float, float]] | None = None,
+             speed: measured_speed.MeasuredSpeed | None = None) -> int:
+  """Prints every run's status, commands and estimate: for the reference
+  CPU machine, this one's ``step_times``, or a GPU's measured ``speed``
+  (``from_scratch``: each table's time as if nothing had run)."""
   where = "on 2 idle CPU cores"
   if step_times is not None:
     where = "on this machine"
     _print_step_times(step_times)
   step_times = step_times or runner_lib.REFERENCE_STEP_TIMES
+  times_of = lambda run: step_times
+  if speed is not None:
+    where = f"on the measured {speed.environment.get('device_kind', 'GPU')}"
+    print(f"# estimates from the training steps of {speed.describe()}, "
+          "scaled by each run's model, steps, epochs and evaluations\n")
+    times_of = lambda run: speed.step_times(run.config)
   total = 0.0
   seen = set()
   for name, runs in plans.items():
@@ -409,7 +443,8 @@ def _dry_run(plans: dict[str, list[runner_lib.Run]], sweep: bool = False,
                 + ", ".join(r.key for r in group))
     table_total = 0.0
     for run in runs:
-      status, estimate = _status_and_estimate(run, step_times, extra_evals)
+      status, estimate = _status_and_estimate(run, times_of(run),
+                                              extra_evals)
       new = run.key not in seen and status != "done"
       seen.add(run.key)
       if new:

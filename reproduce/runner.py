@@ -976,6 +976,14 @@ _EVAL_ITERS = {"natural": 1, "fgsm": 2, "ifgsm20": 21, "cw": 21,
 _NATTACK_QUERY_COST = 0.8
 
 
+def model_cost(depth: int, ensemble_size: int) -> float:
+  """A training step of EnResNet``depth`` with ``ensemble_size`` members in
+  ResNet20 steps, as the estimates scale them (the reference machine's
+  ratios)."""
+  m = _MEMBERS.get(ensemble_size, 1.5 * ensemble_size)
+  return m * (depth - 2) / 18
+
+
 def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
                      epochs_done: int = 0,
                      step_times: StepTimes = REFERENCE_STEP_TIMES,
@@ -990,8 +998,7 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
   eval_iter_per_image = _EVAL_ITER_PER_IMAGE * (
       step_times.attack_iteration / reference.attack_iteration)
   c = run.config
-  m = _MEMBERS.get(c.model.ensemble_size, 1.5 * c.model.ensemble_size)
-  m *= (c.model.depth - 2) / 18
+  m = model_cost(c.model.depth, c.model.ensemble_size)
   k = c.attack.num_steps if c.training.adversarial else 0
   n_train = scales_lib.train_size(c)
   steps = scales_lib.steps_per_epoch(n_train, c) * c.training.num_epochs
@@ -1042,12 +1049,14 @@ def estimate_seconds(run: Run, only: list[ExtraEvalRun] | None = None,
 def from_scratch_seconds(tables: Mapping[str, Iterable[str] | None],
                          scale: scales_lib.Scale, *,
                          seeds: int | None = None,
-                         step_times: StepTimes = REFERENCE_STEP_TIMES
-                         ) -> dict[str, float]:
+                         step_times: StepTimes = REFERENCE_STEP_TIMES,
+                         step_times_of: Callable[[Run], StepTimes] | None
+                         = None) -> dict[str, float]:
   """Per table (name -> its rows, None: all), the estimated seconds of its
   runs as if none had run (``seeds``: per row, default the table's),
   counting only the runs that no table before it in ``tables`` has: what
-  docs/reproduction.md tabulates. Reads no file."""
+  docs/reproduction.md tabulates. Reads no file. ``step_times_of``: each
+  run's step times, instead of ``step_times`` for all."""
   seen: set[str] = set()
   out = {}
   for name, rows in tables.items():
@@ -1056,7 +1065,8 @@ def from_scratch_seconds(tables: Mapping[str, Iterable[str] | None],
                     seeds=seeds):
       if run.key not in seen:
         seen.add(run.key)
-        total += estimate_seconds(run, step_times=step_times)
+        total += estimate_seconds(run, step_times=(
+            step_times_of(run) if step_times_of else step_times))
     out[name] = total
   return out
 
