@@ -3,6 +3,10 @@
   python export.py --workdir=/tmp/run
   python export.py --workdir=... --out=/tmp/run/slim_nonoise --noise=false
 
+An existing ``<out>`` is refused in one line unless it is empty or an earlier
+export, of which only those three are replaced (anything else the folder
+holds stays; ``fkjax.slim.destination``).
+
 The run's own ``config.json`` says what is exported (as for eval.py,
 ``--config.eval.checkpoint=latest`` and other evaluation keys may be
 overridden). Writes ``<out>`` (default
@@ -56,22 +60,36 @@ def main(argv):
   import dataclasses
   import json
   import jax
+  import shutil
   import numpy as np
 
   from fkjax import slim
+  from fkjax.checkpoint import writing
+  from fkjax.slim import destination
 
+  out = FLAGS.out or os.path.join(FLAGS.workdir, "slim")
+  destination.check(out)   # before any work
   exp, step, variables = restore_pruned(config, FLAGS.workdir)
   small, small_vars = slim.slim(exp.model, variables, noise=FLAGS.noise)
 
-  out = FLAGS.out or os.path.join(FLAGS.workdir, "slim")
-  out = slim.save_slim(out, small, small_vars, source=os.path.abspath(
-      FLAGS.workdir), checkpoint=config.eval.checkpoint, step=int(step))
   specs = slim.specs_of(small)
   image_size = exp.dataset.test.images.shape[1:3]
   costs = slim.cost_report(specs, image_size)
-  with open(os.path.join(out, "costs.json"), "w") as f:
-    json.dump({"image_size": list(image_size), "totals": slim.totals(costs),
-               "layers": [dataclasses.asdict(c) for c in costs]}, f, indent=1)
+  staged = destination.staging(out)
+  try:
+    # A full disk, or Ctrl-C, during orbax's write: one line.
+    with writing.one_line(lambda cause: destination.write_error(out, cause)):
+      slim.save_slim(staged, small, small_vars, source=os.path.abspath(
+          FLAGS.workdir), checkpoint=config.eval.checkpoint, step=int(step))
+    with open(os.path.join(staged, destination.COSTS), "w") as f:
+      json.dump({"image_size": list(image_size),
+                 "totals": slim.totals(costs),
+                 "layers": [dataclasses.asdict(c) for c in costs]}, f,
+                indent=1)
+  except BaseException:
+    shutil.rmtree(staged, ignore_errors=True)   # Ctrl-C, a full disk
+    raise
+  out = destination.install(staged, out)
   print(f"slim model of the {config.eval.checkpoint} checkpoint (step "
         f"{step}) written to {out}\n" + slim.format_costs(costs))
 

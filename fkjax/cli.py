@@ -3,7 +3,7 @@ one line.
 
 A mistake of the user's (a bad flag or config value, missing data, a missing,
 corrupt or mismatching checkpoint, a diverged run, a workdir in use, a full
-disk) prints ``error: <what, where, what to do>`` on stderr and exits with
+disk, a batch too large for memory) prints ``error: <what, where, what to do>`` on stderr and exits with
 status 2 (bad command line) or 1 (anything else), with no traceback.
 ``--traceback`` (or ``FKJAX_TRACEBACK=1``) shows the traceback instead, for
 debugging; an unexpected exception (a bug) always shows it.
@@ -21,6 +21,11 @@ from absl import app
 from absl import flags
 
 TRACEBACK_ENV = "FKJAX_TRACEBACK"
+# Ctrl-C's line (a save cut short leaves the previous checkpoints intact:
+# fkjax.checkpoint).
+INTERRUPTED = ("interrupted; rerun the same command to resume: training from "
+               "its last checkpoint, to the same parameters as an "
+               "uninterrupted run; an evaluation at its next batch")
 
 flags.DEFINE_bool("traceback", False,
                   "Show the Python traceback of an error instead of one line "
@@ -50,6 +55,7 @@ USER_ERRORS = {
     "fkjax.checkpoint": "CheckpointError",
     "fkjax.errors": "TrainingError",
     "fkjax.workdir.check": "WorkdirError",
+    "fkjax.evaluation.memory": "BatchTooLarge",
 }
 
 
@@ -254,8 +260,7 @@ def _guarded(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
   try:
     return main(argv)
   except KeyboardInterrupt:
-    fail("interrupted; rerun the same command to resume from the last "
-         "checkpoint", code=130)
+    fail(INTERRUPTED, code=130)
   except OSError as e:
     if flags.FLAGS.traceback or show_traceback():
       raise

@@ -529,11 +529,16 @@ def _status_and_estimate(run: Run,
 def _run_cli() -> int:
   """``main`` for the shell: a reader that stops early (``| head``) ends it
   quietly, as it does ``ls`` or ``grep``, not with a BrokenPipeError
-  traceback."""
+  traceback; Ctrl-C ends it in one line, as it does train.py and eval.py."""
   try:
     code = main()
     sys.stdout.flush()
     return code
+  except KeyboardInterrupt:
+    print("error: interrupted; rerun the same command to go on (finished "
+          "runs and evaluations are kept, a run resumes from its last "
+          "checkpoint)", file=sys.stderr, flush=True)
+    return 130
   except BrokenPipeError:
     # Python's recipe (docs of signal, "Note on SIGPIPE"): point stdout at
     # devnull so that the flush at exit does not raise again.

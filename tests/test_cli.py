@@ -79,6 +79,13 @@ def _assert_one_line_error(proc, *fragments, code=None):
      ["config.num_devices=99", "visible", "use at most"], 1),
     (["--config=configs/tiny.py", "--config.eval.nattack_chunk=-3"],
      ["config.eval.nattack_chunk=-3", "an integer >= 0"], 1),
+    # A ValueError's traceback, after the data were read.
+    (["--config=configs/tiny.py", "--config.training.batch_size=65"],
+     ["config.training.batch_size=65", "exceeds the 64 training examples",
+      "choose at most 64"], 1),
+    # max() of no attacks, at the end of the evaluation.
+    (["--config=configs/tiny.py", "--config.eval.attacks="],
+     ["config.eval.attacks=''", "at least one attack"], 1),
 ])
 def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   workdir = tmp_path / "run"
@@ -203,6 +210,26 @@ def test_eval_refuses_negative_nattack_chunks(tmp_path, chunk):
                          "invalid: an integer >= 0", code=1)
 
 
+def test_a_batch_larger_than_a_subset_is_one_line(tmp_path):
+  # Only the data say how many images 2 a class leaves (20): said once read.
+  workdir = tmp_path / "run"
+  proc = _run(["train.py", f"--workdir={workdir}", "--config=configs/tiny.py",
+               "--config.dataset.subset_per_class=2",
+               "--config.training.batch_size=32"])
+  _assert_one_line_error(proc, "config.training.batch_size=32 exceeds the 20 "
+                         "training examples", "at most 20", code=1)
+
+
+def test_eval_refuses_no_attacks_in_one_line(tmp_path):
+  sys.path.insert(0, str(REPO))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax.config import record as run_config  # pylint: disable=import-outside-toplevel
+  run_config.save(tiny.get_config(), str(tmp_path))
+  proc = _run(["eval.py", f"--workdir={tmp_path}", "--config.eval.attacks="])
+  _assert_one_line_error(proc, "config.eval.attacks=''", "at least one attack",
+                         code=1)
+
+
 @pytest.mark.parametrize("download", ["false", "true"])
 def test_missing_data_is_one_line(tmp_path, download):
   # download=true: the download fails (its URL names no file).
@@ -216,6 +243,29 @@ def test_missing_data_is_one_line(tmp_path, download):
     assert "cannot download" in proc.stderr
   # Nothing left behind: not even the lock file, nor the new workdir.
   assert not (tmp_path / "run").exists()
+
+
+_FILE_SIZE_LIMIT = (
+    "import resource, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, "
+    "resource.RLIM_INFINITY))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
+  # Files above 64 KiB fail (EFBIG), as they do on a full disk (ENOSPC):
+  # tensorstore's "Event loop is closed" reports came around the line.
+  workdir = tmp_path / "run"
+  proc = _run(["-c", _FILE_SIZE_LIMIT, "train.py", f"--workdir={workdir}",
+               "--config=configs/tiny.py", "--config.num_devices=1",
+               "--config.compilation_cache_dir="])
+  _assert_one_line_error(proc, "could not write checkpoint step 4 to "
+                         f"{workdir / 'checkpoints' / '4'}: File too large",
+                         code=1)
+  assert len([l for l in proc.stderr.splitlines() if l.strip()]) == 1, (
+      proc.stderr)
 
 
 def _reproduce_in_process(argv, capsys):
@@ -257,6 +307,21 @@ def test_reproduce_rejects_bad_input_in_one_line(tmp_path, args, fragments,
   _assert_one_line_error(proc, *fragments, code=2)
   assert not proc.stdout, "nothing planned or run before the error"
   assert not (tmp_path / "r").exists() and not (tmp_path / "w").exists()
+
+
+def test_reproduce_interrupted_is_one_line(monkeypatch, capsys):
+  # Ctrl-C anywhere in a reproduction (a run training, an evaluation): as
+  # train.py and eval.py say it.
+  from reproduce import __main__ as reproduce_main  # pylint: disable=C0415
+
+  def interrupted():
+    raise KeyboardInterrupt
+  monkeypatch.setattr(reproduce_main, "main", interrupted)
+  code = reproduce_main._run_cli()  # pylint: disable=protected-access
+  out = capsys.readouterr()
+  _assert_one_line_error(
+      subprocess.CompletedProcess([], code, out.out, out.err),
+      "interrupted; rerun the same command", code=130)
 
 
 def test_reproduce_as_a_process_says_the_same_one_line(tmp_path):

@@ -99,9 +99,35 @@ def test_a_run_that_wrote_nothing_leaves_nothing_behind(tmp_path):
     (run / "config.json").write_text("{}")
   assert sorted(p.name for p in run.iterdir()) == [
       "config.json", workdir_lib.LOCK_NAME]
-  # A shared holder (an evaluation) never removes what a writer may use.
-  workdir_lib.WorkdirLock(empty, shared=True).acquire().release()
-  assert (empty / workdir_lib.LOCK_NAME).exists()
+  # A shared holder (an evaluation) keeps the lock file train.py left.
+  workdir_lib.WorkdirLock(run, shared=True).acquire().release()
+  assert (run / workdir_lib.LOCK_NAME).exists()
+
+
+def test_an_evaluation_leaves_no_lock_file(tmp_path):
+  # eval.py left fkjax.lock in the workdir after it exited.
+  (tmp_path / "config.json").write_text("{}")
+  workdir_lib.WorkdirLock(tmp_path, shared=True).acquire().release()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+  # Two side by side: the last one out removes it, whichever made it.
+  a = workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
+  b = workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
+  a.release()
+  assert (tmp_path / workdir_lib.LOCK_NAME).exists()
+  with pytest.raises(workdir_lib.WorkdirError, match="in use by"):
+    workdir_lib.WorkdirLock(tmp_path).acquire()   # b still excludes a writer
+  b.release()
+  assert not (tmp_path / workdir_lib.LOCK_NAME).exists()
+  # A writer that opened the file before the reader removed it locks the
+  # file the path names afterwards, and excludes the next one.
+  reader = workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
+  stale = os.open(reader.path, os.O_RDWR)
+  reader.release()
+  assert not workdir_lock._is_current(stale, reader.path)
+  os.close(stale)
+  with workdir_lib.WorkdirLock(tmp_path):
+    with pytest.raises(workdir_lib.WorkdirError, match="in use by"):
+      workdir_lib.WorkdirLock(tmp_path, shared=True).acquire()
 
 
 def test_a_lock_on_a_file_removed_by_its_releaser_is_not_kept(tmp_path):

@@ -21,7 +21,9 @@ from orbax.checkpoint import checkpoint_managers as ocp_policies
 from fkjax.checkpoint import digests
 from fkjax.checkpoint import errors
 from fkjax.checkpoint import quiet
+from fkjax.checkpoint import run_record
 from fkjax.checkpoint import shapes
+from fkjax.checkpoint import writing
 from fkjax.checkpoint.errors import CheckpointError
 
 # Checkpoints kept besides the best one.
@@ -126,18 +128,18 @@ class Checkpointer:
     if val_accuracy is not None and math.isfinite(float(val_accuracy)):
       metrics = {"val_accuracy": float(val_accuracy)}
     metadata = digests.custom_metadata(state)
-    with quiet.dropping(quiet.METRICLESS), quiet.errors_held() as held:
-      try:
-        self._manager.save(step, args=ocp.args.StandardSave(state),
-                           metrics=metrics, force=True,
-                           custom_metadata=metadata)
-        self._manager.wait_until_finished()
-      except Exception as e:  # orbax wraps I/O errors in many types
-        cause = errors.os_error(e)
-        if cause is None:  # not an I/O failure: orbax's own logs are shown
-          raise
-        held.clear()  # the one line below says it
-        raise errors.write_error(step, self.step_dir(step), cause) from e
+    # The run's config beside the digests: a resume whose config.json was
+    # deleted is checked against it (fkjax.config.record).
+    metadata[run_record.METADATA_KEY].update(
+        run_record.of_workdir(os.path.dirname(self.directory)))
+    # Ctrl-C: the save is abandoned, the previous checkpoints are intact.
+    with quiet.dropping(quiet.METRICLESS), writing.one_line(
+        lambda cause: errors.write_error(step, self.step_dir(step), cause),
+        wait=self._manager.wait_until_finished):
+      self._manager.save(step, args=ocp.args.StandardSave(state),
+                         metrics=metrics, force=True,
+                         custom_metadata=metadata)
+      self._manager.wait_until_finished()
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()

@@ -9,6 +9,9 @@ Three kinds, each dropped only where fkjax's own message replaces it:
 * the traceback each orbax worker thread logs when a write fails (a full
   disk gave ~1,000 lines): :func:`errors_held` holds them back, the caller
   drops them when it raises its one-line error, else they are replayed;
+  the threads of a save abandoned (its one-line error, or Ctrl-C) go on
+  logging after it, so :func:`drop_orbax_thread_errors` drops their
+  reports from then on;
 * the reports orbax's failed concurrent reads leave behind (pages of
   tensorstore internals): :func:`leftovers_dropped` around a read, and
   :func:`drop_orbax_leftovers` for good once one has failed.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from typing import Any, Callable, Iterator
 
@@ -128,3 +132,31 @@ def is_orbax_leftover(unraisable: Any) -> bool:
       return True
     tb = tb.tb_next
   return False
+
+
+def _from_orbax(record: logging.LogRecord) -> bool:
+  return f"{os.sep}orbax{os.sep}" in (record.pathname or "")
+
+
+def drop_orbax_thread_errors() -> None:
+  """From now on, the errors orbax logs (its worker threads' tracebacks)
+  are dropped: a save was abandoned, said in one line, and its threads,
+  left running, log their failures at any moment after (Ctrl-C during a
+  save printed 45 lines after its one line, a full disk up to 446).
+  Installed once; fkjax's own records and others' pass."""
+  absl = _absl()
+  if any(getattr(f, "_fkjax_drops_orbax_errors", False)
+         for f in absl.filters):
+    return
+
+  def keep(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR or not _from_orbax(record)
+  keep._fkjax_drops_orbax_errors = True
+  absl.addFilter(keep)
+  # The write's futures, collected later, report their failure once more
+  # through asyncio's logger.
+  logging.getLogger("asyncio").addFilter(_not_unretrieved)
+
+
+def _not_unretrieved(record: logging.LogRecord) -> bool:
+  return "exception was never retrieved" not in str(record.msg)

@@ -145,10 +145,15 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Refuses to resume the run in ``workdir`` with a different config.
 
   Only :data:`ENVIRONMENT_KEYS` may differ: a different batch size, schedule
-  or model would silently change what the resumed run trains.
+  or model would silently change what the resumed run trains. For a run
+  with checkpoints only (the caller checks): where ``config.json`` is
+  missing, the config its latest checkpoint recorded
+  (:mod:`fkjax.checkpoint.run_record`) must agree; checkpoints that record
+  none are not resumed without the record.
   """
   saved = load_saved(workdir)
   if saved is None:
+    _check_checkpoint_record(config, workdir)
     return
   diffs = differences(saved, as_dict(config))
   if diffs:
@@ -156,6 +161,27 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
         f"{workdir} holds a run with another config ("
         + _format(diffs, "saved", "now") + "); rerun with the run's config "
         "(eval.py reads it from the workdir) or use a new workdir")
+
+
+def _check_checkpoint_record(config: ml_collections.ConfigDict,
+                             workdir: str) -> None:
+  """Refuses to resume a run whose ``config.json`` is missing unless its
+  checkpoint recorded the same config."""
+  from fkjax.checkpoint import run_record  # pylint: disable=import-outside-toplevel
+  missing = f"{config_path(workdir)} is missing"
+  found = run_record.recorded_config(workdir)
+  if found is None:
+    raise ConfigError(
+        f"{missing}, and the checkpoints in {workdir} do not record the "
+        "config they were trained with (an older fkjax saved them): restore "
+        f"{CONFIG_FILE}, or use a new workdir")
+  step, recorded = found
+  diffs = differences(recorded, as_dict(config))
+  if diffs:
+    raise ConfigError(
+        f"{missing}, and its checkpoint step {step} was trained with another "
+        "config (" + _format(diffs, "checkpoint", "now") + "); rerun with "
+        "that config or use a new workdir")
 
 
 def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,

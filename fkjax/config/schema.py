@@ -132,6 +132,32 @@ def _val_size(v: Any, config: Any) -> Problem:
           f"images ({where}): it must be smaller, in [0, {pool:,})")
 
 
+def _training_pool(config: Any) -> tuple[int, str]:
+  """The most training images a run can have, and what says so: the pool
+  (synthetic, or the official training set) less the validation split (a
+  subset per class leaves fewer still, known only once the data are read)."""
+  if config_keys.get(config, "dataset.source") == "synthetic":
+    pool = config_keys.get(config, "dataset.synthetic_sizes")[0]
+    where = "config.dataset.synthetic_sizes[0]"
+  else:
+    from fkjax.data import types  # pylint: disable=import-outside-toplevel
+    pool = types.OFFICIAL_TRAIN_SIZE
+    where = f"the official {config_keys.get(config, 'dataset.name')} set"
+  val = config_keys.get(config, "dataset.val_size")
+  return pool - val, f"{pool:,} ({where}) less config.dataset.val_size={val:,}"
+
+
+def _training_batch(v: Any, config: Any) -> Problem:
+  """A batch no larger than the training split: an epoch needs one."""
+  if not (_int(v) and v >= 1):
+    return "an integer >= 1"
+  n, why = _training_pool(config)
+  if v <= n:
+    return None
+  return (f"it exceeds the {n:,} training examples ({why}): an epoch "
+          f"would hold no batch; choose at most {n:,}")
+
+
 def _lr_boundaries(v: Any, _: Any) -> Problem:
   boundaries = list(v or ())
   if all(_int(b) and b >= 1 for b in boundaries) and (
@@ -164,11 +190,14 @@ def _protocol(v: Any, _: Any) -> Problem:
   return None
 
 
-def attack_list(known: Sequence[str]) -> Check:
-  """A comma-separated list of attack names out of ``known``."""
+def attack_list(known: Sequence[str], *, empty: bool = True) -> Check:
+  """A comma-separated list of attack names out of ``known`` (none at all
+  only where ``empty``)."""
   def check(v: Any, _: Any) -> Problem:
     names = [n.strip() for n in str(v or "").split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
+    if not names and not empty:
+      return f"at least one attack, of {list(known)}"
     if not unknown:
       return None
     return f"unknown attack(s) {unknown}; choose from {list(known)}"
@@ -203,7 +232,7 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("model.noise_coef", number(0.0)),
       ("model.noise_std_over", one_of(("batch", "example"))),
       ("training.num_epochs", integer()),
-      ("training.batch_size", integer()),
+      ("training.batch_size", _training_batch),
       ("training.learning_rate", number(0.0, low_open=True)),
       ("training.lr_decay", number(0.0, low_open=True)),
       ("training.lr_boundaries", _lr_boundaries),
@@ -244,7 +273,9 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       # auto_chunk); a negative one failed deep inside JAX.
       ("eval.nattack_chunk", optional(integer(0))),
       ("eval.nattack_image_chunk", optional(integer())),
-      ("eval.attacks", attack_list(known)),
+      # eval.py evaluates something; train.py's final_attacks may be empty
+      # (no final evaluation).
+      ("eval.attacks", attack_list(known, empty=False)),
       ("eval.final_attacks", attack_list(known)),
       ("num_devices", integer(0)),
       # Last, the keys whose names live in modules that import JAX: a mistake

@@ -10,6 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from fkjax.data import augmentation
+from fkjax.data import types
 from fkjax.data.types import Split
 
 _SCALE = np.float32(1.0 / 255.0)
@@ -21,13 +22,16 @@ def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
   With ``drop_last`` only full batches count (the rest of the examples is
   dropped); without it the last, smaller batch counts too. A run passes its
   ``config.training.drop_last`` (no default here: the config's is the one).
-  Raises ValueError when there is no full batch.
+  Raises ValueError for a batch size below 1, and ``DataError`` (a user's
+  mistake, said in one line) when there is no full batch.
   """
   if batch_size <= 0:
     raise ValueError(f"batch_size must be positive, got {batch_size}")
   if n < batch_size:
-    raise ValueError(f"batch_size {batch_size} exceeds the {n} training "
-                     "examples: the epoch would be empty")
+    raise types.DataError(
+        f"config.training.batch_size={batch_size} exceeds the {n} training "
+        "examples: the epoch would be empty; choose a batch size of at most "
+        f"{n}")
   return n // batch_size if drop_last else -(-n // batch_size)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from fkjax import attacks as attacks_lib
 from fkjax.evaluation import journal as eval_journal
+from fkjax.evaluation import memory as eval_memory
 from fkjax.evaluation import progress as eval_progress
 from fkjax.evaluation import result as eval_result
 from fkjax.evaluation.suites import Attack
@@ -225,7 +226,7 @@ class Evaluator:
                attacks: Mapping[str, Attack], *, num_noise_draws: int = 1,
                work_per_image: Mapping[str, float] | None = None,
                survivors_only: Sequence[str] | Mapping[str, Sequence[str]]
-               = ()):
+               = (), batch_key: str = "the batch size"):
     """``survivors_only``: attacks that attack only the images earlier
     attacks left classified right, gathered into a bucket of the next power
     of two (AutoAttack's active set, in shapes XLA compiles once per bucket
@@ -237,7 +238,9 @@ class Evaluator:
     under it and the attacks it follows.
 
     ``work_per_image``: each attack's cost per image, for the progress
-    (``eval_progress.CallCounting``); None: progress in model calls."""
+    (``eval_progress.CallCounting``); None: progress in model calls.
+    ``batch_key``: the setting of the batch size, which a batch too large
+    for memory names (:mod:`fkjax.evaluation.memory`)."""
     self.names = list(attacks)
     self.num_noise_draws = num_noise_draws
     self.survivors_of = _survivors_of(self.names, survivors_only)
@@ -254,6 +257,8 @@ class Evaluator:
     self._compiled: dict[bool, dict[str, dict[Any, Any]]] = {
         counting: {n: {} for n in self.names} for counting in (False, True)}
     self._compiled_correct: dict[Any, Any] = {}
+    # The setting a batch too large for memory is refused by.
+    self.batch_key = batch_key
 
   def compiled_attacks(self, name: str, *, progress: bool = False
                        ) -> list[Any]:
@@ -279,7 +284,27 @@ class Evaluator:
     if counting:
       self.counting.traced(name, signature, traced)
     cache[signature] = traced.lower().compile()
+    self._check_memory(name, counting, cache[signature], variables, images,
+                       labels, key)
     return cache[signature], time.perf_counter() - start
+
+  def _check_memory(self, name: str, counting: bool, compiled: Any,
+                    variables: Any, images: jax.Array, labels: jax.Array,
+                    key: jax.Array) -> None:
+    """Refuses, in one line, a batch that would not fit in memory
+    (:mod:`fkjax.evaluation.memory`), before it runs."""
+    placed = list(getattr(getattr(images, "sharding", None), "device_set",
+                          ()) or jax.devices()[:1])
+    devices = len(placed)
+    half = images.shape[0] // 2
+    eval_memory.check(
+        compiled, int(images.shape[0]), f"attack {name}",
+        batch_key=self.batch_key, multiple=devices,
+        at_half=lambda: self._jitted[counting][name].trace(
+            variables, images[:half], labels[:half], key).lower().compile(),
+        # The CPU's devices share its memory; a GPU's estimate is its own.
+        scale=devices if placed[0].platform == "cpu" else 1,
+        free=eval_memory.free_bytes(placed[0]))
 
   def _predictor(self, tally: Tally, *args: Any) -> Any:
     """The compiled prediction for this batch shape (its compilation
@@ -440,7 +465,8 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
                     per_image: bool = False,
                     num_batches: int | None = None,
                     journal: eval_journal.Journal | None = None,
-                    work_per_image: Mapping[str, float] | None = None
+                    work_per_image: Mapping[str, float] | None = None,
+                    batch_key: str = "the batch size"
                     ) -> eval_result.EvalResult:
   """Accuracy (%) of the model under each attack, over a dataset.
 
@@ -485,7 +511,7 @@ def robust_accuracy(apply_fn: attacks_lib.ApplyFn,
     ``result.to_json()`` is the dict a result file holds.
   """
   evaluator = Evaluator(apply_fn, attacks, num_noise_draws=num_noise_draws,
-                        work_per_image=work_per_image)
+                        work_per_image=work_per_image, batch_key=batch_key)
   return evaluator(variables, batches, key, progress=progress,
                    per_image=per_image, num_batches=num_batches,
                    journal=journal)

@@ -3,8 +3,9 @@
 * ``weight_histogram``: all conv weights (the paper's Figs. 1-2).
 * ``channel_norm_histogram``: channel-group norms, with pruned channels
   counted apart (Fig. 3).
-* ``conv_filters_grid``: one conv layer's 3x3 kernels as an image grid
-  (appendix figures); for an ensemble, the first member.
+* ``conv_filters_grid``: every 3x3 kernel of one conv layer as an image
+  grid, pruned channels marked (appendix figures); for an ensemble, the
+  first member.
 """
 from __future__ import annotations
 
@@ -65,11 +66,34 @@ def channel_norm_histogram(report: sparsity.SparsityReport, path: str,
   return path
 
 
-def conv_filters_grid(params: Any, path: str, layer: int | None = None,
-                      max_filters: int = 16, layout: Any = None) -> str:
-  """Kernels ``[:, :, i, o]`` of one conv layer, inputs by rows.
+def _tiled(kernel: np.ndarray) -> np.ndarray:
+  """``kernel`` ``[h, w, in, out]`` as one image: input ``i``'s kernel for
+  filter ``o`` at row block ``i``, column block ``o``, a NaN pixel between
+  blocks."""
+  h, w, n_in, n_out = kernel.shape
+  canvas = np.full((n_in * (h + 1) - 1, n_out * (w + 1) - 1), np.nan,
+                   np.float32)
+  for i in range(n_in):
+    for o in range(n_out):
+      canvas[i * (h + 1):i * (h + 1) + h,
+             o * (w + 1):o * (w + 1) + w] = kernel[:, :, i, o]
+  return canvas
 
-  A pruned input channel shows as a blank row. ``layer`` indexes the conv
+
+def conv_filters_grid(params: Any, path: str, layer: int | None = None,
+                      layout: Any = None) -> str:
+  """Writes :func:`conv_filters_figure` to ``path``; returns ``path``."""
+  conv_filters_figure(params, layer, layout).savefig(path, dpi=120)
+  return path
+
+
+def conv_filters_figure(params: Any, layer: int | None = None,
+                        layout: Any = None) -> Figure:
+  """Every kernel ``[:, :, i, o]`` of one conv layer, inputs by rows,
+  filters by columns: the whole layer, so that every pruned channel shows.
+
+  A pruned input channel shows as a blank row (and a pruned filter as a
+  blank column), marked in red on the axis. ``layer`` indexes the conv
   kernels in tree order; default the middle 3x3 layer.
   """
   kernels = _conv_kernels(params, layout)
@@ -80,19 +104,40 @@ def conv_filters_grid(params: Any, path: str, layer: int | None = None,
     name, kernel = kernels[layer]
   if kernel.ndim == 5:   # member axis first: show member 0
     kernel, name = kernel[0], f"{name} (member 0)"
-  n_in = min(kernel.shape[2], max_filters)
-  n_out = min(kernel.shape[3], max_filters)
+  h, w, n_in, n_out = kernel.shape
+  dead_in = np.flatnonzero(~np.any(kernel != 0, axis=(0, 1, 3)))
+  dead_out = np.flatnonzero(~np.any(kernel != 0, axis=(0, 1, 2)))
   vmax = float(np.abs(kernel).max()) or 1.0
-  fig = Figure(figsize=(n_out * 0.6, n_in * 0.6))
-  axes = fig.subplots(n_in, n_out, squeeze=False)
-  for i in range(n_in):
-    for o in range(n_out):
-      axes[i, o].imshow(kernel[:, :, i, o], cmap="seismic", vmin=-vmax,
-                        vmax=vmax)
-      axes[i, o].axis("off")
-  fig.suptitle(f"{name}: {n_in} inputs x {n_out} filters")
-  fig.savefig(path, dpi=100)
-  return path
+  # About 0.2 inch a 3x3 kernel, within a readable figure.
+  scale = min(0.2, 12.0 / max(n_in, n_out))
+  fig = Figure(figsize=(max(4.0, n_out * scale + 1.5),
+                        max(3.0, n_in * scale + 1.2)))
+  ax = fig.subplots()
+  tiled = _tiled(kernel)
+  ax.imshow(tiled, cmap="seismic", vmin=-vmax, vmax=vmax,
+            interpolation="nearest")
+  ax.set_facecolor("0.85")   # the gaps between kernels
+  step = max(1, -(-max(n_in, n_out) // 16))
+  ax.set_yticks([i * (h + 1) + h / 2 - 0.5 for i in range(0, n_in, step)],
+                [str(i) for i in range(0, n_in, step)], fontsize=6)
+  ax.set_xticks([o * (w + 1) + w / 2 - 0.5 for o in range(0, n_out, step)],
+                [str(o) for o in range(0, n_out, step)], fontsize=6)
+  ax.set_ylabel("input channel")
+  ax.set_xlabel("filter (output channel)")
+  for i in dead_in:
+    ax.plot(-1.5, i * (h + 1) + h / 2 - 0.5, "r>", markersize=3,
+            clip_on=False)
+  for o in dead_out:
+    ax.plot(o * (w + 1) + w / 2 - 0.5, -1.5, "rv", markersize=3,
+            clip_on=False)
+  # The marks sit outside the image, which alone sets the limits.
+  ax.set_xlim(-0.5, tiled.shape[1] - 0.5)
+  ax.set_ylim(tiled.shape[0] - 0.5, -0.5)
+  ax.set_title(f"{name}: all {n_in} inputs x {n_out} filters "
+               f"({h}x{w}); pruned (red): {len(dead_in)} inputs, "
+               f"{len(dead_out)} filters", fontsize=8)
+  fig.tight_layout()
+  return fig
 
 
 def save_all(params: Any, report: sparsity.SparsityReport,

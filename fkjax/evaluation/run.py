@@ -30,6 +30,7 @@ from fkjax import data as data_lib
 from fkjax.evaluation import cost as eval_cost
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import merge as eval_merge
 from fkjax.config import names as eval_names
 from fkjax.evaluation import result as eval_result
 from fkjax.evaluation import strong as eval_strong
@@ -107,13 +108,45 @@ class Restored:
   def say(self, text: str) -> None:
     _say(text, self.logger)
 
-  def write(self, path: str, results: dict[str, Any], protocol: str) -> None:
-    """Writes the self-describing result file (process 0 only)."""
-    if jax.process_index() == 0:
-      workdir_lib.write_results(path, results, workdir_lib.results_metadata(
-          self.config, step=self.step, data=self.exp.dataset.description,
-          checkpoint=self.config.eval.checkpoint, protocol=protocol,
-          devices=devices.describe_devices(self.exp.mesh.size)))
+  def write(self, path: str, results: dict[str, Any], protocol: str, *,
+            merge: bool = False) -> dict[str, Any]:
+    """Writes the self-describing result file (process 0 only); with
+    ``merge``, keeping the earlier file's attacks that ``results`` lacks
+    (:mod:`fkjax.evaluation.merge`, said in a line). Returns what was
+    written, without its metadata."""
+    if jax.process_index() != 0:
+      return results
+    metadata = workdir_lib.results_metadata(
+        self.config, step=self.step, data=self.exp.dataset.description,
+        checkpoint=self.config.eval.checkpoint, protocol=protocol,
+        devices=devices.describe_devices(self.exp.mesh.size))
+    if not merge:
+      workdir_lib.write_results(path, results, metadata)
+      return results
+    with workdir_lib.results_lock(os.path.dirname(os.path.abspath(path))):
+      results, remark = eval_merge.merge(workdir_lib.read_results(path),
+                                         results, metadata)
+      workdir_lib.write_results(path, results, metadata)
+    if remark is not None:
+      self.say(f"{os.path.basename(path)}: {remark}")
+    return results
+
+  def log_test(self, path: str, accuracies: Mapping[str, float],
+               report: Any) -> None:
+    """The evaluation's accuracies (A1..A5) and sparsity in TensorBoard,
+    at the checkpoint's step, tagged by its result file
+    (``eval_paper/natural_accuracy``; process 0 only)."""
+    if jax.process_index() != 0:
+      return
+    stem = os.path.splitext(os.path.basename(path))[0]
+    scalars = {f"{stem}/{name}_accuracy": value
+               for name, value in accuracies.items()}
+    scalars[f"{stem}/weight_sparsity"] = report.weight_sparsity
+    scalars[f"{stem}/channel_sparsity"] = report.channel_sparsity
+    logger = self.logger or metric_logging.MetricLogger(self.workdir)
+    logger.write_test(self.step, scalars)
+    if logger is not self.logger:
+      logger.close()
 
 
 def restore(config: ml_collections.ConfigDict, workdir: str, *,
@@ -194,6 +227,7 @@ def _paper_accuracy(r: Restored, variables: Any,
       num_noise_draws=r.config.eval.num_noise_draws,
       progress=r.config.progress, per_image=per_image,
       num_batches=r.num_batches(), journal=journal,
+      batch_key="config.eval.batch_size",
       # The progress in forward passes: NAttack's calls cost more.
       work_per_image=eval_cost.attack_costs(list(suite), r.config))
 
@@ -287,7 +321,8 @@ def _paper(r: Restored, *, attacks_csv: str | None = None,
   if dense_part:
     results["admm_dense_w"] = _admm_dense_w(r, suite, journal)
   results.update(_paper_record(r, report))
-  r.write(path, results, results["protocol"])
+  results = r.write(path, results, results["protocol"], merge=True)
+  r.log_test(path, result.accuracies(), report)
   _forget(journal, dense_part)
   if plots if plots is not None else config.eval.plots:
     results["plots"] = plots_lib.save_all(

@@ -250,7 +250,8 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
   start = time.perf_counter()
   evaluator = Evaluator(apply_fn, suite, num_noise_draws=num_noise_draws,
                         survivors_only=survivors_plan(
-                            suite, settings.targeted_on_survivors))
+                            suite, settings.targeted_on_survivors),
+                        batch_key="config.eval.batch_size")
   seeds = repeat_evaluation(evaluator, variables, batches, key,
                             num_seeds=num_seeds, progress=progress,
                             num_batches=num_batches, journal=journal)

@@ -431,6 +431,7 @@ class Files:
       self.loggers[i].log_text(
           (f"[{self.names[i]}] " if self.sweep else "")
           + metric_logging.format_epoch(summary) + self.synthetic)
+      self.loggers[i].plot_curves()
       summaries.append(summary)
     return summaries
 

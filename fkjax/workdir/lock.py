@@ -13,6 +13,9 @@ without ``flock`` support the lock warns and does nothing. A run that
 fails before it writes anything (bad data, a download error) leaves
 nothing behind: releasing an exclusive lock on a workdir that holds only
 the lock file removes the file, and the directory if the lock created it.
+An evaluation leaves no lock file behind either: the last shared holder
+out removes the file when shared holders made it (not train.py, whose run
+keeps it) and nobody else holds it.
 """
 from __future__ import annotations
 
@@ -55,6 +58,9 @@ class WorkdirLock:
     self._fd: int | None = None
     # The outermost directory this lock created (None: the workdir existed).
     self._made: str | None = None
+    # Whether shared holders made the lock file (this one, or one before it
+    # that left while another still held it): the last one out removes it.
+    self._reader_made = False
 
   @property
   def held(self) -> bool:
@@ -75,8 +81,7 @@ class WorkdirLock:
         self._made = _outermost_missing(self.workdir)
         os.makedirs(self.workdir, exist_ok=True)
       try:
-        # O_CLOEXEC: child processes must not inherit (and keep) the lock.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd, made = _open(self.path)
       except FileNotFoundError:
         continue  # the directory was tidied away in between (see release)
       try:
@@ -102,7 +107,9 @@ class WorkdirLock:
       # must be on the file that the path names now.
       os.close(fd)
     self._fd = fd
-    _write_holder(fd)
+    self._reader_made = self.shared and (made or _note(fd).get("reader_made")
+                                         is True)
+    _write_holder(fd, reader_made=self._reader_made)
     return self
 
   def release(self) -> None:
@@ -112,8 +119,24 @@ class WorkdirLock:
       fd, self._fd = self._fd, None
       if not self.shared:
         self._tidy()
+      elif self._reader_made:
+        self._remove_if_alone(fd)
       fcntl.flock(fd, fcntl.LOCK_UN)
       os.close(fd)
+
+  def _remove_if_alone(self, fd: int) -> None:
+    """Removes the lock file if no other process holds it: the exclusive
+    lock is free only then. (A process that opened the file meanwhile finds
+    it gone once it has its lock, and starts over: see acquire.)"""
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      return   # another holder: the last one out removes it
+    try:
+      if _is_current(fd, self.path):
+        os.unlink(self.path)
+    except OSError:
+      pass  # no permission: keep it
 
   def _tidy(self) -> None:
     # Still holding the lock: a process that opened the file meanwhile finds
@@ -155,11 +178,36 @@ def _is_current(fd: int, path: str) -> bool:
   return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-def _write_holder(fd: int) -> None:
+def _open(path: str) -> tuple[int, bool]:
+  """``(fd, made)``: the lock file opened, and whether this call made it."""
+  # O_CLOEXEC: child processes must not inherit (and keep) the lock.
+  flags = os.O_RDWR | os.O_CLOEXEC
+  try:
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), True
+  except FileExistsError:
+    pass
+  try:
+    return os.open(path, flags), False
+  except FileNotFoundError:
+    # Removed in between by its last holder: make it.
+    return os.open(path, flags | os.O_CREAT, 0o644), True
+
+
+def _note(fd: int) -> dict[str, Any]:
+  """What the lock file says of its holder (empty if nothing readable)."""
+  try:
+    info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+  except (OSError, ValueError):
+    return {}
+  return info if isinstance(info, dict) else {}
+
+
+def _write_holder(fd: int, reader_made: bool = False) -> None:
   command = " ".join([os.path.basename(sys.argv[0] or "python"),
                       *sys.argv[1:]])
   info = {"pid": os.getpid(), "host": socket.gethostname(),
-          "since": utc_now(), "command": command[:200]}
+          "since": utc_now(), "command": command[:200],
+          "reader_made": reader_made}
   data = (json.dumps(info) + "\n").encode()
   try:
     os.ftruncate(fd, 0)

@@ -2,7 +2,9 @@
 
 ``MetricLogger.write`` appends one JSON line to ``<workdir>/metrics.jsonl``
 and the scalars to ``<workdir>/tensorboard``, and both are on disk (flushed
-and ``fsync``'d) when it returns. Call it before saving the epoch's
+and ``fsync``'d) when it returns; ``plot_curves`` redraws
+``<workdir>/plots/training_curves.png`` from them (:mod:`fkjax.workdir.curves`),
+and ``write_test`` adds a test evaluation's accuracies to TensorBoard. Call it before saving the epoch's
 checkpoint: a process killed in between then loses nothing, and the resumed
 run logs that epoch again. ``read_metrics`` returns one record per epoch (the
 last one logged), and TensorBoard hides the superseded scalars (the writer
@@ -73,6 +75,25 @@ class MetricLogger:
     if self.enabled:
       print(text, file=sys.stdout, flush=True)
 
+  def plot_curves(self) -> str | None:
+    """Redraws ``plots/training_curves.png`` from the records written so
+    far (:mod:`fkjax.workdir.curves`); its path, None where disabled."""
+    if not self.enabled:
+      return None
+    from fkjax.workdir import curves  # matplotlib only when drawn
+    workdir = os.path.dirname(self._path) or "."
+    return curves.save(workdir, read_metrics(workdir))
+
+  def write_test(self, step: int, scalars: Mapping[str, float]) -> None:
+    """Adds a test evaluation's scalars (``{tag: value}``) to TensorBoard,
+    at the step of the checkpoint evaluated."""
+    if not self.enabled:
+      return
+    if self._tb is None:
+      # An evaluation restarts nothing: earlier scalars stay visible.
+      self._tb = _EventFile(self._tb_dir, first_step=step, restart=False)
+    self._tb.write_scalars(step, scalars)
+
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
@@ -97,13 +118,14 @@ def _ends_with_newline(path: str) -> bool:
 class _EventFile:
   """A TensorBoard event file written and fsync'd event by event."""
 
-  def __init__(self, logdir: str, first_step: int):
+  def __init__(self, logdir: str, first_step: int, restart: bool = True):
     from tensorboardX.event_file_writer import EventsWriter  # slow import
     from tensorboardX.proto import event_pb2
     from tensorboardX import summary
     self._event_pb2 = event_pb2
     self._summary = summary
-    resumed = bool(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+    resumed = restart and bool(
+        glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
     os.makedirs(logdir, exist_ok=True)
     # File names hold the time in seconds: the suffix keeps a quick restart
     # from reusing (and truncating) the previous writer's file.

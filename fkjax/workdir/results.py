@@ -23,16 +23,21 @@ same settings again replaces its file with the new result.
 ``write_results(path, results, metadata)`` writes ``results`` plus a
 ``"metadata"`` entry (see :func:`fkjax.workdir.results_metadata`) whole or
 not at all (:mod:`fkjax.atomic`): a crash or a full disk leaves the previous
-file intact.
+file intact. An evaluation that merges its results into an earlier file
+(``fkjax.evaluation.merge``) reads and writes it within
+``results_lock(workdir)``, so that two evaluations side by side merge
+rather than one replacing the other's; ``read_results(path)`` reads one.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import math
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from fkjax import atomic
 from fkjax.workdir.check import WorkdirError
@@ -40,6 +45,8 @@ from fkjax.workdir.metadata import jsonable
 
 FINAL = "final"  # the protocol name of train.py's final evaluation
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+# flock errnos that mean "not supported here".
+_NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 _SAFE = re.compile(r"[^A-Za-z0-9.+-]")
 
@@ -168,3 +175,34 @@ def write_results(path: str | os.PathLike[str], results: Mapping[str, Any],
           f"no space left on device while writing {path}; free space and "
           "rerun (the previous file is unchanged)") from e
     raise WorkdirError(f"could not write {path}: {e.strerror or e}") from e
+
+
+@contextlib.contextmanager
+def results_lock(workdir: str | os.PathLike[str]) -> Iterator[None]:
+  """Within the block, no other process is within a ``results_lock`` of
+  ``workdir`` (it waits): for reading a results file and writing it back
+  merged. The lock is on the directory itself, so no file is left behind;
+  on a filesystem without ``flock`` it does nothing."""
+  fd = os.open(os.fspath(workdir), os.O_RDONLY | os.O_CLOEXEC)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as e:
+      if e.errno not in _NO_FLOCK:
+        raise
+    yield
+  finally:
+    os.close(fd)   # releases the lock
+
+
+def read_results(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+  """The results file at ``path`` as written, or None: there is none, or it
+  is not a JSON object (a file damaged outside fkjax)."""
+  try:
+    with open(os.fspath(path)) as f:
+      document = json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError):
+    return None
+  return document if isinstance(document, dict) else None
