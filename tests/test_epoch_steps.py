@@ -107,7 +107,7 @@ def test_a_run_compiles_one_step_program_and_its_steps_call_no_host():
         desc="", progress=False).state
     state, _ = runs.end_of_epoch(state, values)
   assert runs.step_of(state) == 4 and saves == [3]
-  assert step_fn.jitted._cache_size() == 1   # pylint: disable=protected-access
+  assert len(step_fn.compiled) == 1
   assert runs.end_of_epoch._cache_size() == 1   # pylint: disable=protected-access
   feed, keys = next(iter(train_input.feeds(0, 0))), runs.keys("train")
   jaxpr = jax.make_jaxpr(lambda s, b: runs.step(s, b, 0, keys, values))(
@@ -115,3 +115,24 @@ def test_a_run_compiles_one_step_program_and_its_steps_call_no_host():
   names = _primitives(jaxpr)
   assert "conv_general_dilated" in names or any("custom" in n for n in names)
   assert not {n for n in names if "callback" in n}, names
+
+
+def test_a_training_batch_too_large_for_memory_is_refused_before_it_runs(
+    monkeypatch):
+  from fkjax import cli  # pylint: disable=import-outside-toplevel
+  from fkjax.evaluation import memory  # pylint: disable=import-outside-toplevel
+  from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
+  runs = _tiny_runs()
+  train_input = input_pipeline.TrainInput.build(
+      runs.template, runs.exps[0].dataset.train)
+  step_fn = runs.step_program(train_input, runs.keys("train"),
+                              runs.placed_values())
+  monkeypatch.setattr(memory, "free_bytes",
+                      lambda device=None: (1024, "RAM available"))
+  state = runs.initial_state()
+  with pytest.raises(memory.BatchTooLarge,
+                     match=r"^config.training.batch_size=16: the training "
+                     r"step needs about .* but 0.0 GiB is free") as info:
+    step_fn(state, next(iter(train_input.feeds(0, 0))), 0)
+  assert cli.is_user_error(info.value)
+  assert runs.step_of(state) == 0   # the state was not donated to a run

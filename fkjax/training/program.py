@@ -30,6 +30,7 @@ from fkjax import data as data_lib
 from fkjax.config import keys as config_keys
 from fkjax.config import record as run_config
 from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import memory as eval_memory
 from fkjax.training import build
 from fkjax.training import input_pipeline
 from fkjax.training import parallel
@@ -352,12 +353,34 @@ class Runs:
       return self.step(state, batch, step, base_keys, values)
 
     jitted = jax.jit(program, donate_argnums=(0,))
+    compiled: dict[Any, Any] = {}
 
     def run(state, feed, step):
-      return jitted(state, data, input_pipeline.put(feed, sharding), step,
-                    base_keys, values)
-    run.jitted = jitted   # its compiled programs: jitted._cache_size()
+      feed = input_pipeline.put(feed, sharding)
+      args = (state, data, feed, step, base_keys, values)
+      shapes = tuple((x.shape, x.dtype) for x in jax.tree.leaves(feed))
+      if shapes not in compiled:
+        # Compiled ahead of its first call, so that a batch that does not
+        # fit in memory is refused in one line before anything is allocated.
+        compiled[shapes] = jitted.lower(*args).compile()
+        self.check_memory(compiled[shapes])
+      return compiled[shapes](*args)
+    run.compiled = compiled   # one program per batch shape
     return run
+
+  def check_memory(self, compiled: Any) -> None:
+    """Raises :class:`fkjax.evaluation.memory.BatchTooLarge` where the
+    compiled step would need more memory than the devices have free."""
+    device = self.mesh.devices.flat[0]
+    devices = self.mesh.size
+    eval_memory.check(
+        compiled, self.template.training.batch_size,
+        "the training step" + (f" of {self.size} runs" if self.size > 1
+                               else ""),
+        batch_key="config.training.batch_size", multiple=devices,
+        # The CPU's devices share its memory; a GPU's estimate is its own.
+        scale=devices if device.platform == "cpu" else 1,
+        free=eval_memory.free_bytes(device))
 
   @functools.cached_property
   def end_of_epoch(self):
