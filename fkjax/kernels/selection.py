@@ -122,26 +122,8 @@ def resolve(kernel_config: Mapping[str, str] | None = None, *,
     fkjax.kernels.OneDnnUnavailable: ``"onednn"`` or ``"fused"`` asked for
       where fkjax's CPU library cannot be built.
   """
-  kernel_config = dict(kernel_config or {})
-  unknown = sorted(set(kernel_config) - set(CHOICES))
-  if unknown:
-    raise ValueError(f"unknown config.kernels keys {unknown}")
-  names = {key: kernel_config.get(key, "auto") for key in CHOICES}
-  for key, allowed in CHOICES.items():
-    if names[key] != "auto" and names[key] not in allowed:
-      raise ValueError(f"config.kernels.{key} must be 'auto' or one of "
-                       f"{sorted(allowed)}, got {names[key]!r}")
-  platform = selection_platform(backend)
-  on_cpu = platform == "cpu"
-  for key, cpu_only in CPU_ONLY.items():
-    if names[key] in cpu_only and not on_cpu:
-      raise ValueError(f"config.kernels.{key}={names[key]!r} runs on CPUs "
-                       f"only, not on {platform!r} (its 'auto' is "
-                       f"{_ACCELERATOR[key]!r})")
-  for key, needs in _NEED_LIBRARY.items():
-    if names[key] == needs:
-      build.load()  # raises OneDnnUnavailable with the reason
-  if on_cpu:
+  names, platform = _checked_choices(kernel_config, backend)
+  if platform == "cpu":
     library = any(names[key] == "auto" for key in _NEED_LIBRARY) and (
         _library_reason() is None)
     auto = {"conv": "onednn" if library else "explicit_grad",
@@ -165,6 +147,30 @@ def resolve(kernel_config: Mapping[str, str] | None = None, *,
       names=names, description=", ".join(parts), platform=platform,
       noise_any_coef=NOISES["jnp"] if names["noise"] == "fused" else inject)
 
+
+def _checked_choices(kernel_config: Mapping[str, str] | None,
+                     backend: str | None) -> tuple[dict[str, str], str]:
+  """:func:`resolve`'s checks: the choices (``"auto"`` where missing) and
+  the selection platform, or the error :func:`resolve` documents."""
+  kernel_config = dict(kernel_config or {})
+  unknown = sorted(set(kernel_config) - set(CHOICES))
+  if unknown:
+    raise ValueError(f"unknown config.kernels keys {unknown}")
+  names = {key: kernel_config.get(key, "auto") for key in CHOICES}
+  for key, allowed in CHOICES.items():
+    if names[key] != "auto" and names[key] not in allowed:
+      raise ValueError(f"config.kernels.{key} must be 'auto' or one of "
+                       f"{sorted(allowed)}, got {names[key]!r}")
+  platform = selection_platform(backend)
+  for key, cpu_only in CPU_ONLY.items():
+    if names[key] in cpu_only and platform != "cpu":
+      raise ValueError(f"config.kernels.{key}={names[key]!r} runs on CPUs "
+                       f"only, not on {platform!r} (its 'auto' is "
+                       f"{_ACCELERATOR[key]!r})")
+  for key, needs in _NEED_LIBRARY.items():
+    if names[key] == needs:
+      build.load()  # raises OneDnnUnavailable with the reason
+  return names, platform
 
 
 def _library_reason() -> str | None:
