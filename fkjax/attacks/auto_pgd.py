@@ -50,9 +50,20 @@ a noisy model gets 1 such draw and a deterministic one none (its gradient
 pass's logits are exact). The model's noise is drawn per batch (one key per
 call of ``apply_fn``), so on a noisy model a run attacking fewer images
 draws different noise than one attacking all.
+
+With ``return_info=True`` :func:`apgd` also returns a dict with, per image,
+``"fooled"`` (bool ``[batch]``: some iterate fooled the ``check_draws``
+check), ``"score"`` (the returned point's loss), per run (``[runs, ...]``)
+``"attacked"`` (bool ``[runs, batch]``: the images the run attacked), the
+trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as evaluated, before
+any restart from ``x_max``) and ``"step_size"`` (``[runs, N, batch]``: the
+step that produced ``x^(k+1)``), zero for the images a run did not attack,
+and the counts ``"image_runs"`` (the images attacked, summed over the runs)
+and ``"padded_image_runs"`` (the same with the padding of the buckets).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -136,6 +147,92 @@ def _start(key: jax.Array, image_ids: jax.Array, images: jax.Array,
   return common.project(images + noise, images, epsilon)
 
 
+def _evaluate(x, k, *, apply_fn, variables, labels, targets, loop_key, noisy,
+              loss, eot_samples, check_draws):
+  """Iterate ``k``'s loss, gradient and whether it fooled the check."""
+  step_key, check_key = jax.random.split(jax.random.fold_in(loop_key, k))
+  value, grad, logits = eot.loss_and_gradient(
+      apply_fn, variables, x, labels, step_key, loss=loss,
+      eot_samples=eot_samples, targets=targets)
+  if check_draws is None:
+    wrong = jax.lax.cond(
+        noisy,
+        lambda: eot.fooled(apply_fn, variables, x, labels, check_key, 1),
+        lambda: common.misclassified(logits, labels))
+  else:
+    wrong = eot.fooled(apply_fn, variables, x, labels, check_key,
+                       check_draws, logits)
+  return value, grad, wrong
+
+
+def _initial_state(x0, loss0, grad0, wrong0, batch, first_step, num_iters,
+                   trace):
+  """The loop state at iterate 0 (with the traces if ``trace``)."""
+  state = {
+      "x": x0, "x_prev": x0, "grad": grad0, "loss": loss0,
+      "eta": jnp.full(batch, first_step, jnp.float32),
+      "x_max": x0, "grad_max": grad0, "loss_max": loss0,
+      "adv": x0, "adv_loss": jnp.where(wrong0, loss0, -jnp.inf),
+      "fooled": wrong0,
+      "increases": jnp.zeros(batch, jnp.int32),
+      "loss_max_last": loss0,
+      "halved_last": jnp.zeros(batch, jnp.bool_),
+  }
+  if trace:
+    state["trace_loss"] = jnp.zeros((num_iters + 1,) + batch,
+                                    jnp.float32).at[0].set(loss0)
+    state["trace_eta"] = jnp.zeros((num_iters,) + batch, jnp.float32)
+  return state
+
+
+def _checkpoint(s, check, window, rho, ndim):
+  """The checkpoint decision once iterate k + 1 is known (in place)."""
+  halve = jnp.logical_and(check, halving_decision(
+      s["increases"], window, s["halved_last"], s["loss_max"],
+      s["loss_max_last"], rho))
+  halve_x = _per_image(halve, ndim)
+  s["eta"] = jnp.where(halve, 0.5 * s["eta"], s["eta"])
+  s["x"] = jnp.where(halve_x, s["x_max"], s["x"])
+  s["x_prev"] = jnp.where(halve_x, s["x_max"], s["x_prev"])
+  s["grad"] = jnp.where(halve_x, s["grad_max"], s["grad"])
+  s["loss"] = jnp.where(halve, s["loss_max"], s["loss"])
+  s["increases"] = jnp.where(check, 0, s["increases"])
+  s["loss_max_last"] = jnp.where(check, s["loss_max"], s["loss_max_last"])
+  s["halved_last"] = jnp.where(check, halve, s["halved_last"])
+
+
+def _step(k, s, *, images, evaluate, is_check, window, epsilon, momentum,
+          rho, trace):
+  """The ``lax.fori_loop`` body: iterate ``k + 1`` from iterate ``k``."""
+  ndim = images.ndim
+  s = dict(s)
+  eta = _per_image(s["eta"], ndim)
+  x, x_prev = s["x"], s["x_prev"]
+  z = common.project(x + eta * jnp.sign(s["grad"]), images, epsilon)
+  a = jnp.where(k == 0, 1.0, momentum)
+  x_new = common.project(x + a * (z - x) + (1.0 - a) * (x - x_prev), images,
+                         epsilon)
+  loss_new, grad_new, wrong = evaluate(x_new, k + 1)
+  if trace:
+    s["trace_eta"] = s["trace_eta"].at[k].set(s["eta"])
+    s["trace_loss"] = s["trace_loss"].at[k + 1].set(loss_new)
+
+  better_adv = jnp.logical_and(wrong, loss_new > s["adv_loss"])
+  s["adv"] = jnp.where(_per_image(better_adv, ndim), x_new, s["adv"])
+  s["adv_loss"] = jnp.where(better_adv, loss_new, s["adv_loss"])
+  s["fooled"] = jnp.logical_or(s["fooled"], wrong)
+
+  s["increases"] = s["increases"] + (loss_new > s["loss"]).astype(jnp.int32)
+  improved = loss_new > s["loss_max"]
+  improved_x = _per_image(improved, ndim)
+  s["x_max"] = jnp.where(improved_x, x_new, s["x_max"])
+  s["grad_max"] = jnp.where(improved_x, grad_new, s["grad_max"])
+  s["loss_max"] = jnp.where(improved, loss_new, s["loss_max"])
+  s["x_prev"], s["x"], s["grad"], s["loss"] = x, x_new, grad_new, loss_new
+  _checkpoint(s, is_check[k + 1], window[k + 1], rho, ndim)
+  return s
+
+
 def _run(apply_fn, variables, images, labels, targets, image_ids, key,
          noisy, *, epsilon, num_iters, loss, eot_samples, check_draws,
          random_start, rho, momentum, initial_step, trace):
@@ -150,82 +247,17 @@ def _run(apply_fn, variables, images, labels, targets, image_ids, key,
   x0 = images
   if random_start:
     x0 = _start(start_key, image_ids, images, epsilon)
-
-  def evaluate(x, k):
-    step_key, check_key = jax.random.split(jax.random.fold_in(loop_key, k))
-    value, grad, logits = eot.loss_and_gradient(
-        apply_fn, variables, x, labels, step_key, loss=loss,
-        eot_samples=eot_samples, targets=targets)
-    if check_draws is None:
-      wrong = jax.lax.cond(
-          noisy,
-          lambda: eot.fooled(apply_fn, variables, x, labels, check_key, 1),
-          lambda: common.misclassified(logits, labels))
-    else:
-      wrong = eot.fooled(apply_fn, variables, x, labels, check_key,
-                         check_draws, logits)
-    return value, grad, wrong
-
+  evaluate = functools.partial(
+      _evaluate, apply_fn=apply_fn, variables=variables, labels=labels,
+      targets=targets, loop_key=loop_key, noisy=noisy, loss=loss,
+      eot_samples=eot_samples, check_draws=check_draws)
   loss0, grad0, wrong0 = evaluate(x0, 0)
-  batch = labels.shape
   is_check, window = (jnp.asarray(t) for t in _schedule_tables(num_iters))
-  state = {
-      "x": x0, "x_prev": x0, "grad": grad0, "loss": loss0,
-      "eta": jnp.full(batch, initial_step * epsilon, jnp.float32),
-      "x_max": x0, "grad_max": grad0, "loss_max": loss0,
-      "adv": x0, "adv_loss": jnp.where(wrong0, loss0, -jnp.inf),
-      "fooled": wrong0,
-      "increases": jnp.zeros(batch, jnp.int32),
-      "loss_max_last": loss0,
-      "halved_last": jnp.zeros(batch, jnp.bool_),
-  }
-  if trace:
-    state["trace_loss"] = jnp.zeros((num_iters + 1,) + batch,
-                                    jnp.float32).at[0].set(loss0)
-    state["trace_eta"] = jnp.zeros((num_iters,) + batch, jnp.float32)
-
-  def body(k, s):
-    s = dict(s)
-    eta = _per_image(s["eta"], ndim)
-    x, x_prev = s["x"], s["x_prev"]
-    z = common.project(x + eta * jnp.sign(s["grad"]), images, epsilon)
-    a = jnp.where(k == 0, 1.0, momentum)
-    x_new = common.project(x + a * (z - x) + (1.0 - a) * (x - x_prev), images,
-                           epsilon)
-    loss_new, grad_new, wrong = evaluate(x_new, k + 1)
-    if trace:
-      s["trace_eta"] = s["trace_eta"].at[k].set(s["eta"])
-      s["trace_loss"] = s["trace_loss"].at[k + 1].set(loss_new)
-
-    better_adv = jnp.logical_and(wrong, loss_new > s["adv_loss"])
-    s["adv"] = jnp.where(_per_image(better_adv, ndim), x_new, s["adv"])
-    s["adv_loss"] = jnp.where(better_adv, loss_new, s["adv_loss"])
-    s["fooled"] = jnp.logical_or(s["fooled"], wrong)
-
-    s["increases"] = s["increases"] + (loss_new > s["loss"]).astype(jnp.int32)
-    improved = loss_new > s["loss_max"]
-    improved_x = _per_image(improved, ndim)
-    s["x_max"] = jnp.where(improved_x, x_new, s["x_max"])
-    s["grad_max"] = jnp.where(improved_x, grad_new, s["grad_max"])
-    s["loss_max"] = jnp.where(improved, loss_new, s["loss_max"])
-    s["x_prev"], s["x"], s["grad"], s["loss"] = x, x_new, grad_new, loss_new
-
-    # The checkpoint decision once iterate k + 1 is known.
-    check = is_check[k + 1]
-    halve = jnp.logical_and(check, halving_decision(
-        s["increases"], window[k + 1], s["halved_last"], s["loss_max"],
-        s["loss_max_last"], rho))
-    halve_x = _per_image(halve, ndim)
-    s["eta"] = jnp.where(halve, 0.5 * s["eta"], s["eta"])
-    s["x"] = jnp.where(halve_x, s["x_max"], s["x"])
-    s["x_prev"] = jnp.where(halve_x, s["x_max"], s["x_prev"])
-    s["grad"] = jnp.where(halve_x, s["grad_max"], s["grad"])
-    s["loss"] = jnp.where(halve, s["loss_max"], s["loss"])
-    s["increases"] = jnp.where(check, 0, s["increases"])
-    s["loss_max_last"] = jnp.where(check, s["loss_max"], s["loss_max_last"])
-    s["halved_last"] = jnp.where(check, halve, s["halved_last"])
-    return s
-
+  state = _initial_state(x0, loss0, grad0, wrong0, labels.shape,
+                         initial_step * epsilon, num_iters, trace)
+  body = functools.partial(
+      _step, images=images, evaluate=evaluate, is_check=is_check,
+      window=window, epsilon=epsilon, momentum=momentum, rho=rho, trace=trace)
   state = jax.lax.fori_loop(0, num_iters, body, state)
   fooled = state["fooled"]
   x_adv = jnp.where(_per_image(fooled, ndim), state["adv"], state["x_max"])
@@ -287,25 +319,109 @@ def is_noisy(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
                  != apply_fn(variables, images, second))
 
 
-def apgd(apply_fn: common.ApplyFn,
-         variables: Any,
-         images: jax.Array,
-         labels: jax.Array,
-         key: jax.Array,
-         *,
-         epsilon: float = 8 / 255,
-         num_iters: int = 100,
-         loss: str = "ce",
-         n_restarts: int = 1,
-         num_targets: int = 9,
-         eot_samples: int = 1,
-         check_draws: int | None = None,
-         stochastic: bool | None = None,
-         random_start: bool = True,
-         rho: float = 0.75,
-         momentum: float = 0.75,
-         initial_step: float = 2.0,
-         compact: bool = True,
+def _run_targets(apply_fn, variables, images, labels, key, targeted,
+                 n_restarts, num_targets, eot_samples):
+  """Int ``[runs, batch]``: each run's targets (zeros when untargeted)."""
+  if targeted:
+    targets = attack_targets(apply_fn, variables, images, labels, key,
+                             num_targets, eot_samples)
+    return jnp.repeat(targets, n_restarts, axis=0)
+  return jnp.zeros((n_restarts,) + labels.shape, jnp.int32)
+
+
+def _merge(best, new, ndim):
+  """Per image, the better of ``best`` and a run's ``new`` result."""
+  best_x, best_fooled, best_score = best
+  new_x, new_fooled, new_score, attacked = new
+  take = jnp.logical_and(attacked, jnp.logical_or(
+      jnp.logical_and(new_fooled, jnp.logical_not(best_fooled)),
+      jnp.logical_and(new_fooled == best_fooled, new_score > best_score)))
+  return (jnp.where(_per_image(take, ndim), new_x, best_x),
+          jnp.logical_or(best_fooled, new_fooled),
+          jnp.where(take, new_score, best_score))
+
+
+def _merge_run(best, result, ndim):
+  """``best`` merged with a run's result, and the run's scan outputs."""
+  new, info, padded = result
+  return _merge(best, new, ndim), (new[3], info, padded)
+
+
+def _attack_rows(run, images, labels, targeted, size, rows, valid, target,
+                 run_key):
+  """One run on the images ``rows`` (``size`` of them, the ``valid`` ones
+  real), its results scattered back to the batch."""
+  batch = labels.shape[0]
+  x, fooled, score, info = run(images[rows], labels[rows],
+                               target[rows] if targeted else None, rows,
+                               run_key)
+  # Padding rows go out of range, and out-of-range writes are dropped.
+  to = jnp.where(valid, rows, batch)
+  put = lambda full, part: full.at[to].set(part, mode="drop")
+  out = (put(images, x), put(jnp.zeros(batch, jnp.bool_), fooled),
+         put(jnp.full(batch, -jnp.inf, jnp.float32), score),
+         put(jnp.zeros(batch, jnp.bool_), jnp.ones(size, jnp.bool_)))
+  info = {name: jnp.zeros(trace.shape[:-1] + (batch,), trace.dtype).at[
+      ..., to].set(trace, mode="drop") for name, trace in info.items()}
+  return out, info, jnp.int32(size)
+
+
+def _on_bucket(size, active, count, best, target, run_key, attack, ndim):
+  """A run on the ``count`` ``active`` images, gathered into ``size``."""
+  rows = jnp.nonzero(active, size=size, fill_value=0)[0]
+  valid = jnp.arange(size) < count
+  return _merge_run(best, attack(size, jnp.where(valid, rows, rows[0]),
+                                 valid, target, run_key), ndim)
+
+
+def _skip(best, branch):
+  """No image left to attack: ``best`` and zero outputs like ``branch``'s."""
+  shapes = jax.eval_shape(branch)
+  return best, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes[1])
+
+
+def _one_run(best, inputs, *, attack, attack_all, sizes, ndim, compact):
+  """The ``lax.scan`` body: one run (target, key) merged into ``best``."""
+  target, run_key = inputs
+  if not compact:
+    return _merge_run(best, attack_all(target, run_key), ndim)
+  active = jnp.logical_not(best[1])
+  count = jnp.sum(active)
+  buckets = [functools.partial(_on_bucket, size, active, count, best, target,
+                               run_key, attack, ndim) for size in sizes]
+  index = jnp.where(count == 0, 0,
+                    1 + jnp.searchsorted(jnp.asarray(sizes), count))
+  return jax.lax.switch(index,
+                        [functools.partial(_skip, best, buckets[0])] + buckets)
+
+
+def _all_runs(run, images, labels, targeted, run_targets, run_keys, compact):
+  """Every run, merged: the best ``(x, fooled, score)`` and, stacked over
+  the runs, ``(attacked, trace info, padded size)``."""
+  batch = labels.shape[0]
+  ndim = images.ndim
+  attack = functools.partial(_attack_rows, run, images, labels, targeted)
+  attack_all = functools.partial(attack, batch, jnp.arange(batch),
+                                 jnp.ones(batch, jnp.bool_))
+  start = (images, jnp.zeros(batch, jnp.bool_),
+           jnp.full(batch, -jnp.inf, jnp.float32))
+  if run_targets.shape[0] == 1:
+    best, outputs = _merge_run(
+        start, attack_all(run_targets[0], run_keys[0]), ndim)
+    return best, jax.tree.map(lambda a: a[None], outputs)
+  one_run = functools.partial(_one_run, attack=attack, attack_all=attack_all,
+                              sizes=bucket_sizes(batch), ndim=ndim,
+                              compact=compact)
+  return jax.lax.scan(one_run, start, (run_targets, run_keys))
+
+
+def apgd(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
+         labels: jax.Array, key: jax.Array, *, epsilon: float = 8 / 255,
+         num_iters: int = 100, loss: str = "ce", n_restarts: int = 1,
+         num_targets: int = 9, eot_samples: int = 1,
+         check_draws: int | None = None, stochastic: bool | None = None,
+         random_start: bool = True, rho: float = 0.75, momentum: float = 0.75,
+         initial_step: float = 2.0, compact: bool = True,
          return_info: bool = False):
   """Auto-PGD in l_inf; see the module docstring for the algorithm.
 
@@ -345,16 +461,7 @@ def apgd(apply_fn: common.ApplyFn,
       False attacks every image in every run (each image's draws are the
       same either way, so the same images are fooled; a fooled image keeps
       its first run's point instead of the highest-loss fooling one). Static.
-    return_info: also return a dict with, per image, ``"fooled"`` (bool
-      ``[batch]``: some iterate fooled the ``check_draws`` check),
-      ``"score"`` (the returned point's loss), per run (``[runs, ...]``)
-      ``"attacked"`` (bool ``[runs, batch]``: the images the run attacked),
-      the trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as
-      evaluated, before any restart from ``x_max``) and ``"step_size"``
-      (``[runs, N, batch]``: the step that produced ``x^(k+1)``), zero for
-      the images a run did not attack, and the counts ``"image_runs"`` (the
-      images attacked, summed over the runs) and ``"padded_image_runs"``
-      (the same with the padding of the buckets). Static.
+    return_info: also return the info dict (module docstring). Static.
 
   Returns:
     Adversarial images like ``images`` (and the info dict if asked).
@@ -365,93 +472,20 @@ def apgd(apply_fn: common.ApplyFn,
     raise ValueError(f"n_restarts must be >= 1, got {n_restarts}.")
   targeted = loss == "dlr_targeted"
   target_key, runs_key = jax.random.split(key)
-  if targeted:
-    targets = attack_targets(apply_fn, variables, images, labels, target_key,
-                             num_targets, eot_samples)
-    run_targets = jnp.repeat(targets, n_restarts, axis=0)
-  else:
-    run_targets = jnp.zeros((n_restarts,) + labels.shape, jnp.int32)
+  run_targets = _run_targets(apply_fn, variables, images, labels, target_key,
+                             targeted, n_restarts, num_targets, eot_samples)
   if check_draws is None and stochastic is not None:
     check_draws = 1 if stochastic else 0
-  noisy = (is_noisy(apply_fn, variables, images,
-                    jax.random.fold_in(key, 1))
+  noisy = (is_noisy(apply_fn, variables, images, jax.random.fold_in(key, 1))
            if check_draws is None else jnp.bool_(False))
-  num_runs = run_targets.shape[0]
-  run_keys = jax.random.split(runs_key, num_runs)
-  batch = labels.shape[0]
-  ndim = images.ndim
-
-  def attack(size, rows, valid, target, run_key):
-    """One run on the images ``rows`` (``size`` of them, the ``valid``
-    ones real), its results scattered back to the batch."""
-    x, fooled, score, info = _run(
-        apply_fn, variables, images[rows], labels[rows],
-        target[rows] if targeted else None, rows, run_key, noisy,
-        epsilon=epsilon, num_iters=num_iters, loss=loss,
-        eot_samples=eot_samples, check_draws=check_draws,
-        random_start=random_start, rho=rho, momentum=momentum,
-        initial_step=initial_step, trace=return_info)
-    # Padding rows go out of range, and out-of-range writes are dropped.
-    to = jnp.where(valid, rows, batch)
-    put = lambda full, part: full.at[to].set(part, mode="drop")
-    out = (put(images, x), put(jnp.zeros(batch, jnp.bool_), fooled),
-           put(jnp.full(batch, -jnp.inf, jnp.float32), score),
-           put(jnp.zeros(batch, jnp.bool_), jnp.ones(size, jnp.bool_)))
-    info = {name: jnp.zeros(trace.shape[:-1] + (batch,), trace.dtype).at[
-        ..., to].set(trace, mode="drop") for name, trace in info.items()}
-    return out, info, jnp.int32(size)
-
-  def merge(best, new):
-    best_x, best_fooled, best_score = best
-    new_x, new_fooled, new_score, attacked = new
-    take = jnp.logical_and(attacked, jnp.logical_or(
-        jnp.logical_and(new_fooled, jnp.logical_not(best_fooled)),
-        jnp.logical_and(new_fooled == best_fooled, new_score > best_score)))
-    return (jnp.where(_per_image(take, ndim), new_x, best_x),
-            jnp.logical_or(best_fooled, new_fooled),
-            jnp.where(take, new_score, best_score))
-
-  everyone = jnp.arange(batch)
-  all_valid = jnp.ones(batch, jnp.bool_)
-  sizes = bucket_sizes(batch)
-
-  def one_run(best, inputs):
-    target, run_key = inputs
-    if not compact:
-      new, info, padded = attack(batch, everyone, all_valid, target, run_key)
-      return merge(best, new), (new[3], info, padded)
-    active = jnp.logical_not(best[1])
-    count = jnp.sum(active)
-
-    def on_bucket(size):
-      def branch():
-        rows = jnp.nonzero(active, size=size, fill_value=0)[0]
-        valid = jnp.arange(size) < count
-        new, info, padded = attack(size, jnp.where(valid, rows, rows[0]),
-                                   valid, target, run_key)
-        return merge(best, new), (new[3], info, padded)
-      return branch
-
-    def skip():
-      shapes = jax.eval_shape(on_bucket(sizes[0]))
-      return best, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                                shapes[1])
-
-    index = jnp.where(count == 0, 0,
-                      1 + jnp.searchsorted(jnp.asarray(sizes), count))
-    return jax.lax.switch(index, [skip] + [on_bucket(s) for s in sizes])
-
-  start = (images, jnp.zeros(batch, jnp.bool_),
-           jnp.full(batch, -jnp.inf, jnp.float32))
-  if num_runs == 1:
-    new, info, padded = attack(batch, everyone, all_valid, run_targets[0],
-                               run_keys[0])
-    best = merge(start, new)
-    attacked, infos, padded = jax.tree.map(lambda a: a[None],
-                                           (new[3], info, padded))
-  else:
-    best, (attacked, infos, padded) = jax.lax.scan(
-        one_run, start, (run_targets, run_keys))
+  run = functools.partial(
+      _run, apply_fn, variables, noisy=noisy, epsilon=epsilon,
+      num_iters=num_iters, loss=loss, eot_samples=eot_samples,
+      check_draws=check_draws, random_start=random_start, rho=rho,
+      momentum=momentum, initial_step=initial_step, trace=return_info)
+  best, (attacked, infos, padded) = _all_runs(
+      run, images, labels, targeted, run_targets,
+      jax.random.split(runs_key, run_targets.shape[0]), compact)
   x_adv, fooled, score = best
   if not return_info:
     return x_adv
