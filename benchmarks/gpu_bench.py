@@ -278,14 +278,11 @@ def measure_all(cfg: dict[str, Any], args: argparse.Namespace,
     shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _measure_all(cfg: dict[str, Any], args: argparse.Namespace,
-                 result: dict[str, Any], log: Log, save: Callable[[], None],
-                 scratch: str) -> None:
-  from benchmarks import gpu_bench_epochs as epochs  # pylint: disable=import-outside-toplevel
+def _measure_roofs(cfg: dict[str, Any], budget: Budget,
+                   result: dict[str, Any], log: Log,
+                   save: Callable[[], None]) -> None:
+  """The device's matmul and copy roofs, under ``result["roofs"]``."""
   from benchmarks import gpu_bench_steps as steps  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  budget = Budget(cfg["max_seconds"], cfg["smoke"], log, result["skipped"])
-
   roofs = budget.run("roofs", "roofs", lambda: steps.roofs(
       cfg["matmul_size"], cfg["copy_mib"], calls=10 if not cfg["smoke"]
       else 3))
@@ -296,6 +293,46 @@ def _measure_all(cfg: dict[str, Any], args: argparse.Namespace,
         f"{roofs['matmul_float32_highest_tflops']:.2f} (highest); copy "
         f"{roofs['copy_gb_per_s']:.0f} GB/s")
     save()
+
+
+def _measure_sweeps(cfg: dict[str, Any], budget: Budget,
+                    result: dict[str, Any], log: Log,
+                    save: Callable[[], None], precision: str,
+                    conv: str) -> None:
+  """The PGD step of sweeps of ``cfg["sweep_sizes"]`` runs of the first
+  model, each against one run's step when that was measured, under
+  ``result["sweeps"]``."""
+  from benchmarks import gpu_bench_steps as steps  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  model = cfg["models"][0]
+  single = next((r for r in result["steps"] if r["model"] == model
+                 and r["attack_steps"]), None)
+  for runs in cfg["sweep_sizes"]:
+    spec = steps.StepSpec(model, precision, conv, cfg["attack_steps"],
+                          cfg["batch_size"])
+    r = budget.run(f"sweep {runs} x {model}", "sweep",
+                   lambda spec=spec, runs=runs: steps.measure_sweep(
+                       spec, runs, cfg["repeats"], cfg["warmup"]))
+    jax.clear_caches()
+    if r:
+      if single:
+        r["single_run_step_ms_median"] = single["step_ms_median"]
+        r["speedup"] = runs * single["step_ms_median"] / r["step_ms_median"]
+      result["sweeps"].append(r)
+      log(f"sweep of {runs} {model}: {r['step_ms_median']:.2f} ms a step, "
+          f"{r['images_per_s']:.0f} images/s"
+          + (f", {r['speedup']:.2f}x one run" if "speedup" in r else ""))
+      save()
+
+
+def _measure_all(cfg: dict[str, Any], args: argparse.Namespace,
+                 result: dict[str, Any], log: Log, save: Callable[[], None],
+                 scratch: str) -> None:
+  from benchmarks import gpu_bench_epochs as epochs  # pylint: disable=import-outside-toplevel
+  from benchmarks import gpu_bench_steps as steps  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  budget = Budget(cfg["max_seconds"], cfg["smoke"], log, result["skipped"])
+  _measure_roofs(cfg, budget, result, log, save)
 
   def step(model: str, precision: str, conv: str, attack_steps: int):
     spec = steps.StepSpec(model, precision, conv, attack_steps,
@@ -342,25 +379,7 @@ def _measure_all(cfg: dict[str, Any], args: argparse.Namespace,
   if variants:
     train(variants[0])
 
-  model = cfg["models"][0]
-  single = next((r for r in result["steps"] if r["model"] == model
-                 and r["attack_steps"]), None)
-  for runs in cfg["sweep_sizes"]:
-    spec = steps.StepSpec(model, first_p, first_c, cfg["attack_steps"],
-                          cfg["batch_size"])
-    r = budget.run(f"sweep {runs} x {model}", "sweep",
-                   lambda spec=spec, runs=runs: steps.measure_sweep(
-                       spec, runs, cfg["repeats"], cfg["warmup"]))
-    jax.clear_caches()
-    if r:
-      if single:
-        r["single_run_step_ms_median"] = single["step_ms_median"]
-        r["speedup"] = runs * single["step_ms_median"] / r["step_ms_median"]
-      result["sweeps"].append(r)
-      log(f"sweep of {runs} {model}: {r['step_ms_median']:.2f} ms a step, "
-          f"{r['images_per_s']:.0f} images/s"
-          + (f", {r['speedup']:.2f}x one run" if "speedup" in r else ""))
-      save()
+  _measure_sweeps(cfg, budget, result, log, save, first_p, first_c)
 
   for precision in cfg["precisions"][1:]:
     for model in cfg["models"]:

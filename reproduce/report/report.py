@@ -87,6 +87,89 @@ def _checkpoint_epoch(record: dict[str, Any],
   return out
 
 
+def _done_entry(run: Run, record: dict[str, Any],
+                metrics: tuple[str, ...]) -> dict[str, Any]:
+  """A finished run's entry, read again from the run's files: a column added
+  to the tables after the run finished is filled from what its evaluation
+  wrote. A pending extra evaluation's columns stay empty, whatever an older
+  setting of it left. One made with older defaults (fkjax.config.history)
+  is reported, its columns marked."""
+  standing = standing_lib.standings(run)
+  pending = [e for e in run.extra_evals
+             if standing[f"eval_{e.protocol}"] is None]
+  kept = record.get("fingerprints", {})
+  reported = [standing_lib.kept_result(
+                  run, e, kept.get(f"eval_{e.protocol}"))
+              for e in run.extra_evals if e not in pending]
+  stale = {c for e in pending for c in e.columns}
+  main = records.main_eval(run)
+  if standing["eval"] is None:
+    # Its main evaluation ran with other settings: none of its
+    # columns are reported until it runs again.
+    main = {}
+    stale |= set(records.MAIN_EVAL_COLUMNS) - {
+        c for e in reported for c in e.columns}
+  values = {k: v for k, v in {
+      **record.get("metrics", {}), **records.metrics_of(
+          run.workdir, run.eval_result, reported, main)}.items()
+            if k not in stale}
+  older = {stage: list(o) for stage, o in standing.items() if o}
+  return {**record, "metrics": values, "status": "done",
+          "pending": (["eval"] if standing["eval"] is None
+                      else []) + [f"eval_{e.protocol}" for e in pending],
+          "older_settings": older,
+          "older_columns": _older_columns(older, run.extra_evals, metrics),
+          "correct_per_image": records.correct_per_image_of(main),
+          **_checkpoint_epoch(record, run.config, run.workdir)}
+
+
+def _entry(run: Run, metrics: tuple[str, ...]) -> dict[str, Any]:
+  """A run's entry: its results when finished, else its status, commands
+  and estimated time."""
+  record = files.load_json(os.path.join(run.workdir, archive_lib.RUN_RECORD))
+  if record and standing_lib.finished(run):
+    return _done_entry(run, record, metrics)
+  return {
+      "seed": run.seed, "workdir": run.workdir,
+      "status": standing_lib.status_of(run),
+      "commands": records.commands_of(run),
+      "estimated_seconds_2_idle_cores":
+          round(estimate_lib.estimate_seconds(run)),
+  }
+
+
+def _row(row: tables_lib.Row, runs: list[Run],
+         metrics: tuple[str, ...]) -> dict[str, Any]:
+  """One row of the table from its runs: their entries and the summary of
+  the finished ones."""
+  entries = [_entry(run, metrics) for run in runs]
+  done = [e for e in entries if e["status"] == "done"]
+  older: dict[str, list[str]] = {}
+  for e in done:
+    for metric, notes in e["older_columns"].items():
+      older[metric] = sorted(set(older.get(metric, [])) | set(notes))
+  summary = {}
+  for metric in metrics:
+    values = [e["metrics"][metric] for e in done
+              if metric in e.get("metrics", {})]
+    if values:
+      summary[metric] = summarize(values)
+  return {
+      "name": row.name,
+      "label": dict(row.label),
+      "presets": row.presets,
+      "overrides": dict(row.overrides),
+      "shared": row.shared,
+      "paper": {k: v for k, v in row.paper.items() if v is not None},
+      "seeds": len(entries),
+      "runs": entries,
+      "summary": summary,
+      # metric -> the older defaults some of its finished runs were made
+      # with (fkjax.config.history): the table marks those cells
+      "older": {m: notes for m, notes in older.items() if m in summary},
+  }
+
+
 def collect(table: tables_lib.Table, scale: scales_lib.Scale,
             runs: Iterable[Run]) -> dict[str, Any]:
   """The results of ``table`` from its runs' workdirs, as JSON data."""
@@ -94,85 +177,8 @@ def collect(table: tables_lib.Table, scale: scales_lib.Scale,
   by_row: dict[str, list[Run]] = {}
   for run in runs:
     by_row.setdefault(run.row.name, []).append(run)
-  rows = []
-  for row in table.rows:
-    if row.name not in by_row:
-      continue
-    entries = []
-    for run in by_row[row.name]:
-      record = files.load_json(os.path.join(run.workdir,
-                                            archive_lib.RUN_RECORD))
-      if record and standing_lib.finished(run):
-        # Read again from the run's files: a column added to the tables
-        # after the run finished is filled from what its evaluation wrote.
-        # A pending extra evaluation's columns stay empty, whatever an
-        # older setting of it left.
-        # One made with older defaults (fkjax.config.history) is reported,
-        # its columns marked.
-        standing = standing_lib.standings(run)
-        pending = [e for e in run.extra_evals
-                   if standing[f"eval_{e.protocol}"] is None]
-        kept = record.get("fingerprints", {})
-        reported = [standing_lib.kept_result(
-                        run, e, kept.get(f"eval_{e.protocol}"))
-                    for e in run.extra_evals if e not in pending]
-        stale = {c for e in pending for c in e.columns}
-        main = records.main_eval(run)
-        if standing["eval"] is None:
-          # Its main evaluation ran with other settings: none of its
-          # columns are reported until it runs again.
-          main = {}
-          stale |= set(records.MAIN_EVAL_COLUMNS) - {
-              c for e in reported for c in e.columns}
-        metrics = {k: v for k, v in {
-            **record.get("metrics", {}), **records.metrics_of(
-                run.workdir, run.eval_result, reported, main)}.items()
-                   if k not in stale}
-        older = {stage: list(o) for stage, o in standing.items() if o}
-        entries.append({**record, "metrics": metrics, "status": "done",
-                        "pending": (["eval"] if standing["eval"] is None
-                                    else []) + [f"eval_{e.protocol}"
-                                                for e in pending],
-                        "older_settings": older,
-                        "older_columns": _older_columns(
-                            older, run.extra_evals, table.metrics),
-                        "correct_per_image":
-                            records.correct_per_image_of(main),
-                        **_checkpoint_epoch(record, run.config,
-                                            run.workdir)})
-      else:
-        entries.append({
-            "seed": run.seed, "workdir": run.workdir,
-            "status": standing_lib.status_of(run),
-            "commands": records.commands_of(run),
-            "estimated_seconds_2_idle_cores":
-                round(estimate_lib.estimate_seconds(run)),
-        })
-    done = [e for e in entries if e["status"] == "done"]
-    older: dict[str, list[str]] = {}
-    for e in done:
-      for metric, notes in e["older_columns"].items():
-        older[metric] = sorted(set(older.get(metric, [])) | set(notes))
-    summary = {}
-    for metric in table.metrics:
-      values = [e["metrics"][metric] for e in done
-                if metric in e.get("metrics", {})]
-      if values:
-        summary[metric] = summarize(values)
-    rows.append({
-        "name": row.name,
-        "label": dict(row.label),
-        "presets": row.presets,
-        "overrides": dict(row.overrides),
-        "shared": row.shared,
-        "paper": {k: v for k, v in row.paper.items() if v is not None},
-        "seeds": len(entries),
-        "runs": entries,
-        "summary": summary,
-        # metric -> the older defaults some of its finished runs were made
-        # with (fkjax.config.history): the table marks those cells
-        "older": {m: notes for m, notes in older.items() if m in summary},
-    })
+  rows = [_row(row, by_row[row.name], table.metrics)
+          for row in table.rows if row.name in by_row]
   example = runs[0].config if runs else None
   version = workdir_lib.source_version(package_only=True)
   return {
@@ -233,19 +239,8 @@ def format_paper(value: float | None) -> str:
                                   and math.isnan(value)) else f"{value:.2f}"
 
 
-def markdown(data: dict[str, Any]) -> str:
-  """The results as Markdown: fkjax's column, then the paper's."""
-  rows = data["rows"]
-  metrics = [m for m in data["metrics"]
-             if any(m in r["summary"] or m in r["paper"] for r in rows)]
-  labels: list[str] = []
-  for r in rows:
-    for key in r["label"]:
-      if key not in labels:
-        labels.append(key)
-  header = labels + [h for m in metrics
-                     for h in (data["metrics"][m], "paper")]
-  header += ["seeds done", "wall time / seed"]
+def _intro(data: dict[str, Any], header: list[str]) -> list[str]:
+  """The title, the scale, how to read the numbers and the table's head."""
   lines = [
       f"# {data['paper_ref']}: {data['title']}",
       "",
@@ -268,28 +263,86 @@ def markdown(data: dict[str, Any]) -> str:
       "| " + " | ".join(header) + " |",
       "|" + "|".join("---" for _ in header) + "|",
   ]
-  # Cells made with older defaults (fkjax.config.history): a mark each,
-  # said under the table.
+  return lines
+
+
+def _older_marks(rows: list[dict[str, Any]],
+                 metrics: list[str]) -> dict[str, str]:
+  """Older default -> the mark of the cells made with it
+  (fkjax.config.history), in order of first use."""
   marks: dict[str, str] = {}
   for r in rows:
     for m in metrics:
       for note in r.get("older", {}).get(m, ()):
         marks.setdefault(note, _MARKS[len(marks) % len(_MARKS)]
                          * (1 + len(marks) // len(_MARKS)))
+  return marks
+
+
+def _table_line(r: dict[str, Any], labels: list[str], metrics: list[str],
+                marks: dict[str, str]) -> str:
+  """One row of the table: its labels, fkjax's and the paper's numbers,
+  seeds done and wall time."""
+  done = [e for e in r["runs"] if e["status"] == "done"]
+  cells = [r["label"].get(k, "") for k in labels]
+  for m in metrics:
+    mark = "".join(marks[n] for n in r.get("older", {}).get(m, ()))
+    cells.append(format_summary(r["summary"].get(m)) + mark if done
+                 else NOT_RUN)
+    cells.append(format_paper(r["paper"].get(m)))
+  cells.append(f"{len(done)}/{r['seeds']}")
+  if done:
+    cells.append(_wall_times(done))
+  else:
+    cells.append("—")
+  return "| " + " | ".join(cells) + " |"
+
+
+def _run_lines(r: dict[str, Any], e: dict[str, Any]) -> list[str]:
+  """One run of a row: its status, wall time, checkpoint, workdir and
+  commands."""
+  status = e["status"]
+  if e.get("pending"):
+    status += f" ({', '.join(e['pending'])} not yet run)"
+  for stage, notes in e.get("older_settings", {}).items():
+    status += f" ({stage} made with {', '.join(notes)})"
+  wall = (f", {estimate_lib.format_seconds(e['wall_seconds'])} on "
+          f"{e.get('devices') or CPU_BEFORE_DEVICES}"
+          if e["status"] == "done" else "")
+  if e.get("checkpoint_epoch"):
+    wall += (f", checkpoint of epoch {e['checkpoint_epoch']}/"
+             f"{e['epochs']}")
+    if e.get("last_epoch_sparsity") or e.get(
+        "last_epoch_channel_sparsity"):
+      wall += (f" (at epoch {e['epochs']}: "
+               f"{e['last_epoch_sparsity']:.2f}% of weights and "
+               f"{e['last_epoch_channel_sparsity']:.2f}% of channels "
+               "pruned)")
+  shared = f" (trained for {r['shared']})" if r["shared"] else ""
+  lines = [f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
+           f"{shared}, `{e['workdir']}`"]
+  for name, cmd in e["commands"].items():
+    lines.append(f"  - {name}: `{cmd}`")
+  return lines
+
+
+def markdown(data: dict[str, Any]) -> str:
+  """The results as Markdown: fkjax's column, then the paper's."""
+  rows = data["rows"]
+  metrics = [m for m in data["metrics"]
+             if any(m in r["summary"] or m in r["paper"] for r in rows)]
+  labels: list[str] = []
   for r in rows:
-    done = [e for e in r["runs"] if e["status"] == "done"]
-    cells = [r["label"].get(k, "") for k in labels]
-    for m in metrics:
-      mark = "".join(marks[n] for n in r.get("older", {}).get(m, ()))
-      cells.append(format_summary(r["summary"].get(m)) + mark if done
-                   else NOT_RUN)
-      cells.append(format_paper(r["paper"].get(m)))
-    cells.append(f"{len(done)}/{r['seeds']}")
-    if done:
-      cells.append(_wall_times(done))
-    else:
-      cells.append("—")
-    lines.append("| " + " | ".join(cells) + " |")
+    for key in r["label"]:
+      if key not in labels:
+        labels.append(key)
+  header = labels + [h for m in metrics
+                     for h in (data["metrics"][m], "paper")]
+  header += ["seeds done", "wall time / seed"]
+  lines = _intro(data, header)
+  # Cells made with older defaults: a mark each, said under the table.
+  marks = _older_marks(rows, metrics)
+  lines += [_table_line(r, labels, metrics, marks) for r in rows]
   for note, mark in marks.items():
     lines += ["", f"{mark} made with {note}: kept as it ran; a run with a "
               "checkpoint in its workdir runs it again with the setting of "
@@ -302,28 +355,7 @@ def markdown(data: dict[str, Any]) -> str:
   lines += ["", "## Runs", ""]
   for r in rows:
     for e in r["runs"]:
-      status = e["status"]
-      if e.get("pending"):
-        status += f" ({', '.join(e['pending'])} not yet run)"
-      for stage, notes in e.get("older_settings", {}).items():
-        status += f" ({stage} made with {', '.join(notes)})"
-      wall = (f", {estimate_lib.format_seconds(e['wall_seconds'])} on "
-              f"{e.get('devices') or CPU_BEFORE_DEVICES}"
-              if e["status"] == "done" else "")
-      if e.get("checkpoint_epoch"):
-        wall += (f", checkpoint of epoch {e['checkpoint_epoch']}/"
-                 f"{e['epochs']}")
-        if e.get("last_epoch_sparsity") or e.get(
-            "last_epoch_channel_sparsity"):
-          wall += (f" (at epoch {e['epochs']}: "
-                   f"{e['last_epoch_sparsity']:.2f}% of weights and "
-                   f"{e['last_epoch_channel_sparsity']:.2f}% of channels "
-                   "pruned)")
-      shared = f" (trained for {r['shared']})" if r["shared"] else ""
-      lines.append(f"- `{r['name']}` seed {e['seed']}: {status}{wall}"
-                   f"{shared}, `{e['workdir']}`")
-      for name, cmd in e["commands"].items():
-        lines.append(f"  - {name}: `{cmd}`")
+      lines += _run_lines(r, e)
   lines += ["", f"Generated {data['generated']} from fkjax "
             f"{data['git_commit'] or '(unknown commit)'}"
             f"{' with uncommitted changes' if data.get('git_dirty') else ''}"
