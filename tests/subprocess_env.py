@@ -14,6 +14,16 @@ FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 "
                       "--xla_llvm_disable_expensive_passes=true "
                       "--xla_cpu_use_fusion_emitters=false")
 
+# ``python -c FILE_SIZE_LIMIT script.py args...`` runs ``script.py`` with
+# files above 64 KiB failing to write (EFBIG), as they do on a full disk.
+FILE_SIZE_LIMIT = (
+    "import resource, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, "
+    "resource.RLIM_INFINITY))\n"
+    "sys.argv = sys.argv[1:]\n"
+    "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
 
 def subprocess_env(cache_dir=None, devices=1):
   """``devices`` host CPU devices, every compilation cached in ``cache_dir``

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import FILE_SIZE_LIMIT
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -245,20 +247,11 @@ def test_missing_data_is_one_line(tmp_path, download):
   assert not (tmp_path / "run").exists()
 
 
-_FILE_SIZE_LIMIT = (
-    "import resource, signal, sys\n"
-    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, "
-    "resource.RLIM_INFINITY))\n"
-    "sys.argv = sys.argv[1:]\n"
-    "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
-
-
 def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
   # Files above 64 KiB fail (EFBIG), as they do on a full disk (ENOSPC):
   # tensorstore's "Event loop is closed" reports came around the line.
   workdir = tmp_path / "run"
-  proc = _run(["-c", _FILE_SIZE_LIMIT, "train.py", f"--workdir={workdir}",
+  proc = _run(["-c", FILE_SIZE_LIMIT, "train.py", f"--workdir={workdir}",
                "--config=configs/tiny.py", "--config.num_devices=1",
                "--config.compilation_cache_dir="])
   _assert_one_line_error(proc, "could not write checkpoint step 4 to "

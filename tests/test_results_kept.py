@@ -15,6 +15,7 @@ import pytest
 
 from fkjax.evaluation import merge as eval_merge
 from fkjax import workdir as workdir_lib
+from tests.subprocess_env import FILE_SIZE_LIMIT
 from tests.subprocess_env import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -272,19 +273,10 @@ def test_the_curves_and_the_test_accuracies_are_there_to_see(trained,
   assert {step for step, tag in scalars if tag == "train_loss"} == {4, 8, 12}
 
 
-_FILE_SIZE_LIMIT = (
-    "import resource, signal, sys\n"
-    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-    "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, "
-    "resource.RLIM_INFINITY))\n"
-    "sys.argv = sys.argv[1:]\n"
-    "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
-
-
 def test_an_export_that_cannot_be_written_is_one_line(trained, tmp_path):
   # Files above 64 KiB fail (EFBIG), as on a full disk: orbax's tracebacks.
   out = tmp_path / "slim"
-  proc = _run(["-c", _FILE_SIZE_LIMIT, "export.py",
+  proc = _run(["-c", FILE_SIZE_LIMIT, "export.py",
                f"--workdir={trained[0]}", f"--out={out}",
                "--config.compilation_cache_dir="], None, check=False)
   _one_line(proc, f"could not write the export to {out}: File too large",

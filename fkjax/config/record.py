@@ -167,6 +167,8 @@ def _check_checkpoint_record(config: ml_collections.ConfigDict,
                              workdir: str) -> None:
   """Refuses to resume a run whose ``config.json`` is missing unless its
   checkpoint recorded the same config."""
+  # Here, not at the top: the package fkjax.checkpoint loads orbax and JAX,
+  # and a config is validated without them.
   from fkjax.checkpoint import run_record  # pylint: disable=import-outside-toplevel
   missing = f"{config_path(workdir)} is missing"
   found = run_record.recorded_config(workdir)
