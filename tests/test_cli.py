@@ -7,6 +7,7 @@ of them also as a process.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -254,11 +255,17 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
   proc = _run(["-c", FILE_SIZE_LIMIT, "train.py", f"--workdir={workdir}",
                "--config=configs/tiny.py", "--config.num_devices=1",
                "--config.compilation_cache_dir="])
-  _assert_one_line_error(proc, "could not write checkpoint step 4 to "
-                         f"{workdir / 'checkpoints' / '4'}: File too large",
-                         code=1)
+  _assert_one_line_error(proc, ": File too large", code=1)
   assert len([l for l in proc.stderr.splitlines() if l.strip()]) == 1, (
       proc.stderr)
+  # How orbax splits a checkpoint into files varies from save to save: now
+  # and then the first epoch's files all stay under the limit (that save
+  # commits), and a later epoch's save is the one that fails.
+  step = re.search(r"could not write checkpoint step (\d+) to (\S+): File",
+                   proc.stderr)
+  assert step, proc.stderr
+  assert int(step[1]) in (4, 8, 12), proc.stderr
+  assert step[2] == str(workdir / "checkpoints" / step[1]), proc.stderr
 
 
 def _reproduce_in_process(argv, capsys):

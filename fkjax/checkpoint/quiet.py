@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 from typing import Any, Callable, Iterator
 
 # Orbax warns on each save without a metric when it tracks the best; fkjax's
@@ -154,8 +155,11 @@ def drop_orbax_thread_errors() -> None:
   keep._fkjax_drops_orbax_errors = True
   absl.addFilter(keep)
   # The write's futures, collected later, report their failure once more
-  # through asyncio's logger.
+  # through asyncio's logger; its coroutines never run, and at exit the
+  # interpreter warns of each (1 in about 15 runs with a file-size limit).
   logging.getLogger("asyncio").addFilter(_not_unretrieved)
+  warnings.filterwarnings("ignore", message="coroutine .* was never awaited",
+                          category=RuntimeWarning)
 
 
 def _not_unretrieved(record: logging.LogRecord) -> bool:
