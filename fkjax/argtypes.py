@@ -42,6 +42,17 @@ def positive_seconds(text: str) -> float:
   return seconds
 
 
+def fraction(text: str) -> float:
+  """A number in [0, 1] (a share of the images)."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not 0 <= value <= 1:
+    raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1]")
+  return value
+
+
 def positive_int_list(text: str) -> list[int]:
   """Comma-separated integers ≥ 1 (``1,2,4``)."""
   try:

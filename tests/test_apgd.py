@@ -169,8 +169,13 @@ def test_schedule_matches_the_conditions_replayed_on_a_trained_model():
       return_info=True))(params, images, labels, jax.random.key(1))
   loss = np.asarray(info["loss"][0], np.float64)
   step_size = np.asarray(info["step_size"][0], np.float64)
+  # The images misclassified when clean are set aside, not attacked.
+  attacked = np.asarray(info["attacked"][0])
+  clean = _robust(tiny_models.relu_mlp, params, images, labels)
+  np.testing.assert_array_equal(attacked, clean)
+  assert 0 < clean.sum() < images.shape[0]
   causes = []
-  for image in range(images.shape[0]):
+  for image in np.flatnonzero(attacked):
     expected, image_causes = _reference_schedule(
         loss[:, image].astype(np.float32), 2 * EPS, num_iters)
     np.testing.assert_allclose(step_size[:, image], expected, rtol=1e-6)
@@ -297,9 +302,10 @@ def test_eot_apgd_beats_single_draw_apgd_on_a_model_with_misleading_draws():
 
 
 def test_bucket_sizes():
-  assert auto_pgd.bucket_sizes(500) == (32, 64, 128, 256, 500)
-  assert auto_pgd.bucket_sizes(8) == (1, 2, 4, 8)
-  assert auto_pgd.bucket_sizes(64) == (4, 8, 16, 32, 64)
+  assert auto_pgd.bucket_sizes(500) == (63, 125, 250, 375, 500)
+  assert auto_pgd.bucket_sizes(8) == (1, 2, 4, 6, 8)
+  assert auto_pgd.bucket_sizes(64, max_buckets=3) == (32, 48, 64)
+  assert auto_pgd.bucket_sizes(3) == (1, 2, 3)
   assert auto_pgd.bucket_sizes(1) == (1,)
 
 
@@ -348,7 +354,9 @@ def test_later_targets_attack_only_the_images_left_robust():
   _, info = _apgd_t(True, images, labels, params)
   attacked = np.asarray(info["attacked"])
   assert attacked.shape == (9, 48)
-  assert attacked[0].all()
+  # The first target attacks the images classified right when clean.
+  clean = _robust(tiny_models.relu_mlp, params, images, labels)
+  np.testing.assert_array_equal(attacked[0], clean)
   # The active set only shrinks, and keeps every image never fooled.
   assert np.all(attacked[1:] <= attacked[:-1])
   assert np.all(attacked[-1] >= ~np.asarray(info["fooled"]))
@@ -356,6 +364,54 @@ def test_later_targets_attack_only_the_images_left_robust():
   assert runs == attacked.sum()
   assert runs < 48 * 9 == int(all_info["image_runs"])
   assert runs <= int(info["padded_image_runs"]) < 48 * 9
+
+
+def test_a_lone_run_attacks_only_the_images_classified_right():
+  """As torchattacks' APGD: an image misclassified when clean is returned as
+  it is and costs no run; the others are attacked as if it were not
+  there."""
+  params, images, labels = tiny_models.trained_mlp()
+  images, labels = images[:48], labels[:48]
+  clean = _robust(tiny_models.relu_mlp, params, images, labels)
+  assert 8 < clean.sum() < 40
+  attack = lambda **kw: jax.jit(functools.partial(
+      attacks.apgd, tiny_models.relu_mlp, loss="dlr", num_iters=10,
+      check_draws=0, return_info=True, **kw))(
+          params, images, labels, jax.random.key(8))
+  x_adv, info = attack()
+  x_every, every = attack(skip_misclassified=False)
+  np.testing.assert_array_equal(np.asarray(info["attacked"][0]), clean)
+  assert int(info["image_runs"]) == clean.sum()
+  assert int(info["padded_image_runs"]) == min(
+      s for s in auto_pgd.bucket_sizes(48) if s >= clean.sum())
+  assert int(every["image_runs"]) == 48
+  np.testing.assert_array_equal(np.asarray(x_adv)[~clean],
+                                np.asarray(images)[~clean])
+  np.testing.assert_array_equal(np.asarray(info["fooled"]),
+                                ~_robust(tiny_models.relu_mlp, params, x_adv,
+                                         labels))
+  # The images attacked either way: the same run, the same points.
+  np.testing.assert_allclose(np.asarray(x_adv)[clean],
+                             np.asarray(x_every)[clean], atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(info["fooled"])[clean],
+                                np.asarray(every["fooled"])[clean])
+
+
+def test_set_aside_by_the_check_of_a_noisy_model():
+  """A noisy model's clean images pass the iterates' check: ``check_draws``
+  fresh draws, all of which must misclassify for an image to be set
+  aside."""
+  params, images, labels = tiny_models.trained_mlp()
+  images, labels = images[:48], labels[:48]
+  set_aside = {}
+  for draws in (1, 4):
+    _, info = jax.jit(functools.partial(
+        attacks.apgd, tiny_models.noisy_relu_mlp, num_iters=2,
+        check_draws=draws, return_info=True))(
+            params, images, labels, jax.random.key(9))
+    set_aside[draws] = ~np.asarray(info["attacked"][0])
+  # Four draws that must all misclassify set fewer images aside than one.
+  assert 0 < set_aside[4].sum() < set_aside[1].sum()
 
 
 def _counting(apply_fn):

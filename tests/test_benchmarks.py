@@ -266,6 +266,21 @@ def test_bench_strong_times_each_attack_of_the_strong_protocol(tmp_path):
   assert "| resnet8 | APGD-T | 2 | 1 | 1 | 0 |" in table
 
 
+@pytest.mark.slow
+def test_bench_strong_sets_the_misclassified_images_aside():
+  from benchmarks import bench_strong  # pylint: disable=import-outside-toplevel
+  rows = bench_strong.main(["--models", "resnet8", "--images", "4",
+                            "--iters", "1", "--misclassified", "0.5",
+                            "--active-set", "--epsilon", "0"])
+  runs = {r["label"]: r["image_runs"] for r in rows}
+  # Two of four images misclassified clean: each run attacks the other two
+  # (epsilon 0 breaks none of them), unless told to attack every image.
+  assert runs == {"apgd_ce": 2, "apgd_dlr": 2, "apgd_t": 2 * 9,
+                  "apgd_ce every image": 4, "apgd_t every image": 4 * 9}
+  with pytest.raises(SystemExit):
+    bench_strong.main(["--misclassified", "1.5"])
+
+
 def test_bench_data_and_bench_variants_run_once(capsys):
   # The other fkjax-only benchmarks, cut to one batch / one repeat of a
   # ResNet8 (bench_sweep, bench_variants cache, bench_slim and

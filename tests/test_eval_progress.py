@@ -50,18 +50,21 @@ def test_counts_of_loops_restarts_and_early_stopping(mlp):
   assert count(functools.partial(attacks.cw_linf, num_steps=3,
                                  unroll=3)) == 3
   assert count(functools.partial(attacks.cw_authors, num_steps=4)) == 4
-  # APGD: the start and each iteration, a gradient and a check each.
+  # APGD: the clean images' check, then the start and each iteration, a
+  # gradient and a check each.
   apgd = functools.partial(attacks.apgd, epsilon=0.1, num_iters=3,
                            eot_samples=2, check_draws=1)
-  assert count(apgd) == 8
+  assert count(apgd) == 9
+  assert count(functools.partial(apgd, skip_misclassified=False)) == 8
   # A restart (or another target) is skipped once every image is fooled (a
   # cond): the count is an upper bound.
-  assert count(functools.partial(apgd, n_restarts=3)) == 24
-  # APGD-T: the targets' logits, then per target the start and each
-  # iteration (one call each: the gradient's logits are judged).
+  assert count(functools.partial(apgd, n_restarts=3)) == 25
+  # APGD-T: the targets' logits and the clean check, then per target the
+  # start and each iteration (one call each: the gradient's logits are
+  # judged).
   assert count(functools.partial(
       attacks.apgd, num_iters=2, loss="dlr_targeted", num_targets=2,
-      check_draws=0)) == 7
+      check_draws=0)) == 8
   # NAttack: per iteration the mean's check (its draws vmapped) and the
   # population (one vmap, or one call per chunk), at most max_iters times;
   # it stops sooner once every image is fooled, so an upper bound.

@@ -307,7 +307,7 @@ def test_strong_attacks_presets():
       "natural", "apgd_ce", "apgd_dlr"]
   assert deterministic["apgd_dlr"].keywords == {
       "loss": "dlr", "epsilon": 4 / 255, "num_iters": 50, "n_restarts": 1,
-      "eot_samples": 1, "check_draws": 0}
+      "eot_samples": 1, "check_draws": 0, "skip_misclassified": False}
 
 
 def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):

@@ -33,14 +33,17 @@ Python state), so a batch is attacked at once; the loop is a
 counts as broken if ANY iterate fooled the model: the attack returns, per
 image, the highest-loss iterate that fooled the model, else the highest-loss
 iterate ``x_max``. With ``n_restarts > 1`` (and for every target of APGD-T)
-the attack runs again from a new random start, on the images no run has
-fooled yet only (AutoAttack's active set: gathered into a batch of one of
-``bucket_sizes``, a ``lax.switch`` over those sizes inside the ``lax.scan``
-over the runs, so that one program serves every count), and keeps, per
-image, the higher-loss point of those that did not fool. Image ``i``'s
-random start in run ``r`` is drawn from ``fold_in(start key of r, i)``, so
-it is the same whichever images the run attacks; ``compact=False`` attacks
-every image in every run, and fools the same images.
+the attack runs again from a new random start, and keeps, per image, the
+higher-loss point of those that did not fool. Every run attacks only the
+images not fooled yet: not by an earlier run, and not when clean (an image
+the model misclassifies clean is returned as it is). This is AutoAttack's
+and torchattacks' active set: the images are gathered into a batch of one
+of ``bucket_sizes``, a ``lax.switch`` over those sizes inside the
+``lax.scan`` over the runs, so that one program serves every count. Image
+``i``'s random start in run ``r`` is drawn from ``fold_in(start key of r,
+i)``, so it is the same whichever images the run attacks;
+``compact=False`` attacks every image in every run, and fools the same
+images.
 
 Noisy models: every gradient, and the loss that steers the step size, is an
 average over ``eot_samples`` noise draws (``eot.loss_and_gradient``); an
@@ -52,9 +55,10 @@ call of ``apply_fn``), so on a noisy model a run attacking fewer images
 draws different noise than one attacking all.
 
 With ``return_info=True`` :func:`apgd` also returns a dict with, per image,
-``"fooled"`` (bool ``[batch]``: some iterate fooled the ``check_draws``
-check), ``"score"`` (the returned point's loss), per run (``[runs, ...]``)
-``"attacked"`` (bool ``[runs, batch]``: the images the run attacked), the
+``"fooled"`` (bool ``[batch]``: the clean image or some iterate fooled the
+``check_draws`` check), ``"score"`` (the returned point's loss; ``-inf``
+for an image returned clean, set aside as misclassified), per run
+(``[runs, ...]``) ``"attacked"`` (bool ``[runs, batch]``: the images the run attacked), the
 trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as evaluated, before
 any restart from ``x_max``) and ``"step_size"`` (``[runs, N, batch]``: the
 step that produced ``x^(k+1)``), zero for the images a run did not attack,
@@ -291,22 +295,30 @@ def attack_targets(apply_fn: common.ApplyFn, variables: Any,
   return jax.lax.top_k(scores, num_targets)[1].T
 
 
-# Sizes of the batches a restart or target attacks (the images not yet
-# fooled, padded up): the batch and the powers of two below it, at most this
-# many. Each size is one more copy of a run in the compiled program.
+# Sizes of the batches a run attacks (the images not yet fooled, padded up):
+# the batch and 3/4, 1/2, 1/4, ... of it, at most this many. Each size is one
+# more copy of a run in the compiled program.
 MAX_BUCKETS = 5
 
 
 def bucket_sizes(batch: int, max_buckets: int = MAX_BUCKETS
                  ) -> tuple[int, ...]:
-  """Ascending sizes a later run's images are padded to: ``batch`` and the
-  largest powers of two below it (``bucket_sizes(500) == (32, 64, 128, 256,
-  500)``)."""
+  """Ascending sizes a run's images are padded to: ``batch``, then
+  ``ceil(3/4 batch)``, ``ceil(1/2 batch)``, ``ceil(1/4 batch)``, ... (each
+  smaller than the one before), at most ``max_buckets`` of them
+  (``bucket_sizes(500) == (63, 125, 250, 375, 500)``).
+
+  The 3/4 step is there for a first run: a robust CIFAR model misclassifies
+  a quarter to a half of its clean images, which a batch of powers of two
+  would pad back to the whole batch.
+  """
+  ceil = lambda numerator, denominator: -(-numerator // denominator)
+  candidates = [ceil(3 * batch, 4)] + [
+      ceil(batch, 2 ** k) for k in range(1, batch.bit_length() + 1)]
   sizes = [batch]
-  size = 1 << ((batch - 1).bit_length() - 1) if batch > 1 else 0
-  while size >= 1 and len(sizes) < max_buckets:
-    sizes.append(size)
-    size //= 2
+  for size in candidates:
+    if len(sizes) < max_buckets and size < sizes[-1]:
+      sizes.append(size)
   return tuple(sorted(sizes))
 
 
@@ -395,23 +407,30 @@ def _one_run(best, inputs, *, attack, attack_all, sizes, ndim, compact):
                         [functools.partial(_skip, best, buckets[0])] + buckets)
 
 
-def _all_runs(run, images, labels, targeted, run_targets, run_keys, compact):
+def _all_runs(run, images, labels, targeted, run_targets, run_keys, compact,
+              set_aside):
   """Every run, merged: the best ``(x, fooled, score)`` and, stacked over
-  the runs, ``(attacked, trace info, padded size)``."""
+  the runs, ``(attacked, trace info, padded size)``.
+
+  ``set_aside`` (bool ``[batch]`` or None) marks the images counted as
+  fooled before any run (misclassified when clean); with ``compact`` no run
+  attacks them.
+  """
   batch = labels.shape[0]
   ndim = images.ndim
   attack = functools.partial(_attack_rows, run, images, labels, targeted)
   attack_all = functools.partial(attack, batch, jnp.arange(batch),
                                  jnp.ones(batch, jnp.bool_))
-  start = (images, jnp.zeros(batch, jnp.bool_),
-           jnp.full(batch, -jnp.inf, jnp.float32))
-  if run_targets.shape[0] == 1:
-    best, outputs = _merge_run(
-        start, attack_all(run_targets[0], run_keys[0]), ndim)
-    return best, jax.tree.map(lambda a: a[None], outputs)
+  fooled = jnp.zeros(batch, jnp.bool_) if set_aside is None else set_aside
+  start = (images, fooled, jnp.full(batch, -jnp.inf, jnp.float32))
   one_run = functools.partial(_one_run, attack=attack, attack_all=attack_all,
                               sizes=bucket_sizes(batch), ndim=ndim,
                               compact=compact)
+  if run_targets.shape[0] == 1:
+    # A lone run needs the buckets only to leave out the images set aside.
+    best, outputs = one_run(start, (run_targets[0], run_keys[0]),
+                            compact=compact and set_aside is not None)
+    return best, jax.tree.map(lambda a: a[None], outputs)
   return jax.lax.scan(one_run, start, (run_targets, run_keys))
 
 
@@ -422,7 +441,7 @@ def apgd(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
          check_draws: int | None = None, stochastic: bool | None = None,
          random_start: bool = True, rho: float = 0.75, momentum: float = 0.75,
          initial_step: float = 2.0, compact: bool = True,
-         return_info: bool = False):
+         skip_misclassified: bool = True, return_info: bool = False):
   """Auto-PGD in l_inf; see the module docstring for the algorithm.
 
   Args:
@@ -455,12 +474,20 @@ def apgd(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
     rho: condition 1's fraction of successful steps. Static.
     momentum: ``a`` of the step (0.75). Static.
     initial_step: the first step size in units of ``epsilon`` (2). Static.
-    compact: each restart and target after the first attacks only the
-      images no run has fooled yet, gathered into a batch of one of
-      ``bucket_sizes(batch)`` (AutoAttack's and torchattacks' active set).
-      False attacks every image in every run (each image's draws are the
-      same either way, so the same images are fooled; a fooled image keeps
-      its first run's point instead of the highest-loss fooling one). Static.
+    compact: each run attacks only the images not fooled yet (by an
+      earlier run, or, with ``skip_misclassified``, when clean), gathered
+      into a batch of one of ``bucket_sizes(batch)`` (AutoAttack's and
+      torchattacks' active set). False attacks every image in every run
+      (each image's draws are the same either way, so the same images are
+      fooled; a fooled image keeps its first run's point instead of the
+      highest-loss fooling one). Static.
+    skip_misclassified: count the images the model misclassifies when
+      clean as fooled before the first run, by the same check as an iterate
+      (``check_draws`` fresh draws, at least one), and return them
+      unchanged; with ``compact`` no run attacks them. Each bucket is one
+      more copy of a run in the compiled program, so a lone run (APGD-CE or
+      -DLR with one restart) compiles ``len(bucket_sizes(batch))`` times
+      longer with it; False, or ``compact=False``, compiles one. Static.
     return_info: also return the info dict (module docstring). Static.
 
   Returns:
@@ -483,9 +510,15 @@ def apgd(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
       num_iters=num_iters, loss=loss, eot_samples=eot_samples,
       check_draws=check_draws, random_start=random_start, rho=rho,
       momentum=momentum, initial_step=initial_step, trace=return_info)
+  set_aside = None
+  if skip_misclassified:
+    # The clean images pass the check an iterate passes (check_draws=0
+    # judges one draw's logits: here one forward pass).
+    set_aside = eot.fooled(apply_fn, variables, images, labels,
+                           jax.random.fold_in(key, 2), check_draws or 1)
   best, (attacked, infos, padded) = _all_runs(
       run, images, labels, targeted, run_targets,
-      jax.random.split(runs_key, run_targets.shape[0]), compact)
+      jax.random.split(runs_key, run_targets.shape[0]), compact, set_aside)
   x_adv, fooled, score = best
   if not return_info:
     return x_adv
