@@ -196,10 +196,10 @@ EVAL = {
     "eval.nattack_population": 300,
     # NAttack's memory: population members evaluated at once, and images
     # attacked at once (None: all). Members 0: as many as a quarter of the
-    # device's free memory holds (fkjax/attacks/nattack.py auto_chunk), 10
-    # on a CPU; the result is the same whatever the chunk. 10 and 100 keep
-    # En5ResNet20's NAttack at batch 500 at a 2.8 GiB XLA estimate (all at
-    # once: 199 GiB); see docs/attacks.md.
+    # device's free memory holds (fkjax/attacks/population_chunk.py
+    # auto_chunk), 10 on a CPU; the result is the same whatever the chunk.
+    # 10 and 100 keep En5ResNet20's NAttack at batch 500 at a 2.8 GiB XLA
+    # estimate (all at once: 199 GiB); see docs/attacks.md.
     "eval.nattack_chunk": Nullable(int, 0),
     "eval.nattack_image_chunk": Nullable(int, 100),
     # Count an image as broken if any IFGSM / C&W iterate fooled the model

@@ -12,7 +12,6 @@ import functools
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import jax
@@ -25,6 +24,7 @@ from fkjax import attacks
 from fkjax import data
 from fkjax import kernels
 from fkjax import checkpoint as ckpt_lib
+from fkjax.attacks import population_chunk
 from fkjax.evaluation import suites
 from fkjax.training import build
 from fkjax.training import program
@@ -216,18 +216,18 @@ class _Device:
 
 
 def test_nattack_chunk_follows_the_devices_memory():
-  nattack_module = sys.modules["fkjax.attacks.nattack"]
   params, images, labels = tiny_models.trained_mlp()
   apply_fn, key = tiny_models.noisy_relu_mlp, jax.random.key(0)
-  per_member = nattack_module.forward_bytes(apply_fn, params, images[:8], key)
+  per_member = population_chunk.forward_bytes(apply_fn, params, images[:8],
+                                              key)
   assert per_member >= images[:8].nbytes
   # Twice the batch, about twice the bytes.
-  assert 1.5 * per_member < nattack_module.forward_bytes(
+  assert 1.5 * per_member < population_chunk.forward_bytes(
       apply_fn, params, images[:16], key) < 2.5 * per_member
   chunk = lambda device, population=10**6: attacks.nattack_auto_chunk(
       apply_fn, params, images[:8], key, population, device=device)
   free = 2**30
-  assert chunk(_Device(free)) == int(free * nattack_module.MEMORY_FRACTION
+  assert chunk(_Device(free)) == int(free * population_chunk.MEMORY_FRACTION
                                      // per_member)
   assert chunk(_Device(2 * free, in_use=free)) == chunk(_Device(free))
   assert chunk(_Device(4 * free)) > 3 * chunk(_Device(free))
@@ -237,7 +237,7 @@ def test_nattack_chunk_follows_the_devices_memory():
   assert jax.local_devices()[0].memory_stats() is None or (
       jax.default_backend() != "cpu")
   if jax.default_backend() == "cpu":
-    assert chunk(None, population=300) == nattack_module.CPU_CHUNK
+    assert chunk(None, population=300) == population_chunk.CPU_CHUNK
 
 
 def test_nattack_gives_the_same_images_whatever_the_chunk():

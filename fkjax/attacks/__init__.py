@@ -30,8 +30,8 @@ from fkjax.attacks.gradient import cw_linf
 from fkjax.attacks.gradient import fgsm
 from fkjax.attacks.gradient import pgd
 from fkjax.attacks.gradient import sweep_step_size
-from fkjax.attacks.nattack import auto_chunk as nattack_auto_chunk
 from fkjax.attacks.nattack import nattack
+from fkjax.attacks.population_chunk import auto_chunk as nattack_auto_chunk
 
 __all__ = [
     "ApplyFn",

@@ -29,38 +29,70 @@ the mean candidate (``"paper"``), or the sample's own draw plus
 ``success_draws - 1`` fresh ones (``"attackbox"``). On a deterministic model
 every draw agrees and the extra draws only cost forward passes of the batch
 (3 against the population's 300 per iteration).
+
+Memory: one iteration draws ``population * batch`` perturbations and
+evaluates as many images (``chunk * batch`` with ``chunk``); with
+``image_chunk`` the batch is attacked that many images at a time, so both
+scale with ``image_chunk`` instead of ``batch``. Each image's search is its
+own, so chunking images changes only which random numbers it draws.
+
+The search, for one batch: ``nattack`` checks its arguments and splits the
+batch into groups (``image_chunk``); :func:`_search` draws ``mu_0`` and runs
+a ``lax.while_loop`` of :func:`_paper_iteration` or
+:func:`_attackbox_iteration`. Both sample the population around ``mu``
+(:func:`_sample_population`, which scores it with
+:func:`_population_margins`) and move ``mu`` by :func:`_nes_step`; they
+differ in when an image counts as broken.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
-from jax.extend import core as jax_core
 import jax.numpy as jnp
 
 from fkjax.attacks import common
 from fkjax.attacks import eot
+from fkjax.attacks import population_chunk
 
 VARIANTS = ("paper", "attackbox")
-# chunk="auto": population members evaluated at once where the device does
-# not report its memory (a CPU), and the part of a device's free memory the
-# population's forward passes may take elsewhere (the rest: the attack's
-# own arrays, XLA's workspace; forward_bytes of ResNet20 at batch 100 was
-# 32 MiB where XLA:CPU's compiled forward pass asked 57 MiB).
-CPU_CHUNK = 10
-MEMORY_FRACTION = 0.25
 # arctanh(+-1) is infinite; shrinking [-1, 1] slightly keeps pixels at 0 or 1
 # finite, as the reference implementation does.
 _TANH_SHRINK = 1.0 - 1e-6
 
 
-def _margin(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """``z_y - max_{j != y} z_j``: positive while the example is classified right.
+class _Batch(NamedTuple):
+  """The attacked model and batch, with the batch in tanh space."""
+  apply_fn: common.ApplyFn
+  variables: Any
+  images: jax.Array
+  labels: jax.Array
+  tanh_images: jax.Array
+  epsilon: float
 
-  Equal to ``log p_y - max_{j != y} log p_j``, the reference code's score.
+
+class _Settings(NamedTuple):
+  """The search's static settings (as :func:`nattack` takes them)."""
+  population: int
+  sigma: float
+  learning_rate: float
+  max_iters: int
+  chunk: int | None
+  success_draws: int
+
+
+class _State(NamedTuple):
+  """The ``lax.while_loop``'s carry.
+
+  ``mean``: each image's ``mu``; ``done``: images broken (their ``mu``
+  frozen); ``found``: the attackbox variant's breaking sample per image.
   """
-  return -common.cw_margin(logits, labels)
+  step: jax.Array
+  mean: jax.Array
+  done: jax.Array
+  found: jax.Array
+  key: jax.Array
 
 
 def nattack(apply_fn: common.ApplyFn,
@@ -89,13 +121,7 @@ def nattack(apply_fn: common.ApplyFn,
   draws the image is done and that sample is returned. The loop, a
   ``lax.while_loop``, ends when every image is done or after ``max_iters``
   iterations. Done images still go through the model (static shapes) but
-  their updates are discarded.
-
-  Memory: one iteration draws ``population * batch`` perturbations and
-  evaluates as many images (``chunk * batch`` with ``chunk``); with
-  ``image_chunk`` the batch is attacked that many images at a time, so both
-  scale with ``image_chunk`` instead of ``batch``. Each image's search is its
-  own, so chunking images changes only which random numbers it draws.
+  their updates are discarded. Memory: see the module docstring.
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``. Never
@@ -112,8 +138,8 @@ def nattack(apply_fn: common.ApplyFn,
     chunk: if set, the population is evaluated ``chunk`` members at a time
       (``vmap`` inside a ``lax.map``) to bound memory; ``None`` evaluates all
       of it in one ``vmap``; ``"auto"`` (or 0) as many as the device's
-      memory holds (:func:`auto_chunk`). The result is the same whatever
-      the chunk. Static.
+      memory holds (:func:`fkjax.attacks.nattack_auto_chunk`). The result
+      is the same whatever the chunk. Static.
     image_chunk: if set, images are attacked this many at a time (a
       ``lax.map`` over groups, the last one padded); ``None`` attacks the
       whole batch at once. Static.
@@ -132,169 +158,167 @@ def nattack(apply_fn: common.ApplyFn,
     raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
   if success_draws < 1:
     raise ValueError(f"success_draws must be >= 1, got {success_draws}.")
-  if chunk in ("auto", 0) and (image_chunk is None
-                               or images.shape[0] <= image_chunk):
-    chunk = auto_chunk(apply_fn, variables, images, key, population)
-  num_images = images.shape[0]
-  if image_chunk is not None and num_images > image_chunk:
-    pad = -num_images % image_chunk
-    # Padding repeats the first image; its copies' results are dropped.
-    grouped = [jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]).reshape(
-        (-1, image_chunk) + x.shape[1:]) for x in (images, labels)]
-    keys = jax.random.split(key, grouped[0].shape[0])
+  if image_chunk is not None and images.shape[0] > image_chunk:
+    # Each group sizes its own "auto" chunk.
     attack_group = functools.partial(
         nattack, apply_fn, variables, epsilon=epsilon, population=population,
         sigma=sigma, learning_rate=learning_rate, max_iters=max_iters,
         chunk=chunk, variant=variant, success_draws=success_draws)
-    adversarial = jax.lax.map(lambda a: attack_group(*a), (*grouped, keys))
-    return adversarial.reshape((-1,) + images.shape[1:])[:num_images]
+    return _in_groups(attack_group, image_chunk, images, labels, key)
+  if chunk in ("auto", 0):
+    chunk = population_chunk.auto_chunk(apply_fn, variables, images, key,
+                                        population)
+  batch = _Batch(apply_fn, variables, images, labels, _to_tanh(images),
+                 epsilon)
+  settings = _Settings(population, sigma, learning_rate, max_iters, chunk,
+                       success_draws)
+  return _search(batch, settings, variant, key)
+
+
+def _in_groups(attack: Any, size: int, images: jax.Array, labels: jax.Array,
+               key: jax.Array) -> jax.Array:
+  """``attack(images, labels, key)`` on ``size`` images at a time.
+
+  A ``lax.map`` over the groups, each with its own key; the last group is
+  padded with copies of the first image, whose results are dropped.
+  """
+  num_images = images.shape[0]
+  pad = -num_images % size
+  grouped = [jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]).reshape(
+      (-1, size) + x.shape[1:]) for x in (images, labels)]
+  keys = jax.random.split(key, grouped[0].shape[0])
+  adversarial = jax.lax.map(lambda a: attack(*a), (*grouped, keys))
+  return adversarial.reshape((-1,) + images.shape[1:])[:num_images]
+
+
+def _to_tanh(images: jax.Array) -> jax.Array:
+  """``arctanh(2x - 1)``, the images' point in tanh space (float32)."""
   images_f32 = images.astype(jnp.float32)
-  tanh_images = jnp.arctanh((2.0 * images_f32 - 1.0) * _TANH_SHRINK)
+  return jnp.arctanh((2.0 * images_f32 - 1.0) * _TANH_SHRINK)
 
-  def to_image(perturbation):
-    candidate = (jnp.tanh(tanh_images + perturbation) + 1.0) / 2.0
-    return common.project(candidate, images, epsilon)
 
-  def evaluate_member(member_images, member_key):
-    return apply_fn(variables, member_images, member_key)
+def _to_image(batch: _Batch, perturbation: jax.Array) -> jax.Array:
+  """The candidate ``x'``: the perturbed tanh-space point back in pixels,
+  projected onto the epsilon ball (``perturbation`` may carry leading
+  population axes)."""
+  candidate = (jnp.tanh(batch.tanh_images + perturbation) + 1.0) / 2.0
+  return common.project(candidate, batch.images, batch.epsilon)
 
-  def population_margins(samples, pop_key):
-    # samples: [population, batch, ...] -> margins [population, batch].
-    candidates = to_image(samples)
-    member_keys = jax.random.split(pop_key, population)
-    if chunk is None:
-      logits = jax.vmap(evaluate_member)(candidates, member_keys)
-    else:
-      logits = jax.lax.map(lambda a: evaluate_member(*a),
-                           (candidates, member_keys), batch_size=chunk)
-    return jax.vmap(_margin, in_axes=(0, None))(logits, labels)
 
-  batch_shape = (-1,) + (1,) * (images.ndim - 1)
-  attackbox = variant == "attackbox"
+def _per_image(flags: jax.Array, like: jax.Array) -> jax.Array:
+  """``[batch]`` flags shaped to broadcast against ``like`` ``[batch, ...]``."""
+  return flags.reshape((-1,) + (1,) * (like.ndim - 1))
 
-  def cond(state):
-    step, _, done, _, _ = state
-    return jnp.logical_and(step < max_iters, jnp.logical_not(jnp.all(done)))
 
-  def body(state):
-    step, mean, done, found, loop_key = state
-    loop_key, check_key, sample_key, pop_key = jax.random.split(loop_key, 4)
-    if not attackbox:
-      done = jnp.logical_or(done, eot.fooled(
-          apply_fn, variables, to_image(mean), labels, check_key,
-          success_draws))
+def _margin(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """``z_y - max_{j != y} z_j``: positive while the example is classified right.
 
-    noise = common.normal(sample_key, (population,) + images.shape)
-    samples = mean + sigma * noise
-    margins = population_margins(samples, pop_key)
-    if attackbox:
-      best = jnp.argmin(margins, axis=0)
-      candidate = samples[best, jnp.arange(images.shape[0])]
-      wrong = jnp.min(margins, axis=0) < 0.0
-      if success_draws > 1:
-        wrong = jnp.logical_and(wrong, eot.fooled(
-            apply_fn, variables, to_image(candidate), labels, check_key,
-            success_draws - 1))
-      newly = jnp.logical_and(wrong, jnp.logical_not(done))
-      found = jnp.where(newly.reshape(batch_shape), candidate, found)
-      done = jnp.logical_or(done, wrong)
-    reward = -0.5 * jnp.clip(margins, 0.0, 1000.0)
-    advantage = (reward - jnp.mean(reward, axis=0)) / (
-        jnp.std(reward, axis=0) + 1e-7)
-    direction = jnp.einsum("pb,pb...->b...", advantage, noise)
-    update = (learning_rate / (population * sigma)) * direction
-    keep = done.reshape(batch_shape)
-    mean = jnp.where(keep, mean, mean + update)
-    return step + 1, mean, done, found, loop_key
+  Equal to ``log p_y - max_{j != y} log p_j``, the reference code's score.
+  """
+  return -common.cw_margin(logits, labels)
 
+
+def _population_margins(batch: _Batch, settings: _Settings,
+                        samples: jax.Array, key: jax.Array) -> jax.Array:
+  """Margins ``[population, batch]`` of the candidates of ``samples``
+  ``[population, batch, ...]``, each member on its own model noise."""
+  candidates = _to_image(batch, samples)
+  member_keys = jax.random.split(key, settings.population)
+  evaluate = functools.partial(batch.apply_fn, batch.variables)
+  if settings.chunk is None:
+    logits = jax.vmap(evaluate)(candidates, member_keys)
+  else:
+    logits = jax.lax.map(lambda a: evaluate(*a), (candidates, member_keys),
+                         batch_size=settings.chunk)
+  return jax.vmap(_margin, in_axes=(0, None))(logits, batch.labels)
+
+
+def _sample_population(batch: _Batch, settings: _Settings, mean: jax.Array,
+                       sample_key: jax.Array, model_key: jax.Array
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The population around ``mean``: its noise, samples and margins."""
+  noise = common.normal(sample_key, (settings.population,) + mean.shape)
+  samples = mean + settings.sigma * noise
+  return noise, samples, _population_margins(batch, settings, samples,
+                                             model_key)
+
+
+def _nes_step(settings: _Settings, mean: jax.Array, noise: jax.Array,
+              margins: jax.Array, done: jax.Array) -> jax.Array:
+  """``mean`` moved along the reward-weighted noise; done images stay."""
+  reward = -0.5 * jnp.clip(margins, 0.0, 1000.0)
+  advantage = (reward - jnp.mean(reward, axis=0)) / (
+      jnp.std(reward, axis=0) + 1e-7)
+  direction = jnp.einsum("pb,pb...->b...", advantage, noise)
+  update = (settings.learning_rate /
+            (settings.population * settings.sigma)) * direction
+  return jnp.where(_per_image(done, mean), mean, mean + update)
+
+
+def _fooled(batch: _Batch, perturbation: jax.Array, key: jax.Array,
+            draws: int) -> jax.Array:
+  """Whether the candidate of ``perturbation`` fools the model on ``draws``
+  fresh noise draws, per image."""
+  return eot.fooled(batch.apply_fn, batch.variables,
+                    _to_image(batch, perturbation), batch.labels, key, draws)
+
+
+def _paper_iteration(batch: _Batch, settings: _Settings,
+                     state: _State) -> _State:
+  """One iteration of the paper's variant: an image whose mean candidate
+  fools the model is done before the population moves ``mu``."""
+  loop_key, check_key, sample_key, model_key = jax.random.split(state.key, 4)
+  done = jnp.logical_or(state.done, _fooled(batch, state.mean, check_key,
+                                            settings.success_draws))
+  noise, _, margins = _sample_population(batch, settings, state.mean,
+                                         sample_key, model_key)
+  mean = _nes_step(settings, state.mean, noise, margins, done)
+  return _State(state.step + 1, mean, done, state.found, loop_key)
+
+
+def _attackbox_iteration(batch: _Batch, settings: _Settings,
+                         state: _State) -> _State:
+  """One iteration of the attackbox variant: an image with a misclassified
+  sample keeps its lowest-margin one (if it also fools ``success_draws -
+  1`` fresh draws) and is done."""
+  loop_key, check_key, sample_key, model_key = jax.random.split(state.key, 4)
+  noise, samples, margins = _sample_population(batch, settings, state.mean,
+                                               sample_key, model_key)
+  best = jnp.argmin(margins, axis=0)
+  candidate = samples[best, jnp.arange(samples.shape[1])]
+  wrong = jnp.min(margins, axis=0) < 0.0
+  if settings.success_draws > 1:
+    wrong = jnp.logical_and(wrong, _fooled(batch, candidate, check_key,
+                                           settings.success_draws - 1))
+  newly = jnp.logical_and(wrong, jnp.logical_not(state.done))
+  found = jnp.where(_per_image(newly, candidate), candidate, state.found)
+  done = jnp.logical_or(state.done, wrong)
+  mean = _nes_step(settings, state.mean, noise, margins, done)
+  return _State(state.step + 1, mean, done, found, loop_key)
+
+
+def _searching(max_iters: int, state: _State) -> jax.Array:
+  """The loop's condition: iterations left and an image not done."""
+  return jnp.logical_and(state.step < max_iters,
+                         jnp.logical_not(jnp.all(state.done)))
+
+
+def _search(batch: _Batch, settings: _Settings, variant: str,
+            key: jax.Array) -> jax.Array:
+  """NAttack on one batch: draws ``mu_0``, runs the ``lax.while_loop`` of
+  the variant's iterations and returns each image's final candidate."""
   init_key, loop_key = jax.random.split(key)
+  attackbox = variant == "attackbox"
   init_scale = 1.0 if attackbox else 0.001
-  init_mean = init_scale * common.normal(init_key, images.shape)
-  init_done = jnp.zeros(images.shape[:1], jnp.bool_)
-  _, mean, done, found, _ = jax.lax.while_loop(
-      cond, body, (jnp.asarray(0, jnp.int32), init_mean, init_done, init_mean,
-                   loop_key))
+  init_mean = init_scale * common.normal(init_key, batch.images.shape)
+  init_done = jnp.zeros(batch.images.shape[:1], jnp.bool_)
+  iteration = _attackbox_iteration if attackbox else _paper_iteration
+  final = jax.lax.while_loop(
+      functools.partial(_searching, settings.max_iters),
+      functools.partial(iteration, batch, settings),
+      _State(jnp.asarray(0, jnp.int32), init_mean, init_done, init_mean,
+             loop_key))
+  mean = final.mean
   if attackbox:
-    mean = jnp.where(done.reshape(batch_shape), found, mean)
-  return to_image(mean)
-
-
-def auto_chunk(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
-               key: jax.Array, population: int,
-               device: jax.Device | None = None) -> int:
-  """Population members to evaluate at once on ``device``'s memory.
-
-  ``MEMORY_FRACTION`` of the device's free memory (``memory_stats()``:
-  ``bytes_limit - bytes_in_use``) over one member's forward pass at this
-  batch (:func:`forward_bytes`), between 1 and ``population``; where the
-  device reports no memory (a CPU), ``CPU_CHUNK``.
-
-  Args:
-    apply_fn: the model, ``apply_fn(variables, images, key) -> logits``.
-    variables, images, key: as :func:`nattack` takes them (arrays or
-      tracers; only their shapes are used).
-    population: NAttack's population.
-    device: default the first local device.
-  """
-  device = device or jax.local_devices()[0]
-  try:
-    stats = device.memory_stats()
-  except (AttributeError, NotImplementedError, RuntimeError):
-    stats = None
-  if not stats or not stats.get("bytes_limit"):
-    return min(CPU_CHUNK, population)
-  free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-  member = forward_bytes(apply_fn, variables, images, key)
-  return int(min(population, max(1, free * MEMORY_FRACTION // member)))
-
-
-def forward_bytes(apply_fn: common.ApplyFn, variables: Any,
-                  images: jax.Array, key: jax.Array) -> int:
-  """An estimate of one forward pass's memory at this batch.
-
-  The most bytes the pass's images and intermediate values hold at once,
-  each freed after its last use in the traced program's order; the
-  variables, shared by every member, are not counted. XLA's buffers differ
-  (it fuses, pads and keeps workspaces): :data:`MEMORY_FRACTION` leaves
-  room. Traces the model; compiles nothing.
-  """
-  spec = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-  closed = jax.make_jaxpr(apply_fn)(*jax.tree.map(spec, (variables, images,
-                                                         key)))
-  return _nbytes(closed.jaxpr.invars[-2]) + _peak_bytes(closed.jaxpr)
-
-
-def _nbytes(var: Any) -> int:
-  aval = var.aval
-  dtype = getattr(aval, "dtype", None)
-  if not hasattr(aval, "shape") or dtype is None:
-    return 0
-  itemsize = getattr(dtype, "itemsize", 4)
-  size = 1
-  for d in aval.shape:
-    size *= int(d)
-  return size * itemsize
-
-
-def _peak_bytes(jaxpr: Any) -> int:
-  """Peak bytes of the values ``jaxpr`` computes, freed after last use."""
-  last_use: dict[Any, int] = {}
-  for i, eqn in enumerate(jaxpr.eqns):
-    for v in eqn.invars:
-      if isinstance(v, jax_core.Var):
-        last_use[v] = i
-  for v in jaxpr.outvars:
-    if isinstance(v, jax_core.Var):
-      last_use[v] = len(jaxpr.eqns)
-  inputs = {v for v in (*jaxpr.invars, *jaxpr.constvars)}
-  live = peak = 0
-  for i, eqn in enumerate(jaxpr.eqns):
-    inner = max((_peak_bytes(getattr(j, "jaxpr", j))
-                 for j in jax_core.jaxprs_in_params(eqn.params)), default=0)
-    out = sum(_nbytes(v) for v in eqn.outvars)
-    peak = max(peak, live + inner + out)
-    live += sum(_nbytes(v) for v in eqn.outvars if v in last_use)
-    freed = {v for v in eqn.invars if isinstance(v, jax_core.Var)
-             and last_use.get(v) == i and v not in inputs}
-    live -= sum(_nbytes(v) for v in freed)
-  return peak
+    mean = jnp.where(_per_image(final.done, mean), final.found, mean)
+  return _to_image(batch, mean)

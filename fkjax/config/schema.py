@@ -269,8 +269,9 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("eval.num_noise_draws", integer()),
       ("eval.nattack_iters", integer()),
       ("eval.nattack_population", integer()),
-      # 0: as many as the device's memory holds (fkjax.attacks.nattack's
-      # auto_chunk); a negative one failed deep inside JAX.
+      # 0: as many as the device's memory holds
+      # (fkjax.attacks.population_chunk's auto_chunk); a negative one failed
+      # deep inside JAX.
       ("eval.nattack_chunk", optional(integer(0))),
       ("eval.nattack_image_chunk", optional(integer())),
       # eval.py evaluates something; train.py's final_attacks may be empty
