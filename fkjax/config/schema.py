@@ -220,7 +220,7 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("dataset.name", one_of(lambda: sorted(
           {name for name, _ in names_in("fkjax.data.types",
                                         "NUM_CLASSES")()}))),
-      ("dataset.source", one_of(names_in("fkjax.data.loader", "SOURCES"))),
+      ("dataset.source", one_of(names_in("fkjax.data.sources", "SOURCES"))),
       ("dataset.split_seed", integer(0)),
       ("dataset.synthetic_sizes", _synthetic_sizes),
       ("dataset.val_size", _val_size),
