@@ -194,7 +194,7 @@ def test_a_run_resumes_with_other_speed_settings_not_another_precision(
 def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
   # One list: a pipeline (or data source) the code gains is valid at once.
   from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
-  from fkjax.data import loader  # pylint: disable=import-outside-toplevel
+  from fkjax.data import sources  # pylint: disable=import-outside-toplevel
   config = tiny.get_config()
   config.training.data_pipeline = "sharded"
   with pytest.raises(ConfigError, match="one of"):
@@ -202,7 +202,7 @@ def test_allowed_names_come_from_the_modules_that_use_them(monkeypatch):
   monkeypatch.setattr(input_pipeline, "PIPELINES",
                       (*input_pipeline.PIPELINES, "sharded"))
   run_config.validate(config)
-  monkeypatch.setattr(loader, "SOURCES", ("synthetic",))
+  monkeypatch.setattr(sources, "SOURCES", ("synthetic",))
   config.dataset.source = "tfds"
   with pytest.raises(ConfigError, match=r"dataset.source='tfds'.*\['synthetic'\]"):
     run_config.validate(config)

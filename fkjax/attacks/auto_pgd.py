@@ -331,6 +331,24 @@ def is_noisy(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
                  != apply_fn(variables, images, second))
 
 
+def _noise_check(apply_fn, variables, images, key, check_draws, stochastic):
+  """``check_draws`` as said or as ``stochastic`` implies, and a traced
+  bool: whether the model draws noise, where that is left to find out."""
+  if check_draws is None and stochastic is not None:
+    check_draws = 1 if stochastic else 0
+  noisy = (is_noisy(apply_fn, variables, images, jax.random.fold_in(key, 1))
+           if check_draws is None else jnp.bool_(False))
+  return check_draws, noisy
+
+
+def _misclassified_clean(apply_fn, variables, images, labels, key,
+                         check_draws):
+  """Bool ``[batch]``: the clean images that pass an iterate's check
+  (``check_draws=0`` judges one draw's logits: here one forward pass)."""
+  return eot.fooled(apply_fn, variables, images, labels,
+                    jax.random.fold_in(key, 2), check_draws or 1)
+
+
 def _run_targets(apply_fn, variables, images, labels, key, targeted,
                  n_restarts, num_targets, eot_samples):
   """Int ``[runs, batch]``: each run's targets (zeros when untargeted)."""
@@ -474,20 +492,13 @@ def apgd(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
     rho: condition 1's fraction of successful steps. Static.
     momentum: ``a`` of the step (0.75). Static.
     initial_step: the first step size in units of ``epsilon`` (2). Static.
-    compact: each run attacks only the images not fooled yet (by an
-      earlier run, or, with ``skip_misclassified``, when clean), gathered
-      into a batch of one of ``bucket_sizes(batch)`` (AutoAttack's and
-      torchattacks' active set). False attacks every image in every run
-      (each image's draws are the same either way, so the same images are
-      fooled; a fooled image keeps its first run's point instead of the
-      highest-loss fooling one). Static.
-    skip_misclassified: count the images the model misclassifies when
-      clean as fooled before the first run, by the same check as an iterate
-      (``check_draws`` fresh draws, at least one), and return them
-      unchanged; with ``compact`` no run attacks them. Each bucket is one
-      more copy of a run in the compiled program, so a lone run (APGD-CE or
-      -DLR with one restart) compiles ``len(bucket_sizes(batch))`` times
-      longer with it; False, or ``compact=False``, compiles one. Static.
+    compact: each run attacks only the images not fooled yet, padded to
+      one of ``bucket_sizes(batch)`` (the module docstring); False attacks
+      every image in every run and fools the same images. Static.
+    skip_misclassified: count an image the model misclassifies clean (by
+      an iterate's check, at least one draw) as fooled before the first run
+      and return it unchanged. With ``compact`` a lone run (APGD-CE, -DLR)
+      then compiles once per bucket size; False compiles one copy. Static.
     return_info: also return the info dict (module docstring). Static.
 
   Returns:
@@ -501,21 +512,16 @@ def apgd(apply_fn: common.ApplyFn, variables: Any, images: jax.Array,
   target_key, runs_key = jax.random.split(key)
   run_targets = _run_targets(apply_fn, variables, images, labels, target_key,
                              targeted, n_restarts, num_targets, eot_samples)
-  if check_draws is None and stochastic is not None:
-    check_draws = 1 if stochastic else 0
-  noisy = (is_noisy(apply_fn, variables, images, jax.random.fold_in(key, 1))
-           if check_draws is None else jnp.bool_(False))
+  check_draws, noisy = _noise_check(apply_fn, variables, images, key,
+                                    check_draws, stochastic)
   run = functools.partial(
       _run, apply_fn, variables, noisy=noisy, epsilon=epsilon,
       num_iters=num_iters, loss=loss, eot_samples=eot_samples,
       check_draws=check_draws, random_start=random_start, rho=rho,
       momentum=momentum, initial_step=initial_step, trace=return_info)
-  set_aside = None
-  if skip_misclassified:
-    # The clean images pass the check an iterate passes (check_draws=0
-    # judges one draw's logits: here one forward pass).
-    set_aside = eot.fooled(apply_fn, variables, images, labels,
-                           jax.random.fold_in(key, 2), check_draws or 1)
+  set_aside = (_misclassified_clean(apply_fn, variables, images, labels, key,
+                                    check_draws)
+               if skip_misclassified else None)
   best, (attacked, infos, padded) = _all_runs(
       run, images, labels, targeted, run_targets,
       jax.random.split(runs_key, run_targets.shape[0]), compact, set_aside)

@@ -98,11 +98,10 @@ def pgd(apply_fn: common.ApplyFn,
       the box) instead of from ``images``.
     loss: ``"ce"`` (IFGSM/PGD), ``"cw"`` (C&W margin) or ``"dlr"``, static.
     eot_samples: noise draws each gradient is averaged over (static).
-    unroll: steps written out per ``lax.scan`` iteration (static int >= 1).
-      1 (the default) compiles once whatever ``num_steps`` is;
-      ``unroll >= num_steps`` writes every step out in the trace (fastest
-      to run on XLA:CPU with some convolutions, but compile time grows with
-      ``num_steps``).
+    unroll: steps written out per ``lax.scan`` iteration (static int >= 1):
+      1 compiles once whatever ``num_steps``; ``unroll >= num_steps`` writes
+      every step out (fastest on XLA:CPU with some convolutions; compile
+      time grows with ``num_steps``).
     return_best: ``False`` (the training attack) returns the final iterate.
       ``True`` (evaluation) checks every iterate from the start on and
       returns, for each image, the highest-loss iterate that fooled the

@@ -28,6 +28,7 @@ class ConfigError(ValueError):
 
 Problem = Union[None, str, Tuple[Any, str]]
 Check = Callable[[Any, Mapping[str, Any]], Problem]
+Rules = Tuple[Tuple[str, Check], ...]
 
 
 def _int(value: Any) -> bool:
@@ -204,7 +205,7 @@ def attack_list(known: Sequence[str], *, empty: bool = True) -> Check:
   return check
 
 
-def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
+def rules(attack_names: Sequence[str]) -> Rules:
   """Every key's check, in the order ``validate`` applies them (the first
   problem is the one said).
 
@@ -213,24 +214,47 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
   the validation attack) and the sections checked as a whole (``kernels``,
   ``sparsity``: see :func:`kernel_choices`, :func:`sparsifier`).
   """
-  known = tuple(attack_names)
-  strong = lambda check: when_present("eval.strong", check)
   return (
-      ("seed", integer(0)),   # numpy's generators refuse negative seeds
+      (("seed", integer(0)),)   # numpy's generators refuse negative seeds
+      + _dataset_rules() + _model_rules() + _training_rules()
+      + _attack_rules() + _validation_rules()
+      + _eval_rules(tuple(attack_names))
+      + (("num_devices", integer(0)),)
+      # Last, the keys whose names live in modules that import JAX: a mistake
+      # elsewhere is said before JAX loads (seconds).
+      + _jax_named_rules())
+
+
+def _dataset_rules() -> Rules:
+  """``config.dataset``: names from the data package, sizes, seeds."""
+  return (
       ("dataset.name", one_of(lambda: sorted(
           {name for name, _ in names_in("fkjax.data.types",
                                         "NUM_CLASSES")()}))),
-      ("dataset.source", one_of(names_in("fkjax.data.loader", "SOURCES"))),
+      ("dataset.source", one_of(names_in("fkjax.data.sources", "SOURCES"))),
       ("dataset.split_seed", integer(0)),
       ("dataset.synthetic_sizes", _synthetic_sizes),
       ("dataset.val_size", _val_size),
       ("dataset.subset_per_class", optional(integer())),
       ("dataset.test_subset_per_class", optional(integer())),
+  )
+
+
+def _model_rules() -> Rules:
+  """``config.model``: the architecture and its noise."""
+  return (
       ("model.depth", _depth),
       ("model.ensemble_size", integer()),
       ("model.width", integer()),
       ("model.noise_coef", number(0.0)),
       ("model.noise_std_over", one_of(("batch", "example"))),
+  )
+
+
+def _training_rules() -> Rules:
+  """``config.training`` but its data pipeline (named in a JAX module): the
+  schedule, the optimizer, checkpoints, the divergence guard."""
+  return (
       ("training.num_epochs", integer()),
       ("training.batch_size", _training_batch),
       ("training.learning_rate", number(0.0, low_open=True)),
@@ -242,6 +266,12 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("training.data_seed", optional(integer(0))),
       ("training.max_loss", optional(number(0.0, low_open=True))),
       ("training.steps_per_dispatch", optional(integer(0))),
+  )
+
+
+def _attack_rules() -> Rules:
+  """``config.attack``: the training attack."""
+  return (
       ("attack.epsilon", number(
           0.0, 1.0, low_open=True,
           rule="a radius in (0, 1]: images live in [0, 1], so 8/255 means "
@@ -250,12 +280,27 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       ("attack.num_steps", integer(0)),
       ("attack.bn_mode", one_of(("update", "train", "eval"))),
       ("attack.unroll", integer()),
+  )
+
+
+def _validation_rules() -> Rules:
+  """``config.validation``: the per-epoch check that selects the best
+  checkpoint."""
+  return (
       ("validation.batch_size", integer()),
       ("validation.num_examples", integer(0)),
       ("validation.attack_steps", integer(0)),
       ("validation.select_by", one_of(("natural", "pgd"))),
       ("validation.split", one_of(("val", "test"))),
       ("validation.select_by", _needs_attack_steps),
+  )
+
+
+def _eval_rules(known: tuple[str, ...]) -> Rules:
+  """``config.eval`` but the NAttack variant (named in a JAX module): the
+  protocol, the strong protocol's budget, sizes, the attack lists."""
+  strong = lambda check: when_present("eval.strong", check)
+  return (
       ("eval.checkpoint", one_of(("best", "latest"))),
       ("eval.protocol", _protocol),
       ("eval.strong.eot_samples", strong(integer(0))),
@@ -277,9 +322,13 @@ def rules(attack_names: Sequence[str]) -> tuple[tuple[str, Check], ...]:
       # (no final evaluation).
       ("eval.attacks", attack_list(known, empty=False)),
       ("eval.final_attacks", attack_list(known)),
-      ("num_devices", integer(0)),
-      # Last, the keys whose names live in modules that import JAX: a mistake
-      # elsewhere is said before JAX loads (seconds).
+  )
+
+
+def _jax_named_rules() -> Rules:
+  """The keys whose allowed names live in modules that import JAX (read
+  only when checked), and the sections checked as a whole."""
+  return (
       ("kernels", kernel_choices),
       ("training.data_pipeline",
        optional(one_of(names_in("fkjax.training.input_pipeline", "PIPELINES")))),

@@ -23,13 +23,13 @@ from fkjax.data.batching import to_float
 from fkjax.data.batching import train_batches
 from fkjax.data.cifar_binary import read_cifar_binary
 from fkjax.data.cifar_binary import record_size
+from fkjax.data.fetch import DATA_DIR_ENV
 from fkjax.data.fetch import default_data_dir
 from fkjax.data.fetch import download_cifar
 from fkjax.data.fetch import ensure_cifar
-from fkjax.data.loader import DATA_DIR_ENV
-from fkjax.data.loader import SOURCES
+from fkjax.data.fetch import resolve_data_dir
 from fkjax.data.loader import load_dataset
-from fkjax.data.loader import resolve_data_dir
+from fkjax.data.sources import SOURCES
 from fkjax.data.splits import limit
 from fkjax.data.splits import subset_per_class
 from fkjax.data.splits import train_val_split
