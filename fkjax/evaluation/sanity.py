@@ -12,11 +12,14 @@ four of them on a few batches and says loudly when one fails:
 * ``apgd_converged``: the reported APGD-CE (its iterations and restarts)
   is not weaker, beyond noise, than APGD-CE with twice the iterations and
   twice the restarts: its figure is not an overestimate for want of budget;
-* ``more_steps``: PGD with many steps is not weaker than with few;
+* ``more_steps``: PGD with many steps is not weaker than with few (PGD
+  from a random start, keeping its best iterate, step
+  ``2.5 * eps / steps`` so that every run can cross its ball);
 * ``more_eot``: for a noisy model, PGD with EOT over K draws is not weaker
   than with one draw;
-* ``blackbox_weaker``: the gradient-free NAttack is not stronger than the
-  white-box attacks together (the APGD-CE runs included).
+* ``blackbox_weaker``: the gradient-free NAttack (the paper's variant) is
+  not stronger than the white-box attacks together (the APGD-CE runs
+  included).
 
 Every comparison is paired, image by image: with ``b`` images the stronger
 setting leaves robust but the weaker breaks and ``c`` the reverse, a check
@@ -42,6 +45,7 @@ import numpy as np
 from fkjax import attacks as attacks_lib
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import result as eval_result
 from fkjax.evaluation import suites as eval_suites
 
 SWEEP_EPSILONS = tuple(e / 255 for e in (0, 2, 4, 8, 16, 32, 64))
@@ -157,38 +161,23 @@ def _apgd(epsilon, num_iters, n_restarts, eot_samples, check_draws):
       check_draws=check_draws, skip_misclassified=False)
 
 
-def sanity_checks(apply_fn: attacks_lib.ApplyFn,
-                  variables: Any,
-                  batches: Sequence[Mapping[str, Any]],
-                  key: jax.Array,
-                  *,
-                  epsilon: float = 8 / 255,
-                  stochastic: bool = False,
+def sanity_checks(apply_fn: attacks_lib.ApplyFn, variables: Any,
+                  batches: Sequence[Mapping[str, Any]], key: jax.Array, *,
+                  epsilon: float = 8 / 255, stochastic: bool = False,
                   eot_samples: int | None = None,
-                  check_draws: int | None = None,
-                  num_noise_draws: int = 1,
+                  check_draws: int | None = None, num_noise_draws: int = 1,
                   sweep_epsilons: Sequence[float] = SWEEP_EPSILONS,
-                  sweep_steps: int = 20,
-                  steps: tuple[int, int] = (20, 100),
+                  sweep_steps: int = 20, steps: tuple[int, int] = (20, 100),
                   apgd_budget: tuple[int, int] = (100, 1),
-                  nattack_population: int = 100,
-                  nattack_iters: int = 100,
+                  nattack_population: int = 100, nattack_iters: int = 100,
                   nattack_chunk: int | None = None,
                   nattack_image_chunk: int | None = None,
-                  zero_threshold: float = 2.0,
-                  z: float = 2.0,
-                  min_points: float = 1.0,
-                  progress: bool = False,
+                  zero_threshold: float = 2.0, z: float = 2.0,
+                  min_points: float = 1.0, progress: bool = False,
                   journal: eval_journal.Journal | None = None
                   ) -> SanityReport:
-  """Runs the sanity checks of the module docstring on ``batches``.
-
-  The sweep and ``apgd_converged`` run APGD-CE; ``more_steps`` and
-  ``more_eot`` PGD with best-so-far tracking from a random start, step
-  ``2.5 * eps / steps`` (so that every run can cross its ball); the black-box
-  attack is NAttack (the paper's variant). The white-box attacks use
-  ``eot_samples`` draws per gradient (defaults as
-  ``eval_suites.strong_attacks``).
+  """Runs the sanity checks of the module docstring (it names each one's
+  attack) on ``batches``.
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``.
@@ -199,7 +188,8 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
     epsilon: the evaluation's radius: ``more_steps``, ``more_eot`` and
       ``blackbox_weaker`` attack there.
     stochastic: whether the model draws noise at test time.
-    eot_samples: EOT draws of the white-box attacks (20 if ``stochastic``).
+    eot_samples: EOT draws per gradient of the white-box attacks (20 if
+      ``stochastic``, as ``eval_suites.strong_attacks``).
     check_draws: fresh draws an iterate must fool (3 if ``stochastic``).
     num_noise_draws: draws the scoring prediction averages over.
     sweep_epsilons: the sweep's radii, increasing (0 = clean accuracy).
@@ -225,24 +215,11 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
   """
   eot_samples, check_draws = eval_suites.strong_settings(
       stochastic=stochastic, eot_samples=eot_samples, check_draws=check_draws)
-  sweep = sorted(float(e) for e in sweep_epsilons)
-  if len(sweep) < 2:
-    raise ValueError("sweep_epsilons needs at least two radii")
-  few, many = steps
-  if not 0 < few < many:
-    raise ValueError(f"steps must be (few, many) with 0 < few < many, got "
-                     f"{steps}")
-  plan = _Plan()
-  roles = _Roles(
-      sweep=[plan.add(f"sweep_{e * 255:g}", ("apgd", e, sweep_steps, 1),
-                      _apgd(e, sweep_steps, 1, eot_samples, check_draws))
-             for e in sweep],
-      **_at_epsilon(plan, epsilon, stochastic, eot_samples, check_draws,
-                    apgd_budget, steps),
-      nattack=plan.add("nattack", ("nattack",), functools.partial(
-          attacks_lib.nattack, epsilon=epsilon, population=nattack_population,
-          max_iters=nattack_iters, chunk=nattack_chunk,
-          image_chunk=nattack_image_chunk)))
+  sweep, plan, roles = _plan_attacks(
+      sweep_epsilons, sweep_steps, epsilon, stochastic, eot_samples,
+      check_draws, apgd_budget, steps, nattack=dict(
+          population=nattack_population, max_iters=nattack_iters,
+          chunk=nattack_chunk, image_chunk=nattack_image_chunk))
   results = eval_loop.robust_accuracy(
       apply_fn, variables, batches, plan.suite, key,
       num_noise_draws=num_noise_draws, progress=progress, per_image=True,
@@ -254,20 +231,24 @@ def sanity_checks(apply_fn: attacks_lib.ApplyFn,
       _sweep_reaches_zero(seen, sweep, roles.sweep, zero_threshold),
       _apgd_converged(seen, roles, apgd_budget),
       _more_steps(seen, roles, steps),
-      _more_eot(seen, roles, few, stochastic, eot_samples),
+      _more_eot(seen, roles, steps[0], stochastic, eot_samples),
       _blackbox_weaker(seen, roles, plan.suite, sweep, epsilon),
   ]
-  settings = {"num_examples": results.num_examples, "epsilon": epsilon,
-              "stochastic": stochastic,
-              "eot_samples": eot_samples, "check_draws": check_draws,
-              "num_noise_draws": num_noise_draws, "sweep_steps": sweep_steps,
-              "steps": list(steps), "apgd_budget": list(apgd_budget),
-              "nattack_population": nattack_population,
-              "nattack_iters": nattack_iters, "z": z,
-              "min_points": min_points, "zero_threshold": zero_threshold,
-              "seconds": {name: e.seconds
-                          for name, e in results.attacks.items()}}
-  return SanityReport(checks, settings, seen.accuracy)
+  return SanityReport(checks, _settings(results, dict(
+      epsilon=epsilon, stochastic=stochastic, eot_samples=eot_samples,
+      check_draws=check_draws, num_noise_draws=num_noise_draws,
+      sweep_steps=sweep_steps, steps=list(steps),
+      apgd_budget=list(apgd_budget), nattack_population=nattack_population,
+      nattack_iters=nattack_iters, z=z, min_points=min_points,
+      zero_threshold=zero_threshold)), seen.accuracy)
+
+
+def _settings(results: eval_result.EvalResult,
+              options: Mapping[str, Any]) -> dict[str, Any]:
+  """The report's ``settings``: the number of images, the checks'
+  ``options`` and each attack's wall time (seconds)."""
+  return {"num_examples": results.num_examples, **options,
+          "seconds": {name: e.seconds for name, e in results.attacks.items()}}
 
 
 class _Plan:
@@ -321,6 +302,34 @@ def _at_epsilon(plan: _Plan, epsilon: float, stochastic: bool,
       single=(plan.add(f"pgd{few}_eot1", ("pgd", epsilon, few, 1),
                        _pgd(epsilon, few, 1, check_draws))
               if stochastic and eot_samples > 1 else None))
+
+
+def _plan_attacks(sweep_epsilons: Sequence[float], sweep_steps: int,
+                  epsilon: float, stochastic: bool, eot_samples: int,
+                  check_draws: int, apgd_budget: tuple[int, int],
+                  steps: tuple[int, int], *, nattack: Mapping[str, Any]
+                  ) -> tuple[list[float], _Plan, _Roles]:
+  """The sweep's radii (sorted), the attacks the checks run and the part
+  each plays: the sweep's APGD-CE at every radius, the white-box attacks
+  at ``epsilon`` (``_at_epsilon``) and NAttack (``nattack``: its keyword
+  arguments besides ``epsilon``), in this order."""
+  sweep = sorted(float(e) for e in sweep_epsilons)
+  if len(sweep) < 2:
+    raise ValueError("sweep_epsilons needs at least two radii")
+  few, many = steps
+  if not 0 < few < many:
+    raise ValueError(f"steps must be (few, many) with 0 < few < many, got "
+                     f"{steps}")
+  plan = _Plan()
+  roles = _Roles(
+      sweep=[plan.add(f"sweep_{e * 255:g}", ("apgd", e, sweep_steps, 1),
+                      _apgd(e, sweep_steps, 1, eot_samples, check_draws))
+             for e in sweep],
+      **_at_epsilon(plan, epsilon, stochastic, eot_samples, check_draws,
+                    apgd_budget, steps),
+      nattack=plan.add("nattack", ("nattack",), functools.partial(
+          attacks_lib.nattack, epsilon=epsilon, **nattack)))
+  return sweep, plan, roles
 
 
 @dataclasses.dataclass

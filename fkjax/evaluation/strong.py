@@ -167,37 +167,28 @@ def worst_case_over_seeds(runs: Sequence[EvalResult],
                    robust=robust)
 
 
-def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
-                      variables: Any,
+def strong_evaluation(apply_fn: attacks_lib.ApplyFn, variables: Any,
                       batches: Callable[[], Iterable[Mapping[str, Any]]]
                       | Sequence[Mapping[str, Any]],
-                      key: jax.Array,
-                      *,
-                      epsilon: float = 8 / 255,
+                      key: jax.Array, *, epsilon: float = 8 / 255,
                       stochastic: bool = False,
                       eot_samples: int | None = None,
                       check_draws: int | None = None,
-                      num_noise_draws: int = 1,
-                      num_iters: int = 100,
-                      n_restarts: int = 1,
-                      targeted: bool = True,
+                      num_noise_draws: int = 1, num_iters: int = 100,
+                      n_restarts: int = 1, targeted: bool = True,
                       num_targets: int = 9,
                       targeted_on_survivors: bool = True,
                       num_seeds: int = 3,
                       sanity_batches: Sequence[Mapping[str, Any]]
                       | None = None,
                       sanity_options: Mapping[str, Any] | None = None,
-                      progress: bool = False,
-                      num_batches: int | None = None,
+                      progress: bool = False, num_batches: int | None = None,
                       journal: eval_journal.Journal | None = None
                       ) -> StrongResult:
-  """The strong protocol: APGD suite, per-image worst case, seeds, sanity.
-
-  Runs ``eval_suites.strong_attacks`` over the data ``num_seeds`` times
-  (``repeat_evaluation``), reports each attack's accuracy and the
-  per-image worst case over all of them (clean images included) as mean
-  and std over the seeds, and, given ``sanity_batches``, runs
-  ``fkjax.evaluation.sanity.sanity_checks`` on them with the same settings.
+  """The strong protocol of the module docstring on ``batches``: its
+  attacks' accuracies and their per-image worst case (clean images
+  included) as mean and std over ``num_seeds`` seeds, and the sanity
+  checks on ``sanity_batches`` with the same settings.
 
   Args:
     apply_fn: ``apply_fn(variables, images, key) -> logits``.
@@ -243,29 +234,51 @@ def strong_evaluation(apply_fn: attacks_lib.ApplyFn,
       num_iters=num_iters, n_restarts=n_restarts, targeted=targeted,
       num_targets=num_targets if targeted else 0, num_seeds=num_seeds,
       targeted_on_survivors=bool(targeted and targeted_on_survivors))
-  suite = eval_suites.strong_attacks(
-      epsilon, stochastic=stochastic, eot_samples=eot_samples,
-      check_draws=check_draws, num_iters=num_iters, n_restarts=n_restarts,
-      targeted=targeted, num_targets=num_targets)
-  start = time.perf_counter()
-  evaluator = Evaluator(apply_fn, suite, num_noise_draws=num_noise_draws,
-                        survivors_only=survivors_plan(
-                            suite, settings.targeted_on_survivors),
-                        batch_key="config.eval.batch_size")
-  seeds = repeat_evaluation(evaluator, variables, batches, key,
-                            num_seeds=num_seeds, progress=progress,
-                            num_batches=num_batches, journal=journal)
-  # A resumed evaluation's seconds include what its earlier attempts spent.
-  seconds = time.perf_counter() - start + seeds.resumed_seconds
+  suite = _suite(settings)
+  seeds, seconds = _run_seeds(apply_fn, variables, batches, key, settings,
+                              suite, progress=progress,
+                              num_batches=num_batches, journal=journal)
   report = None if sanity_batches is None else _sanity_checks(
       apply_fn, variables, sanity_batches, key, settings, sanity_options,
-      progress=progress,
-      journal=journal.scoped("sanity") if journal is not None else None)
+      progress=progress, journal=journal)
   return StrongResult(
       **{f.name: getattr(seeds, f.name) for f in dataclasses.fields(seeds)},
       description=describe(settings, suite), settings=settings,
       seconds=seconds, sanity=None if report is None else report.to_dict(),
       sanity_text=None if report is None else report.format())
+
+
+def _suite(settings: StrongSettings) -> dict[str, eval_suites.Attack]:
+  """``eval_suites.strong_attacks`` at the protocol's ``settings``."""
+  s = settings
+  return eval_suites.strong_attacks(
+      s.epsilon, stochastic=s.stochastic, eot_samples=s.eot_samples,
+      check_draws=s.check_draws, num_iters=s.num_iters,
+      n_restarts=s.n_restarts, targeted=s.targeted,
+      num_targets=s.num_targets)
+
+
+def _run_seeds(apply_fn: attacks_lib.ApplyFn, variables: Any,
+               batches: Callable[[], Iterable[Mapping[str, Any]]]
+               | Sequence[Mapping[str, Any]],
+               key: jax.Array, settings: StrongSettings,
+               suite: Mapping[str, eval_suites.Attack], *, progress: bool,
+               num_batches: int | None,
+               journal: eval_journal.Journal | None
+               ) -> tuple[RepeatedResult, float]:
+  """``repeat_evaluation`` of ``suite`` at the protocol's ``settings``, and
+  its wall time (seconds)."""
+  start = time.perf_counter()
+  evaluator = Evaluator(apply_fn, suite,
+                        num_noise_draws=settings.num_noise_draws,
+                        survivors_only=survivors_plan(
+                            suite, settings.targeted_on_survivors),
+                        batch_key="config.eval.batch_size")
+  seeds = repeat_evaluation(evaluator, variables, batches, key,
+                            num_seeds=settings.num_seeds, progress=progress,
+                            num_batches=num_batches, journal=journal)
+  # A resumed evaluation's seconds include what its earlier attempts spent.
+  return seeds, time.perf_counter() - start + seeds.resumed_seconds
 
 
 def _sanity_checks(apply_fn: attacks_lib.ApplyFn, variables: Any,
@@ -275,11 +288,13 @@ def _sanity_checks(apply_fn: attacks_lib.ApplyFn, variables: Any,
                    journal: eval_journal.Journal | None
                    ) -> sanity.SanityReport:
   """``sanity.sanity_checks`` at the protocol's ``settings`` (``options``
-  override them), on a key of their own."""
+  override them), on a key of their own and ``journal``'s part
+  ``"sanity"``."""
   s = settings
   return sanity.sanity_checks(
       apply_fn, variables, batches, jax.random.fold_in(key, 1_000_003),
-      progress=progress, journal=journal,
+      progress=progress,
+      journal=journal.scoped("sanity") if journal is not None else None,
       **{**dict(epsilon=s.epsilon, stochastic=s.stochastic,
                 eot_samples=s.eot_samples, check_draws=s.check_draws,
                 num_noise_draws=s.num_noise_draws,
