@@ -2,7 +2,7 @@
 
 "On Evaluating Adversarial Robustness" lists symptoms of an evaluation that
 a defence fools, most often by masking its gradient. ``sanity_checks`` runs
-four of them on a few batches and says loudly when one fails:
+six of them on a few batches and says loudly when one fails:
 
 * ``epsilon_sweep``: accuracy under APGD-CE (the strong protocol's attack,
   its step size adapting to epsilon) against epsilon in {0, 2, 4, 8, 16, 32,
