@@ -2,7 +2,8 @@
 
 With a GPU's selections forced (``FKJAX_KERNELS_PLATFORM=gpu``) the training
 step (a single net, an ensemble, a sweep over a run axis), the validation and
-the strong protocol's attacks are traced and lowered for CUDA (no compile),
+the strong protocol's attacks (and APGD called alone) are traced and
+lowered for CUDA (no compile),
 and their StableHLO says what a GPU would get: the stock convolutions, JAX's
 Threefry for the noise, no CPU custom call, no host callback. One test
 trains and resumes through ``train.py`` with those selections (the slow
@@ -176,7 +177,9 @@ def test_validation_and_the_strong_protocols_attacks(monkeypatch):
                                    check_draws=1, num_iters=2,
                                    num_targets=2),
            "nattack": functools.partial(attacks.nattack, population=4,
-                                        max_iters=2, chunk=0)}
+                                        max_iters=2, chunk=0),
+           # Called alone: the clean check and a lone run's buckets.
+           "apgd_alone": functools.partial(attacks.apgd, num_iters=2)}
   assert {"natural", "pgd2", "apgd_ce", "apgd_dlr", "apgd_t"} <= set(suite)
   del suite["natural"]   # the images as they are: no program
   # The prediction the accuracies come from, then each attack.
