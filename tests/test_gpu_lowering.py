@@ -2,10 +2,10 @@
 
 With a GPU's selections forced (``FKJAX_KERNELS_PLATFORM=gpu``) the training
 step (a single net, an ensemble, a sweep over a run axis), the validation and
-the strong protocol's attacks (and APGD called alone) are traced and
-lowered for CUDA (no compile),
-and their StableHLO says what a GPU would get: the stock convolutions, JAX's
-Threefry for the noise, no CPU custom call, no host callback. One test
+the strong protocol's attacks (and APGD called alone) are traced and lowered
+for CUDA (no compile), and their StableHLO says what a GPU would get: the
+stock convolutions, JAX's Threefry for the noise, no CPU custom call, no
+host callback. One test
 trains and resumes through ``train.py`` with those selections (the slow
 set's).
 """
