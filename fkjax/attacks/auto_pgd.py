@@ -58,10 +58,11 @@ With ``return_info=True`` :func:`apgd` also returns a dict with, per image,
 ``"fooled"`` (bool ``[batch]``: the clean image or some iterate fooled the
 ``check_draws`` check), ``"score"`` (the returned point's loss; ``-inf``
 for an image returned clean, set aside as misclassified), per run
-(``[runs, ...]``) ``"attacked"`` (bool ``[runs, batch]``: the images the run attacked), the
-trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as evaluated, before
-any restart from ``x_max``) and ``"step_size"`` (``[runs, N, batch]``: the
-step that produced ``x^(k+1)``), zero for the images a run did not attack,
+(``[runs, ...]``) ``"attacked"`` (bool ``[runs, batch]``: the images the run
+attacked), the trace ``"loss"`` (``[runs, N + 1, batch]``: ``f(x^(k))`` as
+evaluated, before any restart from ``x_max``) and ``"step_size"`` (``[runs,
+N, batch]``: the step that produced ``x^(k+1)``), zero for the images a run
+did not attack,
 and the counts ``"image_runs"`` (the images attacked, summed over the runs)
 and ``"padded_image_runs"`` (the same with the padding of the buckets).
 """
