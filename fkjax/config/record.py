@@ -106,8 +106,7 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any],
       continue
     va, vb = fa.get(key, missing), fb.get(key, missing)
     if va is not missing and va != vb:
-      out.append((key, None if va is missing else va,
-                  None if vb is missing else vb))
+      out.append((key, va, None if vb is missing else vb))
   return out
 
 
