@@ -1,10 +1,12 @@
 """Shared test settings."""
 import os
+import signal
 
 import jax
 
 from fkjax import kernels
 from tests.subprocess_env import FAST_COMPILE_FLAGS
+from tests.subprocess_env import TEST_CACHE_DIR
 
 os.environ["XLA_FLAGS"] = " ".join(
     filter(None, [os.environ.get("XLA_FLAGS"), FAST_COMPILE_FLAGS]))
@@ -22,3 +24,20 @@ kernels.apply_xla_flags()
 # overrides this default, so what a GPU run computes is what the tests check
 # (tests/test_precision.py lowers each precision under another default).
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# One persistent compilation cache for every test process of this checkout
+# and every child they start (both xdist workers, later runs), never the
+# user's: a program a test compiled is loaded by the next test that compiles
+# it. Set before anything compiles; the entry points' own cache setting
+# (devices.enable_compilation_cache, in-process or in a child) then leaves
+# it alone.
+jax.config.update("jax_compilation_cache_dir", str(TEST_CACHE_DIR))
+os.environ["JAX_COMPILATION_CACHE_DIR"] = str(TEST_CACHE_DIR)
+
+# A test run started in the background (`cmd &` in a script) inherits
+# SIGINT ignored, and so would every child a test starts: Python keeps an
+# ignored SIGINT ignored, and a child sent Ctrl-C would run on. Python's own
+# handler here is reset to the default in every child at exec, where Python
+# installs its KeyboardInterrupt again, as in a run started from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+  signal.signal(signal.SIGINT, signal.default_int_handler)

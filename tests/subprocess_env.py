@@ -1,5 +1,13 @@
 """The environment of the tests' training subprocesses."""
 import os
+from pathlib import Path
+
+# The tests' own persistent compilation cache, one per checkout (ignored by
+# git), shared by the test processes and their subprocesses: a program is
+# compiled once, by whichever test needs it first, and loaded by every later
+# one, in this run and the next. Never the user's cache (configs/default.py:
+# ~/.cache/fkjax), whose programs come from other code.
+TEST_CACHE_DIR = Path(__file__).resolve().parents[1] / ".cache" / "tests"
 
 # Test-only: XLA:CPU's code generation at its lowest optimisation, and its
 # older elemental emitters instead of the fusion emitters (which compile
@@ -14,6 +22,12 @@ FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 "
                       "--xla_llvm_disable_expensive_passes=true "
                       "--xla_cpu_use_fusion_emitters=false")
 
+# The longest a test waits on a child: a child running longer hangs. No
+# test's child takes a tenth of it, on a machine however busy, so no working
+# test fails on a slow machine (wall time on a loaded machine is many times
+# the CPU time).
+TIMEOUT_S = 3600
+
 # ``python -c FILE_SIZE_LIMIT script.py args...`` runs ``script.py`` with
 # files above 64 KiB failing to write (EFBIG), as they do on a full disk.
 FILE_SIZE_LIMIT = (
@@ -25,7 +39,7 @@ FILE_SIZE_LIMIT = (
     "import runpy; runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
 
-def subprocess_env(cache_dir=None, devices=1):
+def subprocess_env(cache_dir=TEST_CACHE_DIR, devices=1):
   """``devices`` host CPU devices, every compilation cached in ``cache_dir``
   (None leaves the compilation cache to the config), unbuffered output."""
   env = dict(os.environ)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from fkjax import argtypes
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +59,7 @@ def test_bench_slim_refuses_a_zero_batch_size_in_its_list():
   done = subprocess.run(
       [sys.executable, "-m", "benchmarks.bench_slim", "--config=configs/cpu.py",
        "--workdir=/nonexistent", "--latency_batches=1,0"],
-      cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+      cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
   assert done.returncode != 0
   assert "must be comma-separated positive integers" in done.stderr
   assert "Traceback" not in done.stderr

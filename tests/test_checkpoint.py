@@ -22,6 +22,7 @@ import pytest
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax.checkpoint import quiet
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -252,7 +253,7 @@ def test_the_cli_flag_allows_unverified_checkpoints(tmp_path):
          if k != ckpt_lib.ALLOW_UNVERIFIED_ENV}
   outputs = [subprocess.run([sys.executable, "-c", script, *flag], cwd=REPO,
                             env=env, capture_output=True, text=True,
-                            timeout=120).stdout.strip()
+                            timeout=TIMEOUT_S).stdout.strip()
              for flag in ([], ["--allow_unverified_checkpoint"])]
   assert outputs == ["None False", "1 False"]
   # ... which every Checkpointer reads, however deep it is built.
@@ -385,7 +386,7 @@ def test_real_write_failure_is_one_line(tmp_path):
   """A write that fails inside tensorstore: one line, no orbax tracebacks."""
   proc = subprocess.run([sys.executable, "-c", _WRITE_FAILURE,
                          str(tmp_path)], cwd=REPO, capture_output=True,
-                        text=True, timeout=300,
+                        text=True, timeout=TIMEOUT_S,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 1, proc.stderr
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
@@ -427,11 +428,12 @@ def test_ctrl_c_during_a_save_is_one_line(tmp_path, delay):
                            str(tmp_path)], cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
-  while not proc.stdout.readline().startswith("saving 3"):
-    pass
+  for line in proc.stdout:   # (ends early if the child dies)
+    if line.startswith("saving 3"):
+      break
   time.sleep(delay)
   proc.send_signal(signal.SIGINT)
-  _, err = proc.communicate(timeout=300)
+  _, err = proc.communicate(timeout=TIMEOUT_S)
   assert proc.returncode == 130, err
   lines = [l for l in err.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith(
@@ -463,7 +465,7 @@ def test_a_checkpoint_of_other_shapes_is_one_line(tmp_path):
   """Refused from its metadata: orbax's concurrent reads, each failing,
   used to leave asyncio tracebacks after the error line."""
   proc = subprocess.run([sys.executable, "-c", _OTHER_SHAPES, str(tmp_path)],
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 1, proc.stderr
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
@@ -503,7 +505,7 @@ def test_a_truncated_checkpoint_says_so_without_orbax_internals(tmp_path,
   attempts)."""
   del attempt
   proc = subprocess.run([sys.executable, "-c", _TRUNCATED, str(tmp_path)],
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 1, proc.stderr
   first = proc.stderr.splitlines()[0]

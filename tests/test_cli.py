@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.subprocess_env import FILE_SIZE_LIMIT
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _run(args, env=None, timeout=300):
+def _run(args, env=None, timeout=TIMEOUT_S):
   full_env = dict(os.environ)
   full_env.pop("FKJAX_TRACEBACK", None)
   full_env.update(env or {})

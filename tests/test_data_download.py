@@ -23,6 +23,7 @@ import pytest
 from fkjax import data
 from fkjax.data import download as download_cli
 from fkjax.data import fetch
+from tests.subprocess_env import TIMEOUT_S
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -186,13 +187,13 @@ def test_interrupted_download_keeps_nothing_and_a_retry_works(
   expected = (rf"cut short: received {len(blob) // 2:,} of {len(blob):,} bytes"
               if send_length else r"md5 of the [\d,]+ bytes received")
   with pytest.raises(data.DataError, match=expected):
-    data.download_cifar("cifar10", timeout=10)
+    data.download_cifar("cifar10", timeout=60)
   assert os.listdir(env) == []
   with pytest.raises(data.DataError, match="downloading is off"):
     data.ensure_cifar("cifar10", download=False)
 
   served.cut = False
-  assert data.ensure_cifar("cifar10", timeout=10) == (
+  assert data.ensure_cifar("cifar10", timeout=60) == (
       "archive", str(env / "cifar-10-binary.tar.gz"))
   assert sorted(os.listdir(env)) == ["cifar-10-binary.tar.gz"]
   got = data.read_cifar_binary(env, strict_sizes=False)
@@ -211,7 +212,7 @@ def test_unreachable_archive_is_a_clear_error(served, env, monkeypatch,
   base = (served.url if where == "missing_file" else
           f"http://127.0.0.1:{_closed_port()}/")
   with pytest.raises(data.DataError) as info:
-    data.ensure_cifar("cifar10", base_url=base, timeout=10)
+    data.ensure_cifar("cifar10", base_url=base, timeout=60)
   message = str(info.value)
   assert message.startswith(f"cannot download {base}cifar-10-binary.tar.gz (")
   assert ("HTTP Error 404" in message if where == "missing_file" else
@@ -292,7 +293,7 @@ def test_command_as_module_fails_in_one_line(tmp_path):
       [sys.executable, "-W", "error", "-m", "fkjax.data.download", "cifar10",
        "--data-dir", str(tmp_path / "d"), "--timeout", "10",
        "--base-url", f"http://127.0.0.1:{_closed_port()}/"],
-      capture_output=True, text=True, timeout=120, env=env, check=False)
+      capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
   assert result.returncode == 1
   lines = result.stderr.splitlines()
   assert lines[0].startswith("fkjax: downloading CIFAR-10 from http://")

@@ -17,6 +17,7 @@ from fkjax.training import input_pipeline
 from fkjax.config import record as run_config
 from fkjax.config.record import ConfigError
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def test_every_pipeline_gives_the_plain_loops_states():
   env["XLA_FLAGS"] = ""   # kernels.apply_xla_flags adds fkjax's
   proc = subprocess.run(
       [sys.executable, "-m", "tests.dispatch_equivalence"], cwd=REPO,
-      env=env, capture_output=True, text=True, timeout=900)
+      env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result.pop("steps_per_epoch") == 4

@@ -13,6 +13,7 @@ from fkjax import kernels
 from fkjax.evaluation import progress as eval_progress
 from fkjax.workdir import metric_logging
 from fkjax import models
+from tests import hlo
 from tests import tiny_models
 
 
@@ -273,11 +274,11 @@ _NATTACK = functools.partial(attacks.nattack, epsilon=1e-4, population=4,
                              max_iters=3)
 
 
-def _lowered_text(apply_fn, attack, mlp, platform):
+def _lowered(apply_fn, attack, mlp, platform):
   params, images, labels = mlp
   return jax.jit(functools.partial(attack, apply_fn)).trace(
       params, images, labels, jax.random.key(0)).lower(
-          lowering_platforms=(platform,)).as_text()
+          lowering_platforms=(platform,))
 
 
 def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
@@ -289,9 +290,9 @@ def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
   per_call = eval_progress.CallCounting(_noisy_mlp, per_call=True)
   # The same attack lowered: a callback only where asked for (JAX lowers a
   # host callback only for the backend it runs on: here the CPU).
-  assert "callback" in _lowered_text(per_call.apply_fn, _NATTACK, mlp, "cpu")
-  assert "callback" not in _lowered_text(counting.apply_fn, _NATTACK, mlp,
-                                         "cuda")
+  assert hlo.host_callbacks(_lowered(per_call.apply_fn, _NATTACK, mlp, "cpu"))
+  assert not hlo.host_callbacks(_lowered(counting.apply_fn, _NATTACK, mlp,
+                                         "cuda"))
 
 
 def test_an_accelerators_progress_moves_between_attacks(mlp, monkeypatch):
@@ -327,4 +328,4 @@ def test_an_accelerators_progress_changes_no_result(mlp, monkeypatch):
   for name in suite:
     np.testing.assert_array_equal(on.per_image[name], off.per_image[name])
     for compiled in evaluator.compiled_attacks(name, progress=True):
-      assert "callback" not in compiled.as_text()
+      assert not hlo.host_callbacks(compiled)

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import gpu_bench_epochs
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 # A minute of CPU: one ResNet8 step program per precision, a sweep, two
 # train.py runs of two epochs in subprocesses.
@@ -26,7 +27,7 @@ def smoke(tmp_path_factory):
       [sys.executable, "-m", "benchmarks.gpu_bench", "--smoke",
        f"--json={out / 'bench.json'}", f"--log={out / 'bench.log'}"],
       cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
-      timeout=900, check=False)
+      timeout=TIMEOUT_S, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads((out / "bench.json").read_text()), out
 

@@ -31,10 +31,12 @@ from fkjax.training import build
 from fkjax.training import program
 from fkjax.training import step as step_lib
 from fkjax.training import validation
+from tests import hlo
 from tests import tiny_models
 from tests.test_train import REPO
 from tests.test_train import _cmd
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 # Custom calls a GPU program may hold: sharding annotations, not kernels.
 _SHARDING_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
@@ -54,10 +56,10 @@ def _gpu(monkeypatch):
 
 
 def _cuda(jitted, *args):
-  """``jitted`` traced on ``args`` (shapes) and lowered for CUDA: its
-  StableHLO text and its jaxpr."""
+  """``jitted`` traced on ``args`` (shapes) and lowered for CUDA: the
+  lowered program and its jaxpr's primitives."""
   traced = jitted.trace(*args)
-  return traced.lower(lowering_platforms=("cuda",)).as_text(), str(
+  return traced.lower(lowering_platforms=("cuda",)), hlo.primitives(
       traced.jaxpr)
 
 
@@ -70,72 +72,67 @@ def _step_program(config):
   return _cuda(step, state, batch, jax.random.key(0))
 
 
-def _count(text, op):
-  return len(re.findall(rf"stablehlo\.{op}\b", text))
+def _count(program, op):
+  return hlo.operations(program)[f"stablehlo.{op}"]
 
 
-def _custom_calls(text):
-  return set(re.findall(r"stablehlo\.custom_call @(\w+)", text))
-
-
-def _convolutions(text):
+def _convolutions(program):
   """``(window, feature_group_count, batch_group_count)`` of every
   convolution: the spatial size of its ``rhs``, and its groups."""
   out = []
-  for line in text.splitlines():
-    if "stablehlo.convolution" not in line:
-      continue
-    rhs_dims = re.search(r"dim_numbers = \[[^\]]*\]x\[([^\]]*)\]", line)
-    shapes = re.findall(r"tensor<([0-9x]+)x[a-z]+[0-9]*>", line.split(
-        " : ")[-1])
-    dims = [d.strip() for d in rhs_dims.group(1).split(",")]
-    rhs = [int(n) for n in shapes[1].split("x")]
-    groups = [int(re.search(rf"{name} = (\d+)", line).group(1))
+  for op in hlo.stablehlo_ops(program, "convolution"):
+    # #stablehlo.conv<[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]>: the rhs's
+    # axes between "x[" and "]".
+    numbers = str(op.attributes["dimension_numbers"])
+    dims = [d.strip() for d in re.search(r"\]x\[([^\]]*)\]",
+                                         numbers).group(1).split(",")]
+    rhs = op.operands[1].type.shape
+    groups = [op.attributes[name].value
               for name in ("feature_group_count", "batch_group_count")]
     out.append((max(rhs[dims.index(d)] for d in ("0", "1")), *groups))
   return out
 
 
-def _assert_gpu_program(text, jaxpr, noise=True):
+def _assert_gpu_program(program, primitives, noise=True):
   """What a GPU gets: no CPU kernel, no host callback, stock convolutions,
   JAX's own Threefry for the noise."""
-  calls = _custom_calls(text)
+  calls = hlo.custom_call_targets(program)
   assert not calls - _SHARDING_CALLS, calls
-  assert "fkjax_" not in text and "callback" not in text
-  assert _count(text, "convolution") > 0
+  assert not hlo.host_callbacks(program)
+  assert _count(program, "convolution") > 0
   if noise:
     # jax.random's Threefry primitive, lowered to plain StableHLO (the CPU
     # form writes the rounds out in jnp and has no such primitive).
-    assert "threefry2x32" in jaxpr
-    assert _count(text, "xor") > 0 and _count(text, "shift_left") > 0
+    assert primitives["threefry2x32"]
+    assert _count(program, "xor") > 0 and _count(program, "shift_left") > 0
 
 
 def test_a_single_nets_training_step(monkeypatch):
-  cpu_text, cpu_jaxpr = _step_program(_config(
+  cpu_lowered, cpu_primitives = _step_program(_config(
       **{"kernels.conv": "explicit_grad", "kernels.noise": "jnp"}))
   _gpu(monkeypatch)
-  text, jaxpr = _step_program(_config())
-  _assert_gpu_program(text, jaxpr)
+  lowered, primitives = _step_program(_config())
+  _assert_gpu_program(lowered, primitives)
   # The CPU's explicit gradients spell the backward passes out with
   # transposes; the stock convolutions leave them to the GPU's compiler.
-  assert "threefry2x32" not in cpu_jaxpr
-  assert _count(text, "transpose") <= 1 < _count(cpu_text, "transpose")
-  assert _count(text, "convolution") < _count(cpu_text, "convolution")
+  assert not cpu_primitives["threefry2x32"]
+  assert _count(lowered, "transpose") <= 1 < _count(cpu_lowered, "transpose")
+  assert _count(lowered, "convolution") < _count(cpu_lowered, "convolution")
 
 
 def test_an_ensembles_training_step(monkeypatch):
   members = {"model.ensemble_size": 2}
-  cpu_text, _ = _step_program(_config(**members, **{
+  cpu_lowered, _ = _step_program(_config(**members, **{
       "kernels.conv": "explicit_grad", "kernels.noise": "jnp",
       "kernels.member_execution": "batched"}))
   _gpu(monkeypatch)
-  text, jaxpr = _step_program(_config(**members))
-  _assert_gpu_program(text, jaxpr)
+  lowered, primitives = _step_program(_config(**members))
+  _assert_gpu_program(lowered, primitives)
   # Batched members (nn.vmap): the stock weight gradients are the
   # backward-filter form (the cotangent as window, one batch group per
   # member), which cuDNN runs as such; the explicit ones become forward
   # convolutions grouped by feature with activation-sized (32x32) windows.
-  convs, cpu_convs = _convolutions(text), _convolutions(cpu_text)
+  convs, cpu_convs = _convolutions(lowered), _convolutions(cpu_lowered)
   assert max(w for w, features, _ in convs if features > 1) == 3
   assert any(batches == 2 and w == 32 for w, _, batches in convs)
   assert max(w for w, features, _ in cpu_convs if features > 1) == 32
@@ -153,9 +150,9 @@ def test_a_sweeps_training_step(monkeypatch):
       lambda x: jax.ShapeDtypeStruct((sweep.size, *x.shape), x.dtype), single)
   values = {k: jnp.asarray(v) for k, v in sweep.values.items()}
   assert "model.noise_coef" in values   # each run's traced coefficient
-  text, jaxpr = _cuda(sweep.train_step, state, batch,
+  lowered, primitives = _cuda(sweep.train_step, state, batch,
                       sweep.keys("train"), 0, values)
-  _assert_gpu_program(text, jaxpr)
+  _assert_gpu_program(lowered, primitives)
 
 
 def _eval_inputs(config):
@@ -186,10 +183,10 @@ def test_validation_and_the_strong_protocols_attacks(monkeypatch):
   suite["predict"] = lambda apply_fn, variables, images, labels, key: (
       apply_fn(variables, images, key))
   for name, attack in suite.items():
-    text, jaxpr = _cuda(jax.jit(functools.partial(attack, eval_apply)),
-                        *args)
-    _assert_gpu_program(text, jaxpr)
-    assert _count(text, "transpose") <= 1, name
+    lowered, primitives = _cuda(
+        jax.jit(functools.partial(attack, eval_apply)), *args)
+    _assert_gpu_program(lowered, primitives)
+    assert _count(lowered, "transpose") <= 1, name
 
 
 def test_the_cpus_selections_fail_these_checks():
@@ -199,9 +196,9 @@ def test_the_cpus_selections_fail_these_checks():
   config = _config()
   eval_apply, args = _eval_inputs(config)
   variables, images, _, key = args
-  text, jaxpr = _cuda(jax.jit(eval_apply), variables, images, key)
+  lowered, primitives = _cuda(jax.jit(eval_apply), variables, images, key)
   with pytest.raises(AssertionError):
-    _assert_gpu_program(text, jaxpr)
+    _assert_gpu_program(lowered, primitives)
 
 
 # --------------------------------------------------------------------------
@@ -270,14 +267,14 @@ def test_train_py_trains_and_resumes_with_a_gpus_selections(tmp_path):
   first = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
   marker = workdir / "checkpoints" / "6"
-  deadline = time.time() + 300
+  deadline = time.time() + TIMEOUT_S
   while not marker.exists() and first.poll() is None and (
       time.time() < deadline):
     time.sleep(0.05)
   first.send_signal(signal.SIGKILL)
   assert first.wait() == -signal.SIGKILL
   second = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=TIMEOUT_S)
   assert second.returncode == 0, second.stdout + second.stderr
   log = second.stdout
   assert "resumed from step" in log

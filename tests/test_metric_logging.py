@@ -15,6 +15,7 @@ import tqdm
 from tensorboardX.proto import event_pb2
 
 from fkjax.workdir import metric_logging
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ _KILLED = textwrap.dedent("""
 def test_kill_after_write_keeps_the_epoch(tmp_path):
   proc = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path)],
                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == -signal.SIGKILL, proc.stderr
   records = metric_logging.read_metrics(str(tmp_path))
   assert [r["epoch"] for r in records] == [1, 2]

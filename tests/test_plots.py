@@ -8,6 +8,7 @@ import numpy as np
 
 from fkjax.evaluation import plots
 from fkjax.workdir import metric_logging
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,7 +55,7 @@ print("matplotlib.pyplot" in sys.modules,
 
 def test_training_curves_are_drawn_every_epoch(tmp_path):
   proc = subprocess.run([sys.executable, "-c", _CURVES, str(tmp_path)],
-                        cwd=REPO, capture_output=True, text=True, timeout=120,
+                        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()

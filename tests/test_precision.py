@@ -19,6 +19,7 @@ from fkjax.training import build
 from fkjax.training import input_pipeline
 from fkjax.training import precision
 from fkjax.training import step as step_lib
+from tests import hlo
 
 PRECISIONS = ("float32", "tf32", "bfloat16")
 
@@ -43,8 +44,7 @@ def steps():
     step = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer,
                                          _config(name)))
     out[name] = jax.device_get(step(exp.initial_state(), batch, key))
-    out[name + "_jaxpr"] = str(jax.make_jaxpr(step)(out["initial"], batch,
-                                                    key))
+    out[name + "_jaxpr"] = jax.make_jaxpr(step)(out["initial"], batch, key)
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv(kernels.PLATFORM_ENV, "gpu")
     gpu_model = build.create_model(_config("float32"),
@@ -53,18 +53,26 @@ def steps():
     step = jax.jit(step_lib.make_train_step(gpu_model, exp.optimizer,
                                          _config(name)))
     out[name + "_cuda"] = step.trace(out["initial"], batch, key).lower(
-        lowering_platforms=("cuda",)).as_text()
+        lowering_platforms=("cuda",))
   return out
 
 
-def _ops(text, op):
-  """The lines of ``op`` (``convolution``, ``dot_general``) in StableHLO."""
-  return [line for line in text.splitlines() if f"stablehlo.{op}" in line]
+def _ops(lowered, op):
+  """The ``op`` operations (``convolution``, ``dot_general``) of a lowered
+  program."""
+  return hlo.stablehlo_ops(lowered, op)
 
 
-def _precisions(line):
-  return set(re.findall(r"precision (\w+)>", line)) | set(
-      re.findall(r"precision = \[(\w+), \w+\]", line))
+def _precisions(op):
+  """The precisions an operation asks of its operands (none: DEFAULT)."""
+  if "precision_config" not in op.attributes:
+    return {"DEFAULT"}
+  return {re.search(r"precision (\w+)>", str(p)).group(1)
+          for p in op.attributes["precision_config"]}
+
+
+def _types(values):
+  return {str(v.type.element_type) for v in values}
 
 
 @pytest.mark.parametrize("name,want", [("float32", "HIGHEST"),
@@ -76,16 +84,16 @@ def test_every_matmul_and_convolution_of_the_step_names_its_precision(
   convs = _ops(steps[name + "_cuda"], "convolution")
   dots = _ops(steps[name + "_cuda"], "dot_general")
   assert len(convs) > 20 and dots
-  for line in convs + dots:
-    assert _precisions(line) == {want}, line
-    assert "bf16" not in line
+  for op in convs + dots:
+    assert _precisions(op) == {want}, op
+    assert "bf16" not in _types([*op.operands, *op.results]), op
 
 
 def test_bfloat16_convolutions_compute_in_bfloat16_for_cuda(steps):
   convs = _ops(steps["bfloat16_cuda"], "convolution")
   assert len(convs) > 20
-  assert all("bf16" in line.split("->")[-1] for line in convs)
-  assert "bf16" not in steps["float32_cuda"]
+  assert all(_types(op.results) == {"bf16"} for op in convs)
+  assert "bf16" not in hlo.element_types(steps["float32_cuda"])
 
 
 def test_state_and_loss_stay_float32(steps):
@@ -98,19 +106,20 @@ def test_state_and_loss_stay_float32(steps):
 
 
 def test_the_convolutions_compute_in_bfloat16(steps):
-  def convs(text):
-    return [line for line in text.splitlines()
-            if "conv_general_dilated[" in line]
-  bf16 = convs(steps["bfloat16_jaxpr"])
+  def dtypes(eqn):
+    return {str(getattr(v.aval, "dtype", None)) for v in eqn.outvars}
+  bf16 = [eqn for eqn in hlo.equations(steps["bfloat16_jaxpr"])
+          if eqn.primitive.name == "conv_general_dilated"]
   assert len(bf16) > 10
-  assert all("bf16[" in line.split("=")[0] for line in bf16)
-  assert "bf16[" not in steps["float32_jaxpr"]
+  assert all(dtypes(eqn) == {"bfloat16"} for eqn in bf16)
+  assert not any("bfloat16" in dtypes(eqn)
+                 for eqn in hlo.equations(steps["float32_jaxpr"]))
 
 
 def test_tf32_differs_from_float32_only_in_the_precision_it_asks(steps):
   # The same program but for the precision of its matmuls and convolutions
   # (XLA:CPU computes float32 at either; a GPU with TF32 does not).
-  f32, tf32 = steps["float32_cuda"], steps["tf32_cuda"]
+  f32, tf32 = steps["float32_cuda"].as_text(), steps["tf32_cuda"].as_text()
   assert f32 != tf32
   assert f32.replace("HIGHEST", "HIGH") == tf32
 
@@ -144,12 +153,12 @@ def test_validation_and_evaluation_are_true_float32_whatever_the_setting(
   images = jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with jax.default_matmul_precision("default"):
-    text = jax.jit(eval_apply).trace(variables, images, key).lower(
-        lowering_platforms=("cuda",)).as_text()
-  lines = _ops(text, "convolution") + _ops(text, "dot_general")
-  assert len(lines) > 5
-  assert all(_precisions(line) == {"HIGHEST"} for line in lines)
-  assert "bf16" not in text
+    lowered = jax.jit(eval_apply).trace(variables, images, key).lower(
+        lowering_platforms=("cuda",))
+  ops = _ops(lowered, "convolution") + _ops(lowered, "dot_general")
+  assert len(ops) > 5
+  assert all(_precisions(op) == {"HIGHEST"} for op in ops)
+  assert "bf16" not in hlo.element_types(lowered)
   # The training model of a record without config.precision is float32.
   del config.precision
   assert precision.training_model(model, config).name == "float32"

@@ -39,6 +39,7 @@ from reproduce.run import standing as standing_lib
 from reproduce.run import weights
 from reproduce.spec import scales
 from reproduce.spec import tables
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_TEX = REPO.parent / "shared" / "paper.tex"
@@ -60,7 +61,7 @@ def _reproduce(args, root, cache, check=True):
   proc = subprocess.run(
       [sys.executable, "-m", "reproduce", *args,
        f"--root={root / 'w'}", f"--results={root / 'results'}"],
-      cwd=REPO, env=_env(cache), capture_output=True, text=True, timeout=900)
+      cwd=REPO, env=_env(cache), capture_output=True, text=True, timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"runner failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
@@ -560,7 +561,7 @@ def test_a_published_run_loads_by_name_and_evaluates_without_training(
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={target}",
        "--config.progress=False"], cwd=REPO, capture_output=True, text=True,
-      timeout=600, env=_env(tiny["cache"]))
+      timeout=TIMEOUT_S, env=_env(tiny["cache"]))
   assert proc.returncode == 0, proc.stderr
   got = json.loads((target / "eval_paper.json").read_text())
   want = json.loads((kept / "eval_paper.json").read_text())
@@ -611,9 +612,9 @@ def test_killed_row_resumes_to_the_uninterrupted_result(tiny):
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   workdir = root / "w" / os.path.join(*ROW_WORKDIR)
   first_epoch = workdir / "checkpoints" / "4"
-  deadline = time.time() + 600
+  deadline = time.time() + TIMEOUT_S
   while not first_epoch.exists() and proc.poll() is None:
-    assert time.time() < deadline, "no checkpoint after 600 s"
+    assert time.time() < deadline, f"no checkpoint after {TIMEOUT_S} s"
     time.sleep(0.02)
   os.kill(proc.pid, signal.SIGKILL)
   proc.wait()
@@ -1240,7 +1241,7 @@ def test_a_reader_stopping_early_ends_the_runner_without_a_traceback(
       stderr=subprocess.PIPE, text=True)
   assert proc.stdout.readline().startswith("# table1:")
   proc.stdout.close()
-  _, stderr = proc.communicate(timeout=300)
+  _, stderr = proc.communicate(timeout=TIMEOUT_S)
   assert proc.returncode == 1
   assert stderr == ""
 

@@ -17,6 +17,7 @@ from fkjax.evaluation import merge as eval_merge
 from fkjax import workdir as workdir_lib
 from tests.subprocess_env import FILE_SIZE_LIMIT
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_DEVICE = ["--config.num_devices=1",
@@ -28,7 +29,7 @@ SMALL_EVAL = ["--config.eval.num_examples=16", "--config.progress=false"]
 def _run(args, cache, check=True):
   proc = subprocess.run([sys.executable, *args], cwd=REPO,
                         env=subprocess_env(cache), capture_output=True,
-                        text=True, timeout=600)
+                        text=True, timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"{args} failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
@@ -102,7 +103,7 @@ def test_overlapping_evaluations_merge(trained, tmp_path):
       stderr=subprocess.PIPE, text=True)
            for attacks in ("natural,fgsm", "natural,ifgsm20")]
   for proc in procs:
-    out, err = proc.communicate(timeout=600)
+    out, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 0, out + err
   merged = json.loads((workdir / "eval_paper_n16.json").read_text())
   assert set(merged["attacks"]) == {"natural", "fgsm", "ifgsm20"}

@@ -9,6 +9,7 @@ from fkjax.training import build
 from fkjax.training import devices
 from fkjax.config import record as run_config
 from fkjax.config.record import ConfigError
+from tests.subprocess_env import TIMEOUT_S
 
 
 @pytest.mark.parametrize("module", [default, cpu, tiny])
@@ -167,16 +168,20 @@ def test_prng_streams_are_distinct_and_seed_specific():
     build.prng_key(0, "dropout")
 
 
-def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path, monkeypatch):
+def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path):
   import jax  # pylint: disable=import-outside-toplevel
-  if jax.config.jax_compilation_cache_dir:
-    pytest.skip("a compilation cache is configured for this process")
   blocker = tmp_path / "a_file"
   blocker.write_text("not a folder")
   config = tiny.get_config()
   config.compilation_cache_dir = str(blocker / "cache")
-  with pytest.warns(RuntimeWarning, match="compilation cache disabled"):
-    assert devices.enable_compilation_cache(config) is None
+  # As in a process with no cache configured (the tests configure theirs).
+  tests_cache = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", None)
+  try:
+    with pytest.warns(RuntimeWarning, match="compilation cache disabled"):
+      assert devices.enable_compilation_cache(config) is None
+  finally:
+    jax.config.update("jax_compilation_cache_dir", tests_cache)
 
 
 def test_a_run_resumes_with_other_speed_settings_not_another_precision(
@@ -236,6 +241,6 @@ def test_a_mistake_outside_the_jax_named_keys_is_said_before_jax_loads():
       "  print(str(e).split(' is invalid')[0], 'jax' in sys.modules)\n")
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True,
                         text=True, cwd=Path(__file__).resolve().parents[1],
-                        timeout=120)
+                        timeout=TIMEOUT_S)
   assert proc.stdout.split() == ["config.attack.epsilon=8.0", "False"], (
       proc.stderr)

@@ -13,6 +13,7 @@ import pytest
 
 from fkjax import sparsity as sp
 from tests.sparsity_params import LAYOUT, make_params
+from tests.subprocess_env import TIMEOUT_S
 
 BETA, LAMB = 0.5, 2e-3          # RVSM threshold sqrt(2 * 2e-3 / 0.5) ≈ 0.089
 LAMB1, LAMB2 = 6.25e-2, 1e-2    # RGSM channel threshold sqrt(2 LAMB1/BETA) = .5
@@ -385,6 +386,6 @@ def test_works_with_params_sharded_over_a_mesh():
        env.get("PYTHONPATH", "")])
   env["JAX_PLATFORMS"] = "cpu"
   res = subprocess.run([sys.executable, "-c", _SHARDED_SCRIPT], env=env,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=TIMEOUT_S)
   assert res.returncode == 0, res.stderr[-3000:]
   assert "SHARDED_OK" in res.stdout

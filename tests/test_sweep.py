@@ -29,6 +29,7 @@ from fkjax import sparsity
 from fkjax.training import sweep
 from tests import sweep_devices
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -185,7 +186,7 @@ def test_runs_or_batch_sharded_over_four_devices_agree_with_one():
   proc = subprocess.run([sys.executable, "-m", "tests.sweep_devices"],
                         cwd=REPO, env=subprocess_env(devices=4),
                         capture_output=True,
-                        text=True, timeout=900)
+                        text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result["devices"] == 4
@@ -232,7 +233,7 @@ FLAGS = [
 def _train(workdir, cache, check=True):
   proc = subprocess.run(
       [sys.executable, "train.py", f"--workdir={workdir}", *FLAGS], cwd=REPO,
-      env=subprocess_env(cache), capture_output=True, text=True, timeout=900)
+      env=subprocess_env(cache), capture_output=True, text=True, timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"train.py failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
@@ -266,7 +267,7 @@ def whole(tmp_path_factory):
       [sys.executable, "-m", "tests.sweep_singles", str(root / "alone"),
        *map(str, runs)], cwd=REPO, env=subprocess_env(cache),
       capture_output=True,
-      text=True, timeout=900)
+      text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out["alone"] = [root / "alone" / r.name for r in runs]
 
@@ -277,7 +278,7 @@ def whole(tmp_path_factory):
       env=subprocess_env(cache), stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL)
   marker = killed / runs[0].name / "checkpoints" / "2"
-  deadline = time.time() + 600
+  deadline = time.time() + TIMEOUT_S
   while not marker.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.02)
   proc.send_signal(signal.SIGKILL)
@@ -381,7 +382,7 @@ def test_a_run_of_the_sweep_is_a_single_run_for_eval(whole):
        "--config.eval.attacks=natural", "--config.eval.plots=false"],
       cwd=REPO, env=subprocess_env(whole["root"] / "jax_cache"),
       capture_output=True,
-      text=True, timeout=600)
+      text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   evaluated = json.loads((run / "eval_paper.json").read_text())
   final = json.loads((run / "final_eval.json").read_text())

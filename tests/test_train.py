@@ -30,6 +30,7 @@ from fkjax.training import parallel
 from fkjax.training import sparsify
 from tests.killed import Killed, killed_after
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +49,7 @@ def _cmd(program, workdir, overrides):
 def _run(program, workdir, overrides, cache_dir, check=True):
   proc = subprocess.run(_cmd(program, workdir, overrides), cwd=REPO,
                         env=_env(cache_dir), capture_output=True, text=True,
-                        timeout=600)
+                        timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"{program} failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
@@ -80,7 +81,7 @@ def runs(full_run):
                           env=_env(cache), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   marker = killed / "checkpoints" / "6"
-  deadline = time.time() + 300
+  deadline = time.time() + TIMEOUT_S
   while not marker.exists() and proc.poll() is None and time.time() < deadline:
     time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
@@ -140,7 +141,7 @@ def test_resume_after_kill_matches_uninterrupted_run(runs):
 def _dp_equivalence(cache, *args):
   proc = subprocess.run(
       [sys.executable, "-m", "tests.dp_equivalence", *args], cwd=REPO,
-      env=_env(cache), capture_output=True, text=True, timeout=600)
+      env=_env(cache), capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   for kind in ("natural", "adversarial"):
@@ -197,7 +198,7 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
       [sys.executable, "eval.py", f"--workdir={workdir}",
        "--config.num_devices=1", "--config.eval.plots=true",
        "--config.eval.attacks=natural,fgsm"], cwd=REPO,
-      env=_env(runs["cache"]), capture_output=True, text=True, timeout=600)
+      env=_env(runs["cache"]), capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   from_eval = json.loads((workdir / "eval_paper.json").read_text())
   # train.py's own final evaluation is a separate file, left untouched.
@@ -224,7 +225,7 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
       [sys.executable, "export.py", f"--workdir={runs['full']}",
        f"--out={out}", "--config.num_devices=1", "--check_examples=16"],
       cwd=REPO, env=_env(runs["cache"]), capture_output=True, text=True,
-      timeout=600)
+      timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   costs = json.loads((out / "costs.json").read_text())
   totals = costs["totals"]
@@ -307,7 +308,7 @@ def test_a_second_writer_is_refused_in_one_line(runs, tmp_path):
                            env=_env(runs["cache"]), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
   try:
-    deadline = time.time() + 300
+    deadline = time.time() + TIMEOUT_S
     while (not (workdir / "config.json").exists() and first.poll() is None
            and time.time() < deadline):
       time.sleep(0.05)
@@ -405,13 +406,13 @@ def test_admm_results_report_both_readings(full_run, tmp_path):
        f"--workdir={workdir}", "--config.num_devices=1",
        "--config.training.num_epochs=1", "--config.eval.final_attacks="],
       cwd=REPO, env=_env(runs["cache"]), capture_output=True, text=True,
-      timeout=600)
+      timeout=TIMEOUT_S)
   assert trained.returncode == 0, trained.stderr
   proc = subprocess.run(
       [sys.executable, "eval.py", f"--workdir={workdir}",
        "--config.eval.attacks=natural", "--config.eval.plots=false"],
       cwd=REPO, env=_env(runs["cache"]), capture_output=True, text=True,
-      timeout=600)
+      timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   result = json.loads((workdir / "eval_paper.json").read_text())
   percent = tiny.get_config("admm").sparsity.percent

@@ -18,6 +18,7 @@ from tests.test_train import REPO
 from tests.test_train import _cmd
 from tests.test_train import _env
 from tests.test_train import _run
+from tests.subprocess_env import TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def test_two_process_run_on_localhost_matches_one_device(runs):
                                  "--config.eval.final_attacks="]),
       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       text=True) for i in range(2)]
-  outputs = [p.communicate(timeout=600) for p in procs]
+  outputs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
   for p, (out, err) in zip(procs, outputs):
     assert p.returncode == 0, err[-3000:]
   assert "devices: 2 x cpu" in outputs[0][0]
@@ -75,7 +76,7 @@ def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
        "--config.eval.strong.eot_samples=2",
        "--config.eval.strong.num_targets=2",
        "--config.eval.strong.sanity_examples=0"], cwd=REPO,
-      env=_env(runs["cache"]), capture_output=True, text=True, timeout=900)
+      env=_env(runs["cache"]), capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   result = json.loads((workdir / "eval_strong.json").read_text())
   assert paper.read_text() == '{"kept": true}'   # the other protocol's
