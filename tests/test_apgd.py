@@ -219,6 +219,7 @@ def test_apgd_at_least_as_strong_as_pgd_with_the_same_budget():
     assert 0.0 <= float(x_adv.min()) and float(x_adv.max()) <= 1.0
 
 
+@pytest.mark.slow
 def test_apgd_dlr_and_targeted_break_a_model_with_huge_logits():
   """Cross-entropy gradients vanish in float32 on saturated logits; DLR is
   scale invariant."""
@@ -244,6 +245,7 @@ def test_targets_are_the_top_other_classes():
   np.testing.assert_array_equal(targets, [[2, 1], [3, 2]])
 
 
+@pytest.mark.slow
 def test_restarts_and_targets_respect_the_constraints():
   params, images, labels = tiny_models.trained_mlp()
   images, labels = images[:16], labels[:16]
@@ -261,6 +263,7 @@ def test_restarts_and_targets_respect_the_constraints():
 # --- EOT ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_eot_apgd_beats_single_draw_apgd_on_a_model_with_misleading_draws():
   """Each draw adds ``a * N . sin(200 x)`` to the logits: tiny in value
   (std 0.3 against margins of 0.8) but its input gradient, ``200 a N .
@@ -317,6 +320,7 @@ def _apgd_t(compact, images, labels, params, **kw):
 
 
 @pytest.mark.parametrize("n_restarts", [1, 2])
+@pytest.mark.slow
 def test_targets_on_the_images_left_robust_break_the_same_images(n_restarts):
   """APGD-T attacking, target after target, only the images no target has
   fooled yet fools exactly the images that every target on every image
@@ -366,6 +370,7 @@ def test_later_targets_attack_only_the_images_left_robust():
   assert runs <= int(info["padded_image_runs"]) < 48 * 9
 
 
+@pytest.mark.slow
 def test_a_lone_run_attacks_only_the_images_classified_right():
   """As torchattacks' APGD: an image misclassified when clean is returned as
   it is and costs no run; the others are attacked as if it were not
@@ -397,6 +402,7 @@ def test_a_lone_run_attacks_only_the_images_classified_right():
                                 np.asarray(every["fooled"])[clean])
 
 
+@pytest.mark.slow
 def test_set_aside_by_the_check_of_a_noisy_model():
   """A noisy model's clean images pass the iterates' check: ``check_draws``
   fresh draws, all of which must misclassify for an image to be set
@@ -424,6 +430,7 @@ def _counting(apply_fn):
 
 
 @pytest.mark.parametrize("noisy", [False, True])
+@pytest.mark.slow
 def test_check_draws_default_checks_a_fresh_draw_only_for_a_noisy_model(
     noisy):
   params, images, labels = tiny_models.trained_mlp()

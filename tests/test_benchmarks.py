@@ -256,6 +256,7 @@ def test_cross_check_attacks_the_same_model_on_both_sides():
   assert fk.tolist() == th.tolist() == [True] * 4
 
 
+@pytest.mark.slow
 def test_bench_strong_times_each_attack_of_the_strong_protocol(tmp_path):
   from benchmarks import bench_strong  # pylint: disable=import-outside-toplevel
   rows = bench_strong.main(["--models", "resnet8", "--images", "2",
@@ -281,6 +282,7 @@ def test_bench_strong_sets_the_misclassified_images_aside():
     bench_strong.main(["--misclassified", "1.5"])
 
 
+@pytest.mark.slow
 def test_bench_data_and_bench_variants_run_once(capsys):
   # The other fkjax-only benchmarks, cut to one batch / one repeat of a
   # ResNet8 (bench_sweep, bench_variants cache, bench_slim and

@@ -157,6 +157,7 @@ def test_each_seed_of_the_strong_protocol_resumes_on_its_own(mlp, tmp_path):
   assert resumed.worst_case == whole.worst_case
 
 
+@pytest.mark.slow
 def test_the_strong_protocols_sanity_checks_keep_their_batches(mlp, tmp_path):
   params, batches = mlp
   journal = _journal(tmp_path)

@@ -77,8 +77,9 @@ def test_counts_of_loops_restarts_and_early_stopping(mlp):
 
 
 @pytest.mark.parametrize("attack, exact", [
-    (functools.partial(attacks.apgd, epsilon=0.1, num_iters=2, eot_samples=2,
-                       check_draws=1), True),
+    pytest.param(functools.partial(attacks.apgd, epsilon=0.1, num_iters=2,
+                                   eot_samples=2, check_draws=1), True,
+                 marks=pytest.mark.slow),
     (functools.partial(attacks.nattack, epsilon=0.1, population=4,
                        max_iters=2, chunk=2), False),
 ], ids=["apgd", "nattack"])
@@ -203,6 +204,7 @@ def test_progress_of_calls_not_known_in_advance(mlp, monkeypatch):
                               "10/10 model calls (100%)")
 
 
+@pytest.mark.slow
 def test_a_noisy_resnet_attacked_with_progress_gives_identical_images():
   model = models.create_model(depth=8, noise_coef=0.1)
   rng = np.random.default_rng(0)

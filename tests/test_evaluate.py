@@ -310,6 +310,7 @@ def test_strong_attacks_presets():
       "eot_samples": 1, "check_draws": 0, "skip_misclassified": False}
 
 
+@pytest.mark.slow
 def test_strong_evaluation_writes_a_self_describing_result(setup, tmp_path):
   params, batches = setup
   results = evaluation.strong_evaluation(

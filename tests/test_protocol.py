@@ -78,6 +78,7 @@ def test_momentum_reset_zeroes_the_buffers_and_keeps_the_counts():
   assert counts(reset) == counts(state) and counts(state)
 
 
+@pytest.mark.slow
 def test_attack_updating_batch_stats_matches_pgd_and_torch_semantics():
   model = models.create_model(depth=8, ensemble_size=1, noise_coef=0.0)
   # 16x16 images: the semantics do not depend on the size, compiling and

@@ -922,6 +922,7 @@ def test_a_kept_run_of_other_settings_is_not_restored(tmp_path):
   assert Path(archive, archive_lib.RUN_RECORD).read_text() == kept
 
 
+@pytest.mark.slow
 def test_an_evaluation_added_to_a_finished_run_runs_alone(tiny, tmp_path,
                                                           capsys):
   # Table 1 adds the strong column to the row the fixture trained for

@@ -178,6 +178,7 @@ def _one_line(proc, *fragments):
     assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_export_replaces_only_its_own_files(trained, tmp_path):
   workdir, cache = trained
   # A folder of the user's: refused before any work, kept as it was.
@@ -215,6 +216,7 @@ def _train(workdir, cache, *extra, check=True):
                *ONE_DEVICE, *extra], cache, check=check)
 
 
+@pytest.mark.slow
 def test_a_run_without_its_record_resumes_only_as_its_checkpoint_says(
     trained, tmp_path):
   workdir = _copy(trained, tmp_path)

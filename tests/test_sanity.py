@@ -46,6 +46,7 @@ def test_sanity_report_passes_a_normal_model():
 
 
 @pytest.mark.parametrize("front_end", ["stop_gradient", "quantise"])
+@pytest.mark.slow
 def test_sanity_report_flags_a_masked_gradient(front_end):
   params, batches = _batches()
 
@@ -89,6 +90,7 @@ def _two_step_model(params, images, key):
   return jnp.stack([jnp.full_like(x0, 0.1), other], axis=-1)
 
 
+@pytest.mark.slow
 def test_apgd_converged_fails_when_the_reported_budget_is_too_small():
   images = np.full((100, 1, 1, 2), 0.5, np.float32)
   batches = [{"image": images, "label": np.zeros(100, np.int32)}]

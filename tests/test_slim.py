@@ -359,6 +359,7 @@ def test_save_load_same_logits(images, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, loaded, small_vars)
 
 
+@pytest.mark.slow
 def test_same_robust_accuracy_under_the_same_attack(images):
   model = make(coef=0.2, depth=8)
   v = prune_a(random_variables(model, images))

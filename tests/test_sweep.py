@@ -439,6 +439,7 @@ def test_runner_groups_a_figures_lambdas_and_seeds():
       3, 3, 2, 3, 3, 2]
 
 
+@pytest.mark.slow
 def test_runner_trains_rows_as_one_sweep(tmp_path):
   from reproduce.run import execute as execute_lib  # pylint: disable=C0415
   from reproduce.run import plan as plan_lib  # pylint: disable=C0415

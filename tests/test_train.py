@@ -190,6 +190,7 @@ def test_epoch_end_projection_makes_params_sparse(runs):
   assert all(r["train_images_per_second"] > 0 for r in records)
 
 
+@pytest.mark.slow
 def test_eval_restores_and_reproduces_train_numbers(runs):
   workdir = runs["full"]
   from_train = json.loads((workdir / "final_eval.json").read_text())
@@ -218,6 +219,7 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
     assert (workdir / "plots" / png).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
                                                                 tmp_path):
   out = tmp_path / "slim"
@@ -256,6 +258,7 @@ def test_export_writes_a_slim_model_with_the_checkpoint_logits(runs,
                              atol=1e-4)
 
 
+@pytest.mark.slow
 def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
                                                        monkeypatch, capsys):
   from fkjax.evaluation import journal as eval_journal  # pylint: disable=import-outside-toplevel
@@ -291,6 +294,7 @@ def test_a_killed_evaluation_resumes_at_its_next_batch(runs, tmp_path,
   assert not (workdir / eval_journal.JOURNAL_DIR).exists()
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_run_keeps_other_results(runs, tmp_path):
   workdir = tmp_path / "finished"
   shutil.copytree(runs["full"], workdir)
@@ -302,6 +306,7 @@ def test_rerunning_a_finished_run_keeps_other_results(runs, tmp_path):
   assert (workdir / "final_eval.json").exists()
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_in_one_line(runs, tmp_path):
   workdir = tmp_path / "busy"
   first = subprocess.Popen(_cmd("train.py", workdir, ONE_DEVICE), cwd=REPO,
@@ -335,6 +340,7 @@ def test_cli_overrides_are_recorded_and_bad_keys_rejected(runs, tmp_path):
   assert not (tmp_path / "bad" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_cli_keeps_compiled_steps_in_the_configured_cache(runs, tmp_path):
   cache = tmp_path / "compiled"
   workdir = tmp_path / "copy"
@@ -345,6 +351,7 @@ def test_cli_keeps_compiled_steps_in_the_configured_cache(runs, tmp_path):
   assert any(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(runs, tmp_path):
   workdir = tmp_path / "nan"
   # lr jumps from 0.1 to 1e29 after epoch 1: the loss blows up in epoch 2.
@@ -361,6 +368,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(runs, tmp_path):
              jax.tree.leaves(jax.device_get(state["params"])))
 
 
+@pytest.mark.slow
 def test_a_run_diverging_in_its_first_step_saves_nothing(runs, tmp_path):
   # One step an epoch, lr 1e6: the step's own loss (taken before its
   # update) is fine; the weights it leaves are not, and are never saved.
@@ -398,6 +406,7 @@ def test_eval_errors_are_clear(runs, tmp_path):
     _restore(corrupt, "best")
 
 
+@pytest.mark.slow
 def test_admm_results_report_both_readings(full_run, tmp_path):
   workdir = tmp_path / "admm"
   runs = full_run   # its compilation cache holds the same model's programs
