@@ -131,18 +131,19 @@ class Layout:
     """The layout of one layer of the stack: the stacked letters left out."""
     return Layout("".join(a for a in self.axes if a not in STACKED_AXES))
 
+  def _layers_first_order(self) -> tuple[int, ...]:
+    stack = self.stack_axes
+    return stack + tuple(i for i in range(self.ndim) if i not in stack)
+
   def layers_first(self, x: Any) -> Any:
     """``x`` (a kernel of this layout, or one reduced with ``keepdims``) with
     its stacked axes moved to the front, in order: ``x[m, l]`` is then one
     layer. Works on NumPy and JAX arrays alike."""
-    stack = self.stack_axes
-    rest = tuple(i for i in range(self.ndim) if i not in stack)
-    return x.transpose(stack + rest)
+    return x.transpose(self._layers_first_order())
 
   def layers_back(self, x: Any) -> Any:
     """The inverse of :meth:`layers_first`."""
-    stack = self.stack_axes
-    order = stack + tuple(i for i in range(self.ndim) if i not in stack)
+    order = self._layers_first_order()
     return x.transpose(tuple(order.index(i) for i in range(self.ndim)))
 
   def group_axes(self, group: str) -> tuple[int, ...]:
