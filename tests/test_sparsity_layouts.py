@@ -45,6 +45,14 @@ def _np_prox(w):
                   w, 0)
 
 
+def _np_admm_elements(w):
+  flat = np.abs(w).ravel()
+  drop = np.argsort(flat, kind="stable")[:int(PERCENT * flat.size // 100)]
+  keep = np.ones(flat.size, bool)
+  keep[drop] = False
+  return np.where(keep.reshape(w.shape), w, 0)
+
+
 def _np_admm_channels(w):
   norms = _np_norms(w)
   drop = np.argsort(norms, kind="stable")[:int(PERCENT * len(norms) // 100)]
@@ -91,7 +99,9 @@ def test_a_stacked_kernel_is_its_layers_one_by_one(layout):
   prox = sp.project(tree, "rgsm", beta=BETA, lamb1=LAMB1, layout=layout)
   admm = sp.project(tree, "admm", percent=PERCENT, structure="channel",
                     layout=layout)
-  for got, ref in ((prox, _np_prox), (admm, _np_admm_channels)):
+  elements = sp.project(tree, "admm", percent=PERCENT, layout=layout)
+  for got, ref in ((prox, _np_prox), (admm, _np_admm_channels),
+                   (elements, _np_admm_elements)):
     (out,) = jax.tree.leaves(got)
     for mine, one in zip(_unstack(np.asarray(out), layout), layers):
       np.testing.assert_array_equal(mine, ref(one))
