@@ -36,13 +36,19 @@ def _conv_kernels(params: Any, layout: Any = None
   return out
 
 
+# How the filter grid's title names the first layer of a stacked axis.
+_STACK_NAMES = {"M": "member", "L": "layer", "S": "stack entry"}
+
+
 def _first_layer_hwio(name: str, kernel: np.ndarray,
                       layout: sparsity.Layout) -> tuple[str, np.ndarray]:
   """The first layer of a stacked kernel (``MHWIO``, ``LHWIO``, ...) as
   ``[h, w, in, out]``, whatever the layout's order (``OIHW``, ...)."""
   if layout.stack_axes:
     kernel = layout.layers_first(kernel)[(0,) * len(layout.stack_axes)]
-    name = f"{name} (first of stack {layout})"
+    first = ", ".join(_STACK_NAMES.get(layout.axes[a], layout.axes[a]) + " 0"
+                      for a in layout.stack_axes)
+    name = f"{name} ({first})"
   one = layout.layer.axes
   spatial = [a for a in one if a not in "IO"]
   if len(spatial) != 2:
