@@ -32,11 +32,13 @@ Importing this module changes nothing; :func:`install` is for entry points
 """
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Iterator, NoReturn
 
 __all__ = ["EXIT_CODE", "INTERRUPTED", "check", "configure", "finish",
@@ -153,9 +155,12 @@ def _silence_stderr() -> None:
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
-  del signum, frame
+  del signum
   if _State.redeliver:
     # The previous KeyboardInterrupt was swallowed where it was raised.
+    if frame is not None and frame.f_code is _unraisable.__code__:
+      _redeliver_later()   # still in the hook that saw it swallowed
+      return
     _State.redeliver = False
     raise KeyboardInterrupt
   if _State.requested or not _State.raising:
@@ -165,6 +170,17 @@ def _on_sigint(signum: int, frame: Any) -> None:
   raise KeyboardInterrupt
 
 
+def _redeliver_later() -> None:
+  """SIGINT for the main thread, from another thread a moment later: marked
+  as arrived in the hook itself, its handler would run at the hook's next
+  instruction, inside the callback, and be swallowed again. Where it lands
+  in another such callback, :func:`_unraisable` sends it once more."""
+  def deliver() -> None:
+    time.sleep(0.01)
+    _thread.interrupt_main(signal.SIGINT)
+  _thread.start_new_thread(deliver, ())
+
+
 def _unraisable(unraisable: Any) -> None:
   """``sys.unraisablehook``: a ``KeyboardInterrupt`` raised where the
   interpreter can only report it (a gc callback, a ``__del__``) is raised
@@ -172,6 +188,6 @@ def _unraisable(unraisable: Any) -> None:
   if (_State.requested and unraisable.exc_type is not None
       and issubclass(unraisable.exc_type, KeyboardInterrupt)):
     _State.redeliver = True
-    signal.raise_signal(signal.SIGINT)
+    _redeliver_later()
     return
   _State.previous_unraisablehook(unraisable)

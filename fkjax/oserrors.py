@@ -14,7 +14,7 @@ import os
 import tempfile
 
 __all__ = ["PathError", "check_writable", "declare", "declared",
-           "describe", "is_path_error", "os_error"]
+           "describe", "is_path_error", "os_error", "words"]
 
 # errno -> (what is wrong, what to do): the classes a user meets on a path.
 _WORDS: dict[int, tuple[str, str]] = {
@@ -111,8 +111,9 @@ def check_writable(flag: str, path: str, *, folders: tuple[str, ...] = (),
     os.close(fd)
     os.remove(probe)
   except OSError as e:
-    e.filename = e.filename or node
-    raise PathError(describe(e, {flag: path})) from e
+    wrong, todo = words(e)
+    raise PathError(f"{flag}={path}: {wrong} (cannot create files in "
+                    f"{node}); {todo}") from e
 
 
 def os_error(e: BaseException | None) -> OSError | None:
@@ -148,12 +149,17 @@ def _flag_of(filename: str, flags: dict[str, str]) -> tuple[str, str] | None:
   return best
 
 
+def words(e: OSError) -> tuple[str, str]:
+  """What is wrong, and what to do, for ``e``'s errno."""
+  return _WORDS.get(e.errno or 0, (
+      (e.strerror or os.strerror(e.errno or 0)).lower(), "fix it and rerun"))
+
+
 def describe(e: OSError, flags: dict[str, str] | None = None) -> str:
   """One line for ``e``: the flag and path it concerns (from ``flags``,
   default those :func:`declare`\\ d), what is wrong, the file, what to do."""
   flags = _declared if flags is None else flags
-  wrong, todo = _WORDS.get(e.errno or 0, (
-      (e.strerror or os.strerror(e.errno or 0)).lower(), "fix it and rerun"))
+  wrong, todo = words(e)
   files = [os.fspath(f) for f in (e.filename, e.filename2) if f]
   owner = None
   for name in files:
