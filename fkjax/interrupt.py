@@ -154,6 +154,15 @@ def _silence_stderr() -> None:
     pass   # stderr stays as it was: noisier, not wrong
 
 
+def _importing(frame: Any) -> bool:
+  """Whether ``frame`` is inside an import."""
+  while frame is not None:
+    if frame.f_code.co_filename.startswith("<frozen importlib"):
+      return True
+    frame = frame.f_back
+  return False
+
+
 def _on_sigint(signum: int, frame: Any) -> None:
   del signum
   if _State.redeliver:
@@ -163,8 +172,10 @@ def _on_sigint(signum: int, frame: Any) -> None:
       return
     _State.redeliver = False
     raise KeyboardInterrupt
-  if _State.requested or not _State.raising:
-    finish()   # a second Ctrl-C, or nothing open to close
+  if _State.requested or not _State.raising or _importing(frame):
+    # A second Ctrl-C, nothing open to close, or a module half imported
+    # (unwinding through a C extension's initialisation can crash).
+    finish()
   _State.requested = True
   _silence_stderr()
   raise KeyboardInterrupt

@@ -350,3 +350,67 @@ def test_ctrl_c_swallowed_in_a_callback_still_stops_in_one_line():
   proc = _run(["-c", _SWALLOWED])
   _one_line(proc, 130)
   assert "finished" not in proc.stdout
+
+
+# Seconds after the start at which Ctrl-C is sent: the imports, flag
+# parsing, JAX's start and compilation, the epochs, the saves and the final
+# evaluation of a tiny run (on a busy machine each lands elsewhere; every
+# moment must end the same way).
+DELAYS = (0.0, 0.2, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 11.0, 15.0, 20.0)
+
+
+def _interrupted(args, delay, cwd=REPO):
+  """``args`` run as a process, Ctrl-C sent after ``delay`` seconds."""
+  import time  # pylint: disable=import-outside-toplevel
+  proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, preexec_fn=_sigint_default)
+  time.sleep(delay)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate()
+  return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _ended_by_ctrl_c_or_done(proc):
+  """Exit 130 and exactly one stderr line (or the run had finished)."""
+  if proc.returncode == 0:
+    return "done"
+  _one_line(proc, 130)
+  return "interrupted"
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_any_moment_of_a_training_is_one_line(tmp_path):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from tests import test_train  # pylint: disable=import-outside-toplevel
+  command = ["train.py", "--config=configs/tiny.py"]
+  full = _run([*command, f"--workdir={tmp_path / 'full'}"])
+  assert full.returncode == 0, full.stderr
+  outcomes = []
+  for delay in DELAYS:
+    proc = _interrupted([*command, f"--workdir={tmp_path / 'cut'}"], delay)
+    outcomes.append(_ended_by_ctrl_c_or_done(proc))
+    if outcomes[-1] == "done":
+      break
+  assert outcomes.count("interrupted") >= 3, outcomes
+  resumed = _run([*command, f"--workdir={tmp_path / 'cut'}"])
+  assert resumed.returncode == 0, resumed.stderr
+  step_a, a = test_train._restore(tmp_path / "full")  # pylint: disable=W0212
+  step_b, b = test_train._restore(tmp_path / "cut")  # pylint: disable=W0212
+  assert step_a == step_b
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(a),
+               jax.device_get(b))
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_any_moment_of_a_reproduction_is_one_line(tmp_path):
+  command = ["-m", "reproduce", "table1", "--scale=tiny",
+             "--rows=resnet20_none", "--seeds=1", f"--root={tmp_path / 'w'}",
+             f"--results={tmp_path / 'r'}"]
+  outcomes = [_ended_by_ctrl_c_or_done(_interrupted(command, delay))
+              for delay in DELAYS[:8]]
+  assert outcomes.count("interrupted") >= 3, outcomes
+  finished = _run(command)
+  assert finished.returncode == 0, finished.stderr
+  assert (tmp_path / "r" / "tiny" / "table1.json").exists()
