@@ -47,11 +47,11 @@ def main(argv):
   from fkjax import workdir  # pylint: disable=import-outside-toplevel
   config = cli.loaded_config(FLAGS.config)
   run_config.validate(config)
+  workdir.check_workdir(FLAGS.workdir)
   # Before any work that a folder it cannot write would throw away.
   oserrors.declare("--workdir", FLAGS.workdir, write=True,
                    folders=("checkpoints",))
   oserrors.declare("--config.dataset.data_dir", config.dataset.data_dir)
-  workdir.check_workdir(FLAGS.workdir)
   from fkjax import kernels  # pylint: disable=import-outside-toplevel
   kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.
