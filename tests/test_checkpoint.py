@@ -465,7 +465,8 @@ def test_a_checkpoint_of_other_shapes_is_one_line(tmp_path):
   """Refused from its metadata: orbax's concurrent reads, each failing,
   used to leave asyncio tracebacks after the error line."""
   proc = subprocess.run([sys.executable, "-c", _OTHER_SHAPES, str(tmp_path)],
-                        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+                        cwd=REPO, capture_output=True, text=True,
+                        timeout=TIMEOUT_S,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 1, proc.stderr
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
@@ -505,7 +506,8 @@ def test_a_truncated_checkpoint_says_so_without_orbax_internals(tmp_path,
   attempts)."""
   del attempt
   proc = subprocess.run([sys.executable, "-c", _TRUNCATED, str(tmp_path)],
-                        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+                        cwd=REPO, capture_output=True, text=True,
+                        timeout=TIMEOUT_S,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 1, proc.stderr
   first = proc.stderr.splitlines()[0]

@@ -19,6 +19,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 import pytest
 
+from tests.subprocess_env import TIMEOUT_S
+
 REPO = Path(__file__).resolve().parents[1]
 LIBRARY = ("fkjax.sparsity", "fkjax.attacks", "fkjax.models", "fkjax.slim",
            "fkjax.checkpoint", "fkjax.kernels")
@@ -81,7 +83,8 @@ def test_the_library_imports_only_its_base_dependencies():
   train = _closure(_project()["optional-dependencies"]["train"]) - base
   assert set(TRAIN_ONLY) <= train
   proc = subprocess.run([sys.executable, "-c", _IMPORTED, *LIBRARY],
-                        cwd=REPO, capture_output=True, text=True, timeout=300,
+                        cwd=REPO, capture_output=True, text=True,
+                        timeout=TIMEOUT_S,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 0, proc.stderr
   imported = {canonicalize_name(d) for d in json.loads(proc.stdout)}
@@ -138,24 +141,25 @@ def test_the_wheel_installs_the_library_alone(tmp_path):
                   ignore=shutil.ignore_patterns("__pycache__"))
   pip = [sys.executable, "-m", "pip"]
   built = _run([*pip, "wheel", "--no-deps", "-w", str(tmp_path / "dist"),
-                str(src)], 600)
+                str(src)], TIMEOUT_S)
   if built.returncode and any(w in built.stderr for w in _OFFLINE):
     pytest.skip("no package index reachable: " + built.stderr[-300:])
   assert built.returncode == 0, built.stderr[-2000:]
   (wheel,) = (tmp_path / "dist").glob("fkjax-*.whl")
 
   env = tmp_path / "venv"
-  assert _run([sys.executable, "-m", "venv", str(env)], 300).returncode == 0
+  assert _run([sys.executable, "-m", "venv", str(env)],
+              TIMEOUT_S).returncode == 0
   python = str(env / "bin" / "python")
   # The versions requirements.txt pins (as constraints: nothing more is
   # installed), so pip's cache serves what the checkout's environment has.
   installed = _run([python, "-m", "pip", "install", "-q", "-c",
-                    str(REPO / "requirements.txt"), str(wheel)], 1200)
+                    str(REPO / "requirements.txt"), str(wheel)], TIMEOUT_S)
   if installed.returncode and any(w in installed.stderr for w in _OFFLINE):
     pytest.skip("no package index reachable: " + installed.stderr[-300:])
   assert installed.returncode == 0, installed.stderr[-2000:]
 
-  proc = _run([python, "-c", _CHECK], 600, cwd=tmp_path)
+  proc = _run([python, "-c", _CHECK], TIMEOUT_S, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
   # The training side is [train]'s: it misses one of its packages.
   missing = proc.stdout.strip().removeprefix("training needs: ")

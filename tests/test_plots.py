@@ -76,7 +76,8 @@ print("matplotlib.pyplot" in sys.modules,
 
 def test_training_curves_are_drawn_every_epoch(tmp_path):
   proc = subprocess.run([sys.executable, "-c", _CURVES, str(tmp_path)],
-                        cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S,
+                        cwd=REPO, capture_output=True, text=True,
+                        timeout=TIMEOUT_S,
                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin"})
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()

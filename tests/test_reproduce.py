@@ -61,7 +61,8 @@ def _reproduce(args, root, cache, check=True):
   proc = subprocess.run(
       [sys.executable, "-m", "reproduce", *args,
        f"--root={root / 'w'}", f"--results={root / 'results'}"],
-      cwd=REPO, env=_env(cache), capture_output=True, text=True, timeout=TIMEOUT_S)
+      cwd=REPO, env=_env(cache), capture_output=True, text=True,
+      timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"runner failed:\n{proc.stdout}\n{proc.stderr}")
   return proc

@@ -233,7 +233,8 @@ FLAGS = [
 def _train(workdir, cache, check=True):
   proc = subprocess.run(
       [sys.executable, "train.py", f"--workdir={workdir}", *FLAGS], cwd=REPO,
-      env=subprocess_env(cache), capture_output=True, text=True, timeout=TIMEOUT_S)
+      env=subprocess_env(cache), capture_output=True, text=True,
+      timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"train.py failed:\n{proc.stdout}\n{proc.stderr}")
   return proc

@@ -199,7 +199,8 @@ def test_eval_restores_and_reproduces_train_numbers(runs):
       [sys.executable, "eval.py", f"--workdir={workdir}",
        "--config.num_devices=1", "--config.eval.plots=true",
        "--config.eval.attacks=natural,fgsm"], cwd=REPO,
-      env=_env(runs["cache"]), capture_output=True, text=True, timeout=TIMEOUT_S)
+      env=_env(runs["cache"]), capture_output=True, text=True,
+      timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   from_eval = json.loads((workdir / "eval_paper.json").read_text())
   # train.py's own final evaluation is a separate file, left untouched.

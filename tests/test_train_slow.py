@@ -76,7 +76,8 @@ def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
        "--config.eval.strong.eot_samples=2",
        "--config.eval.strong.num_targets=2",
        "--config.eval.strong.sanity_examples=0"], cwd=REPO,
-      env=_env(runs["cache"]), capture_output=True, text=True, timeout=TIMEOUT_S)
+      env=_env(runs["cache"]), capture_output=True, text=True,
+      timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   result = json.loads((workdir / "eval_strong.json").read_text())
   assert paper.read_text() == '{"kept": true}'   # the other protocol's
