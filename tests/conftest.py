@@ -25,14 +25,14 @@ kernels.apply_xla_flags()
 # (tests/test_precision.py lowers each precision under another default).
 jax.config.update("jax_default_matmul_precision", "highest")
 
-# One persistent compilation cache for every test process of this checkout
-# and every child they start (both xdist workers, later runs), never the
-# user's: a program a test compiled is loaded by the next test that compiles
-# it. Set before anything compiles; the entry points' own cache setting
-# (devices.enable_compilation_cache, in-process or in a child) then leaves
-# it alone.
+# One persistent compilation cache for the test processes of this checkout
+# (both xdist workers, later runs) and the children started with
+# tests.subprocess_env, never the user's: a program a test compiled is
+# loaded by the next test that compiles it. Set before anything compiles;
+# an in-process run's own cache setting (devices.enable_compilation_cache)
+# then leaves it alone. Not exported to every child: a child may write
+# under a file-size limit, or be told --config.compilation_cache_dir=.
 jax.config.update("jax_compilation_cache_dir", str(TEST_CACHE_DIR))
-os.environ["JAX_COMPILATION_CACHE_DIR"] = str(TEST_CACHE_DIR)
 
 # A test run started in the background (`cmd &` in a script) inherits
 # SIGINT ignored, and so would every child a test starts: Python keeps an

@@ -419,7 +419,9 @@ _INTERRUPTED_SAVES = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("delay", [0.1, 0.2, 0.3])
+@pytest.mark.parametrize("delay", [
+    pytest.param(0.1, marks=pytest.mark.slow), 0.2,
+    pytest.param(0.3, marks=pytest.mark.slow)])
 def test_ctrl_c_during_a_save_is_one_line(tmp_path, delay):
   """Ctrl-C while orbax's threads write (a save of 64 MB takes longer than
   ``delay``): 45 lines of their tracebacks came after the one line, or the

@@ -249,6 +249,7 @@ def test_missing_data_is_one_line(tmp_path, download):
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
   # Files above 64 KiB fail (EFBIG), as they do on a full disk (ENOSPC):
   # tensorstore's "Event loop is closed" reports came around the line.
@@ -339,6 +340,7 @@ def test_reproduce_claims_without_tables_writes_nothing(tmp_path, capsys):
   assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   not_data = tmp_path / "not_data"
   not_data.write_text("")
@@ -366,6 +368,7 @@ def test_reproduce_stops_a_table_whose_data_is_missing_in_one_line(tmp_path):
   assert "Traceback" in proc.stderr
 
 
+@pytest.mark.slow
 def test_analysis_of_a_wrong_workdir_is_one_line(tmp_path):
   proc = _run(["-m", "reproduce.analysis",
                f"--workdir={tmp_path / 'nowhere'}"])

@@ -17,6 +17,7 @@ from fkjax.training import devices
 from tests import hlo
 from tests.subprocess_env import TEST_CACHE_DIR
 from tests.subprocess_env import TIMEOUT_S
+from tests.subprocess_env import subprocess_env
 
 REPO = TEST_CACHE_DIR.parents[1]
 
@@ -46,9 +47,9 @@ def test_a_run_started_with_sigint_ignored_still_interrupts_its_children():
 
 def test_the_tests_compile_into_their_own_cache_not_the_users():
   # The default config's cache (~/.cache/fkjax) is left alone, in this
-  # process and in every child it starts.
+  # process and in the children of tests.subprocess_env.
   assert jax.config.jax_compilation_cache_dir == str(TEST_CACHE_DIR)
-  assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(TEST_CACHE_DIR)
+  assert subprocess_env()["JAX_COMPILATION_CACHE_DIR"] == str(TEST_CACHE_DIR)
   assert devices.enable_compilation_cache(default.get_config()) == str(
       TEST_CACHE_DIR)
 

@@ -113,6 +113,7 @@ def small_batch():
   return jax.random.uniform(jax.random.key(7), (4, 8, 8, 3))
 
 
+@pytest.mark.slow
 def test_noise_keys(small_batch):
   for members, coef, execution in ((1, 0.0, "batched"), (2, 0.2, "batched"),
                                    (2, 0.2, "sequential"),
@@ -169,7 +170,8 @@ def test_ensemble_equals_mean_of_members(small_batch):
                              np.mean(member_out, axis=0), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("other", ["sequential", "unrolled"])
+@pytest.mark.parametrize("other", [
+    pytest.param("sequential", marks=pytest.mark.slow), "unrolled"])
 def test_member_executions_compute_the_same_function(small_batch, other):
   batched, sequential = (
       create_model(depth=8, ensemble_size=3, member_execution=m)

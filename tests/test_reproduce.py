@@ -871,6 +871,7 @@ def test_finished_runs_are_kept_under_results_without_checkpoints(tiny):
                                           0))
 
 
+@pytest.mark.slow
 def test_a_checkout_without_workdirs_restores_finished_runs(tiny, tmp_path):
   # A fresh clone has results/ but no workdirs: the runner must report the
   # finished run as before, and train nothing.
@@ -1047,6 +1048,7 @@ def test_an_ensemble_row_runs_every_stage(tiny, tmp_path, capsys):
   assert stats["w"]["num_channels"] > 0
 
 
+@pytest.mark.slow
 def test_a_run_stopped_in_its_last_extra_evaluation_keeps_the_first(
     tiny, tmp_path, monkeypatch, capsys):
   # Table 2 adds A5 and the strong column to the fixture's ResNet20 run; the
@@ -1167,6 +1169,7 @@ def test_estimates_scale_with_the_machines_step_times(tmp_path):
           < estimate_lib.estimate_seconds(run, step_times=twice))
 
 
+@pytest.mark.slow
 def test_calibration_times_a_clean_and_an_attacked_step():
   from reproduce.run import calibrate  # pylint: disable=import-outside-toplevel
   times = calibrate.measure(repeats=1, depth=8, batch_size=8)
@@ -1231,6 +1234,7 @@ def _seconds(duration: str) -> int:
   return 3600 * h + 60 * m + s
 
 
+@pytest.mark.slow
 def test_a_reader_stopping_early_ends_the_runner_without_a_traceback(
     tmp_path):
   # `... --dry-run | head`: the dry run of every table (>100 KB) overfills

@@ -62,6 +62,7 @@ def _eval(workdir, cache, attacks, *extra):
 # eval.py merges.
 
 
+@pytest.mark.slow
 def test_a_run_of_fewer_attacks_keeps_the_others(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
   (workdir / workdir_lib.LOCK_NAME).unlink()   # the one train.py left
@@ -93,6 +94,7 @@ def test_a_run_of_fewer_attacks_keeps_the_others(trained, tmp_path):
   assert list(json.loads(path.read_text())["attacks"]) == ["natural"]
 
 
+@pytest.mark.slow
 def test_overlapping_evaluations_merge(trained, tmp_path):
   workdir = _copy(trained, tmp_path)
   cache = trained[1]

@@ -1,11 +1,13 @@
 """End-to-end tests of train.py / eval.py on the tiny synthetic config.
 
 Each training run is a real ``python train.py`` process (the tests also
-cover the command line). The 1- and 4-device comparison is in the slow set
-here; a two-process jax.distributed run and eval.py's strong protocol are
-in the slow set's tests/test_train_slow.py. The runs share a persistent
-compilation cache, so only the first run of each program pays for
-compilation.
+cover the command line). The quick set keeps a run, its kill and resume,
+and what its log and checkpoints hold; the runs beyond those (eval.py,
+export.py, a second writer, divergence, ADMM's readings, the 1- and
+4-device comparison) are in the slow set here, and a two-process
+jax.distributed run and eval.py's strong protocol in the slow set's
+tests/test_train_slow.py. The runs share a persistent compilation cache,
+so only the first run of each program pays for compilation.
 """
 import json
 import re
