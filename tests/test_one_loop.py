@@ -23,7 +23,8 @@ from fkjax.training import validation
 from fkjax.workdir import metric_logging
 
 # The loop's own times, which no two runs share.
-TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds")
+TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds",
+         "epoch_seconds")
 SWEEP_ONLY = {"sweep_runs", "sweep_images_per_second"}
 
 

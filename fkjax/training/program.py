@@ -262,14 +262,22 @@ class Runs:
            ) -> None:
     """Every run's checkpoint of ``step`` (with its selection accuracy); a
     run that holds ``step`` already (saved before an interruption: the
-    same state) is skipped."""
-    for i, (ckpt, run_state) in enumerate(zip(checkpointers,
-                                              self.unstack(state))):
+    same state) is skipped. Each run's state is given as it lies on the
+    devices (a sweep's run sliced there): the checkpointer copies it to
+    the host once and writes it while the next steps run."""
+    for i, ckpt in enumerate(checkpointers):
       if step in ckpt.all_steps():
         continue
-      ckpt.save(step, parallel.replicate(run_state, self.mesh),
+      ckpt.save(step, state if self.size == 1 else self.run_state(state, i),
                 val_accuracy=None if val_accuracy is None
                 else val_accuracy[i])
+
+  @functools.cached_property
+  def run_state(self) -> Callable[[PyTree, int], PyTree]:
+    """``run_state(state, i)``: run ``i``'s state, sliced on the devices
+    (one program for every ``i``) and replicated over the mesh."""
+    return jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
+                   out_shardings=parallel.replicated(self.mesh))
 
   # ------------------------------------------------- per run, when traced
 
