@@ -81,3 +81,22 @@ def test_the_evaluator_refuses_before_running(monkeypatch):
                      match=r"^config.eval.batch_size=8: attack fgsm needs "):
     evaluator(params, batches, jax.random.key(0), progress=False)
   assert not ran
+
+
+class _Gpu:
+  """What free_bytes reads of a GPU: its allocator's limit and use."""
+  platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+  def memory_stats(self):
+    return {"bytes_limit": 60 * 2 ** 30, "bytes_in_use": 10 * 2 ** 30}
+
+
+def test_a_gpus_free_memory_says_it_is_this_process_share():
+  # JAX's allocator reserves 75% of the card per process: a second process
+  # (eval.py beside train.py) sees its own limit, not the card's state.
+  free, where = memory.free_bytes(_Gpu())
+  assert free == 50 * 2 ** 30
+  assert where.startswith("NVIDIA H100 80GB HBM3 memory free to this process")
+  for setting in ("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                  "XLA_PYTHON_CLIENT_PREALLOCATE=false"):
+    assert setting in where
