@@ -41,12 +41,38 @@ def _computations(hlo: str) -> dict[str, list[str]]:
   out: dict[str, list[str]] = {}
   current = None
   for line in hlo.splitlines():
-    header = _COMPUTATION.match(line)
-    if header and "=" not in line.split("{")[0]:
+    # headers start at the line's start; instructions are indented
+    header = _COMPUTATION.match(line) if not line[:1].isspace() else None
+    if header:
       current = header.group(1)
       out[current] = []
     elif current is not None:
       out[current].append(line)
+  return out
+
+
+_ARRAY = re.compile(r"\b(f64|f32|bf16|f16|s32|u32|s64|u64|pred|s8|u8)"
+                    r"\[([\d,]*)\]")
+_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4,
+          "bf16": 2, "f16": 2, "pred": 1, "s8": 1, "u8": 1}
+
+
+def all_reduce_bytes(hlo: str) -> list[int]:
+  """The bytes each all-reduce of an HLO module's text reduces (its result
+  type's arrays, a tuple's summed), in the program's order."""
+  out = []
+  for line in hlo.splitlines():
+    found = _INSTRUCTION.search(line)
+    if not found:
+      continue
+    result_type = line[line.index("=") + 1:found.start(1)]
+    total = 0
+    for dtype, dims in _ARRAY.findall(result_type):
+      n = 1
+      for d in filter(None, dims.split(",")):
+        n *= int(d)
+      total += n * _BYTES[dtype]
+    out.append(total)
   return out
 
 
@@ -89,6 +115,8 @@ def main() -> None:
   p.add_argument("--attack-steps", type=int, default=10)
   p.add_argument("--precision", default="float32")
   p.add_argument("--shard", choices=("batch", "runs"), default="batch")
+  p.add_argument("--hlo-out", default=None,
+                 help="also write the partitioned program's text here")
   args = p.parse_args()
   # pylint: disable=import-outside-toplevel
   import jax
@@ -110,12 +138,19 @@ def main() -> None:
   batch = sweep.place_batch(steps._host_batch(args.batch_size))  # pylint: disable=protected-access
   compiled = sweep.train_step.lower(
       state, batch, sweep.keys("train"), 0, sweep.placed_values()).compile()
-  static, per_step = all_reduces_per_run(compiled.as_text())
+  hlo = compiled.as_text()
+  if args.hlo_out:
+    with open(args.hlo_out, "w") as f:
+      f.write(hlo)
+  static, per_step = all_reduces_per_run(hlo)
+  sizes = sorted(all_reduce_bytes(hlo))
   out: dict[str, Any] = {
       "model": args.model, "devices": args.devices, "shard": args.shard,
       "runs": runs, "batch_size": args.batch_size,
       "attack_steps": args.attack_steps, "precision": args.precision,
       "all_reduces_in_program": static, "all_reduces_per_step": per_step,
+      "all_reduce_bytes_median": sizes[len(sizes) // 2] if sizes else None,
+      "all_reduce_bytes_max": sizes[-1] if sizes else None,
       "platform": jax.devices()[0].platform}
   print(json.dumps(out))
 
