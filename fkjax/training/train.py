@@ -140,8 +140,8 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
       val_seconds = time.perf_counter() - val_start
       # The epoch's records, then the checkpoints (written in the
       # background while the next epoch trains).
-      epoch_seconds, last_record = (time.perf_counter() - last_record,
-                                    time.perf_counter())
+      now = time.perf_counter()
+      epoch_seconds, last_record = now - last_record, now
       summaries = files.write_records(
           step, runs.unstack(evaluated), epoch=epoch,
           sums=files.sums, steps=ran.steps, val_accuracy=val_accuracy,
