@@ -37,6 +37,12 @@ ResNet8, a few images, short roofs) on a CPU, compiled with
 """
 from __future__ import annotations
 
+# First, before the imports below (seconds): Ctrl-C during them is one line.
+from fkjax import interrupt
+if __name__ == "__main__":
+  interrupt.install()
+# pylint: disable=wrong-import-position
+
 import argparse
 import dataclasses
 import datetime
@@ -56,9 +62,11 @@ from typing import Any, Callable
 USER_ENV = dict(os.environ)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from benchmarks import gpu_bench_plan as plan_lib  # pylint: disable=wrong-import-position
-from benchmarks.gpu_bench_plan import XLA_VARIANTS  # pylint: disable=wrong-import-position
-from fkjax import kernels  # pylint: disable=wrong-import-position
+from benchmarks import gpu_bench_plan as plan_lib
+from benchmarks.gpu_bench_plan import XLA_VARIANTS
+from fkjax import cli
+from fkjax import kernels
+from fkjax import oserrors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_JSON = os.path.join("benchmarks", "results", "gpu_latest.json")
@@ -507,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                             os.path.join(tempfile.gettempdir(),
                                          "fkjax_gpu_bench", "latest.json"))
   log_path = args.log or os.path.splitext(json_path)[0] + ".log"
+  # Before anything is measured: the folders the results are written to.
+  for flag, path in (("--json", json_path), ("--log", log_path)):
+    oserrors.declare(flag, path, write=True, file=True)
   log = Log(log_path)
   result: dict[str, Any] = {
       "benchmark": "python -m benchmarks.gpu_bench",
@@ -529,11 +540,13 @@ def main(argv: list[str] | None = None) -> int:
   code = 0
   try:
     measure_all(cfg, args, result, log, save)
-  except (KeyboardInterrupt, Stopped) as e:
-    # the row under way is lost; every one before it is in the JSON
-    result["stopped"] = ("SIGINT" if isinstance(e, KeyboardInterrupt)
-                         else str(e))
-    code = 130 if isinstance(e, KeyboardInterrupt) else 143
+  # The row under way is lost; every one before it is in the JSON.
+  except KeyboardInterrupt:
+    result["stopped"] = "SIGINT"
+    raise   # cli.guard's one line, exit 130
+  except Stopped as e:
+    result["stopped"] = str(e)
+    code = 128 + signal.Signals[str(e)].value
   finally:
     for s, handler in before.items():
       signal.signal(s, handler)
@@ -550,5 +563,19 @@ def main(argv: list[str] | None = None) -> int:
   return 0 if measured else 1
 
 
+INTERRUPTED = ("interrupted; what was measured so far is in the --json "
+               "written after each row")
+
+
+def _run_cli() -> int:
+  """``main`` for the shell: a wrong environment variable, a folder that
+  cannot be written, Ctrl-C at any moment: one line."""
+  try:
+    cli.check_environment()
+    return cli.guard(main, interrupted=INTERRUPTED)
+  except SystemExit as e:
+    return cli.exit_code(e)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.exit(_run_cli())
