@@ -181,7 +181,8 @@ class Budget:
     log: a line to the log.
     skipped: ``{row name: why}``, filled.
     rows: ``[{"name", "group", "status", "estimate_s", "wall_s"}]``,
-      filled in the order the rows come.
+      filled in the order the rows come; ``status``: ``measured``,
+      ``skipped``, ``failed``, or ``stopped`` (the run stopped during it).
     clock: seconds (``time.monotonic``).
   """
 
@@ -211,6 +212,7 @@ class Budget:
       self.log(f"{row.name}: skipped ({self.skipped[row.name]})")
       return None
     start = self.clock()
+    record["status"] = "stopped"   # unless it ends (Ctrl-C, SIGTERM)
     try:
       out = fn()
     except Exception as e:  # pylint: disable=broad-except

@@ -177,8 +177,10 @@ def test_a_run_stopped_by_sigterm_keeps_its_rows(tmp_path):
   assert proc.returncode == 143, stdout[-2000:] + stderr[-2000:]
   result = json.loads(out.read_text())
   assert result["stopped"] == "SIGTERM"
-  first = result["rows"][0]
+  first, *rest = result["rows"]
   assert first["status"] == "measured"
+  # the row under way when the signal came, and none after it
+  assert [r["status"] for r in rest] in ([], ["stopped"])
   assert result["steps"][0]["model"] == "resnet8"
   assert "stopped by SIGTERM" in stdout
 
