@@ -53,7 +53,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, Callable
 
 # The train.py subprocesses need the GPU's memory: this process takes it
