@@ -56,6 +56,7 @@ USER_ERRORS = {
     "fkjax.errors": "TrainingError",
     "fkjax.workdir.check": "WorkdirError",
     "fkjax.evaluation.memory": "BatchTooLarge",
+    "fkjax.readback": "DamagedFileError",
 }
 
 

@@ -48,6 +48,7 @@ from absl import logging
 
 from fkjax import cli
 from fkjax import kernels
+from fkjax import readback
 from fkjax.data.types import DataError
 from reproduce.report import claims
 from reproduce.report import figures
@@ -539,6 +540,11 @@ def _run_cli() -> int:
           "runs and evaluations are kept, a run resumes from its last "
           "checkpoint)", file=sys.stderr, flush=True)
     return 130
+  except readback.DamagedFileError as e:
+    # A file of a run or a table damaged outside fkjax: read as missing, it
+    # would change a table or a claim without a word.
+    print(f"error: {cli.one_line(e)}", file=sys.stderr, flush=True)
+    return 1
   except BrokenPipeError:
     # Python's recipe (docs of signal, "Note on SIGPIPE"): point stdout at
     # devnull so that the flush at exit does not raise again.
