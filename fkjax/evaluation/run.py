@@ -111,21 +111,22 @@ class Restored:
   def write(self, path: str, results: dict[str, Any], protocol: str, *,
             merge: bool = False) -> dict[str, Any]:
     """Writes the self-describing result file (process 0 only); with
-    ``merge``, keeping the earlier file's attacks that ``results`` lacks
-    (:mod:`fkjax.evaluation.merge`, said in a line). Returns what was
-    written, without its metadata."""
+    ``merge``, keeping the earlier file's attacks that ``results`` lacks;
+    an earlier file of other settings is kept in the new one's
+    ``"earlier"`` (:mod:`fkjax.evaluation.merge`, said in a line). Returns
+    what was written, without its metadata."""
     if jax.process_index() != 0:
       return results
     metadata = workdir_lib.results_metadata(
         self.config, step=self.step, data=self.exp.dataset.description,
         checkpoint=self.config.eval.checkpoint, protocol=protocol,
         devices=devices.describe_devices(self.exp.mesh.size))
-    if not merge:
-      workdir_lib.write_results(path, results, metadata)
-      return results
+    # Every write goes through merge: an earlier file made under other
+    # settings is kept in the new one (never replaced), whatever merges.
     with workdir_lib.results_lock(os.path.dirname(os.path.abspath(path))):
       results, remark = eval_merge.merge(workdir_lib.read_results(path),
-                                         results, metadata)
+                                         results, metadata,
+                                         keep_attacks=merge)
       workdir_lib.write_results(path, results, metadata)
     if remark is not None:
       self.say(f"{os.path.basename(path)}: {remark}")
