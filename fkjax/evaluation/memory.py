@@ -8,9 +8,12 @@ has left (a GPU's allocator limit less what is in use; on the CPU the RAM
 Linux calls available, and what the cgroup's limit leaves). :func:`check`
 compares them before the program runs, and where it does not fit raises
 :class:`BatchTooLarge`, a user's error said in one line, naming the
-estimate, what is free and the largest batch that fits (from a second
-compilation at half the batch: a program's memory grows linearly in its
-batch).
+estimate, what is free and the largest batch that fits: found by
+compiling the program at the batches it tries, so that the batch suggested
+passes this same check when it is run (:func:`largest_that_fits`). What is
+free is the least of the device's and, on a CPU, of what Linux calls
+available and what the limits of the process's own cgroup leave (v1 or
+v2, read from ``/proc/self/cgroup``).
 """
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ import jax
 # Of what is free, what a program may plan to use: XLA's estimate leaves out
 # the allocator's fragmentation and the runtime's own buffers.
 USABLE = 0.9
+# Of that, what a suggested batch may plan to use: it must still pass when
+# tried, though what is free moves a little between runs.
+SUGGESTION_MARGIN = 0.97
 _GIB = 2 ** 30
 
 
@@ -52,16 +58,86 @@ def _read_int(path: str) -> int | None:
   return int(text) if text.isdigit() else None   # "max": no limit
 
 
-def _cgroup_free(root: str = "/sys/fs/cgroup") -> int | None:
-  """What this process's cgroup limit leaves (v2, else v1), or None."""
-  for limit, usage in (("memory.max", "memory.current"),
-                       ("memory/memory.limit_in_bytes",
-                        "memory/memory.usage_in_bytes")):
-    cap, used = (_read_int(os.path.join(root, limit)),
-                 _read_int(os.path.join(root, usage)))
-    # v1 says "no limit" with a number near 2**63.
-    if cap is not None and used is not None and cap < 2 ** 60:
-      return max(0, cap - used)
+def _reclaimable(directory: str, key: str) -> int:
+  """The page cache the kernel reclaims before it kills (``inactive_file``
+  of ``memory.stat``): counted in the usage, not a program's."""
+  try:
+    with open(os.path.join(directory, "memory.stat")) as f:
+      for line in f:
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+          return int(value)
+  except OSError:
+    pass
+  return 0
+
+
+def _own_cgroups(proc: str) -> dict[str, str]:
+  """``/proc/self/cgroup``: the process's cgroup path per hierarchy
+  (``""`` for v2's unified one, else its controllers, as ``memory``)."""
+  out: dict[str, str] = {}
+  try:
+    with open(os.path.join(proc, "self", "cgroup")) as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return out
+  for line in lines:
+    parts = line.split(":", 2)
+    if len(parts) != 3:
+      continue
+    _, controllers, path = parts
+    if controllers == "":
+      out[""] = path
+    for controller in controllers.split(","):
+      if controller == "memory":
+        out["memory"] = path
+  return out
+
+
+def _levels(mount: str, path: str) -> list[str]:
+  """The directories of the cgroup ``path`` under ``mount``, from its own
+  up to the mount's root: every one's limit applies. (Inside a container
+  whose cgroup namespace is not its own, the path names a directory the
+  mount does not have: its levels that exist are read.)"""
+  parts = [p for p in path.split("/") if p and p != ".."]
+  out = []
+  for i in range(len(parts), -1, -1):
+    directory = os.path.join(mount, *parts[:i])
+    if os.path.isdir(directory):
+      out.append(directory)
+  return out
+
+
+def _cgroup_free(proc: str = "/proc", sys_fs: str = "/sys/fs/cgroup"
+                 ) -> int | None:
+  """What the memory limits of this process's own cgroup and its
+  ancestors leave (v2, else v1), or None where none is set.
+
+  Read from ``/proc/self/cgroup``, not the hierarchy's root: a job
+  scheduler or container puts the process in a child cgroup whose limit
+  the root does not show.
+  """
+  own = _own_cgroups(proc)
+  layouts = []
+  if "" in own:   # v2: one hierarchy, mounted at sys_fs
+    layouts.append((sys_fs, own[""], "memory.max", "memory.current",
+                    "inactive_file"))
+  if "memory" in own:   # v1: the memory controller's own mount
+    layouts.append((os.path.join(sys_fs, "memory"), own["memory"],
+                    "memory.limit_in_bytes", "memory.usage_in_bytes",
+                    "total_inactive_file"))
+  for mount, path, limit, usage, cache in layouts:
+    free = None
+    for directory in _levels(mount, path):
+      cap = _read_int(os.path.join(directory, limit))
+      used = _read_int(os.path.join(directory, usage))
+      # v1 says "no limit" with a number near 2**63, v2 with "max".
+      if cap is None or used is None or cap >= 2 ** 60:
+        continue
+      left = max(0, cap - max(0, used - _reclaimable(directory, cache)))
+      free = left if free is None else min(free, left)
+    if free is not None:
+      return free
   return None
 
 
@@ -103,7 +179,8 @@ def largest_fitting(batch: int, need: int, half_need: int | None,
                     budget: int, multiple: int = 1) -> int:
   """The largest batch whose need, linear through ``(batch, need)`` and
   ``(batch // 2, half_need)``, is within ``budget``; a multiple of
-  ``multiple`` (0: none fits)."""
+  ``multiple`` (0: none fits). An extrapolation: :func:`largest_that_fits`
+  checks its guesses."""
   half = batch // 2
   if half_need is None or half < 1 or need <= half_need:
     per_image, fixed = need / batch, 0.0
@@ -114,12 +191,46 @@ def largest_fitting(batch: int, need: int, half_need: int | None,
   return max(0, min(batch - 1, fits) // multiple * multiple)
 
 
+def largest_that_fits(batch: int, need: int,
+                      need_at: Callable[[int], int | None], budget: int,
+                      multiple: int = 1, tries: int = 6) -> int:
+  """The largest batch below ``batch`` (a multiple of ``multiple``) that
+  :func:`fits` ``budget`` by ``need_at(b)`` itself (the program compiled
+  at ``b``: what :func:`check` reads when that batch is tried), not by an
+  extrapolation: XLA's buffers are not linear in the batch (padding,
+  another algorithm past a size), and a suggested batch that the check
+  then refused sent the user round in circles. Each guess is the line
+  through the nearest measured batches that fit and do not (regula falsi);
+  0 where none was found to fit within ``tries`` compilations.
+  """
+  lo, hi = (0, 0), (batch, need)   # (batch, need): fits / does not
+  for _ in range(tries):
+    if hi[0] - lo[0] <= multiple:
+      break
+    slope = (hi[1] - lo[1]) / (hi[0] - lo[0]) if lo[0] else hi[1] / hi[0]
+    base = lo if lo[0] else (0, 0)
+    guess = (base[0] + (budget - base[1]) / slope if slope > 0
+             else hi[0] - multiple)
+    guess = int(guess) // multiple * multiple
+    guess = min(max(guess, lo[0] + multiple), hi[0] - multiple)
+    if guess < 1:
+      break
+    measured = need_at(guess)
+    if measured is None:
+      break
+    if measured <= budget:
+      lo = (guess, measured)
+    else:
+      hi = (guess, measured)
+  return lo[0]
+
+
 def _gib(n: float) -> str:
   return f"{n / _GIB:.1f} GiB"
 
 
 def check(compiled: Any, batch: int, what: str, *, batch_key: str,
-          at_half: Callable[[], Any] | None = None, multiple: int = 1,
+          at_batch: Callable[[int], Any] | None = None, multiple: int = 1,
           scale: int = 1, free: tuple[int | None, str] | None = None
           ) -> None:
   """Raises :class:`BatchTooLarge` where ``compiled`` (``what``, on a batch
@@ -131,8 +242,10 @@ def check(compiled: Any, batch: int, what: str, *, batch_key: str,
     what: what it computes, for the message (``attack ifgsm20``).
     batch_key: the setting that sets ``batch``
       (``config.eval.batch_size``).
-    at_half: compiles the same program at half the batch, for the largest
-      batch that fits (called only when ``batch`` does not fit).
+    at_batch: compiles the same program at a smaller batch (called only
+      when ``batch`` does not fit): the batch suggested is one whose own
+      program passes this check (:func:`largest_that_fits`); without it,
+      an extrapolation from ``batch`` alone, said as such.
     multiple: batches must be multiples of this (the devices).
     scale: devices sharing the memory, each running its part of the
       program (XLA's estimate is one device's).
@@ -146,13 +259,54 @@ def check(compiled: Any, batch: int, what: str, *, batch_key: str,
   budget = int(available * USABLE)
   if need <= budget:
     return
-  half_need = needed_bytes(at_half()) if at_half is not None else None
-  half_need = None if half_need is None else half_need * scale
-  fits = largest_fitting(batch, need, half_need, budget, multiple)
-  advice = (f"the largest batch that fits is about {fits}: rerun with "
+  if at_batch is not None:
+    def need_at(b: int) -> int | None:
+      n = needed_bytes(at_batch(b))
+      return None if n is None else n * scale
+    # Checked against a little less than the budget: what is free moves
+    # between this run and the next.
+    fits = largest_that_fits(batch, need, need_at,
+                             int(budget * SUGGESTION_MARGIN), multiple)
+    about = ""
+  else:
+    fits = largest_fitting(batch, need, None,
+                           int(budget * SUGGESTION_MARGIN), multiple)
+    about = "about "
+  advice = (f"the largest batch that fits is {about}{fits}: rerun with "
             f"--{batch_key}={fits}" if fits else
             "no batch fits: free memory, or use a device with more")
   raise BatchTooLarge(
       f"{batch_key}={batch}: {what} needs about {_gib(need)} for a batch of "
       f"{batch} images (XLA's estimate) but {_gib(available)} is free "
       f"({where}); {advice}")
+
+
+def check_host(batch: int, bytes_per_item: int, what: str, *,
+               batch_key: str, multiple: int = 1,
+               free: tuple[int | None, str] | None = None) -> None:
+  """Raises :class:`BatchTooLarge` where host arrays of ``batch`` items of
+  ``bytes_per_item`` each (what a setting sizes before any program is
+  compiled: the batches numpy gathers) need more than :data:`USABLE` of the
+  host's free memory (the least of RAM available and the process's
+  cgroup limit). The batch suggested passes this same check: the need is
+  exactly linear."""
+  need = batch * bytes_per_item
+  if free is None:
+    found = [(v, why) for v, why in ((_meminfo_available(), "RAM available"),
+                                     (_cgroup_free(), "the cgroup's limit"))
+             if v is not None]
+    free = min(found) if found else (None, "")
+  available, where = free
+  if available is None:
+    return
+  budget = int(available * USABLE)
+  if need <= budget:
+    return
+  fits = min(batch - 1, int(budget * SUGGESTION_MARGIN) // bytes_per_item)
+  fits = fits // multiple * multiple
+  advice = (f"the largest batch that fits is {fits}: rerun with "
+            f"--{batch_key}={fits}" if fits > 0 else
+            "no batch fits: free memory")
+  raise BatchTooLarge(
+      f"{batch_key}={batch}: {what} needs {_gib(need)} of host memory but "
+      f"{_gib(available)} is free ({where}); {advice}")
