@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 __all__ = ["DamagedFileError", "ListOf", "MapOf", "NUMBER", "check",
-           "read_json"]
+           "ensure", "read_json"]
 
 
 class DamagedFileError(Exception):
@@ -151,6 +151,17 @@ def read_json(path: str | os.PathLike[str], shape: Any = dict, *,
   problem = check(data, shape)
   if problem:
     raise _damaged(path, what, problem)
+  return data
+
+
+def ensure(data: Any, shape: Any, path: str | os.PathLike[str], *,
+           what: str = "") -> Any:
+  """``data`` (read from ``path``) where it has ``shape``, else
+  :class:`DamagedFileError`: for a file whose shape depends on what it
+  says it is."""
+  problem = check(data, shape)
+  if problem:
+    raise _damaged(os.fspath(path), what, problem)
   return data
 
 
