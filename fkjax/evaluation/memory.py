@@ -212,9 +212,11 @@ def largest_that_fits(batch: int, need: int,
     guess = (base[0] + (budget - base[1]) / slope if slope > 0
              else hi[0] - multiple)
     guess = int(guess) // multiple * multiple
-    guess = min(max(guess, lo[0] + multiple), hi[0] - multiple)
-    if guess < 1:
+    if guess < multiple:
+      # Even the line through the origin, which no program's fixed part
+      # lets a smaller batch beat, has none fit: none does.
       break
+    guess = min(max(guess, lo[0] + multiple), hi[0] - multiple)
     measured = need_at(guess)
     if measured is None:
       break
