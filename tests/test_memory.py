@@ -179,9 +179,37 @@ def test_a_host_batch_too_large_is_refused_before_it_is_gathered():
     memory.check_host(100_000_000, 3072 * 9, "a batch of test images",
                       batch_key="config.eval.batch_size", free=free)
   assert str(info.value).startswith(
-      "config.eval.batch_size=100000000: a batch of test images needs "
-      "2574.9 GiB of host memory but 1.0 GiB is free (RAM available); ")
+      "config.eval.batch_size=100000000: a batch of test images would "
+      "take 2574.9 GiB of host memory but 1.0 GiB is free (RAM available); ")
   suggested = _suggested(info.value)
   memory.check_host(suggested, 3072 * 9, "x", batch_key="k", free=free)
   # The process's own limits are read when nothing is given.
   memory.check_host(1, 1, "x", batch_key="k")
+
+
+def test_settings_that_size_host_arrays_are_checked_before_allocating(
+    monkeypatch):
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+  from fkjax.training import build  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(memory, "_meminfo_available", lambda: 2 * _GIB)
+  monkeypatch.setattr(memory, "_cgroup_free", lambda: None)
+  config = tiny.get_config()
+  # 10^9 synthetic images: refused before any is made.
+  config.dataset.synthetic_sizes = (10 ** 9, 16)
+  config.dataset.val_size = 16
+  with pytest.raises(memory.BatchTooLarge,
+                     match=r"^config.dataset.synthetic_sizes=\(1000000000, "
+                     r"16\): 1,000,000,016 synthetic images would take .* "
+                     r"at most [0-9,]+ fit \(train pool and test"):
+    build.load_dataset(config)
+  config.dataset.synthetic_sizes = (64, 16)
+  dataset = build.load_dataset(config)
+  for key in ("eval.batch_size", "validation.batch_size"):
+    section, name = key.split(".")
+    big = config.copy_and_resolve_references()
+    big[section][name] = 100_000_000
+    with pytest.raises(memory.BatchTooLarge) as info:
+      memory.check_host_batches(big, dataset)
+    assert str(info.value).startswith(f"config.{key}=100000000: a batch of ")
+    big[section][name] = _suggested(info.value)
+    memory.check_host_batches(big, dataset)   # the suggestion passes

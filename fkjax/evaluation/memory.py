@@ -283,16 +283,31 @@ def check(compiled: Any, batch: int, what: str, *, batch_key: str,
       f"({where}); {advice}")
 
 
-def check_host(batch: int, bytes_per_item: int, what: str, *,
-               batch_key: str, multiple: int = 1,
+def check_host(count: int, bytes_per_item: int, what: str, *,
+               batch_key: str, shown: str | None = None,
+               advice: Callable[[int], str] | None = None,
+               multiple: int = 1,
                free: tuple[int | None, str] | None = None) -> None:
-  """Raises :class:`BatchTooLarge` where host arrays of ``batch`` items of
+  """Raises :class:`BatchTooLarge` where host arrays of ``count`` items of
   ``bytes_per_item`` each (what a setting sizes before any program is
-  compiled: the batches numpy gathers) need more than :data:`USABLE` of the
-  host's free memory (the least of RAM available and the process's
-  cgroup limit). The batch suggested passes this same check: the need is
-  exactly linear."""
-  need = batch * bytes_per_item
+  compiled: the batches numpy gathers, generated data) need more than
+  :data:`USABLE` of the host's free memory (the least of RAM available and
+  the process's cgroup limits). The count suggested passes this same
+  check: the need is exactly linear.
+
+  Args:
+    count: the items the setting asks for.
+    bytes_per_item: the host bytes of one.
+    what: what they are, for the message (``a batch of test images``).
+    batch_key: the setting (``config.eval.batch_size``).
+    shown: how the message names the setting's value (default
+      ``batch_key=count``).
+    advice: the largest count that fits -> what to do (default: rerun
+      with ``--batch_key=N``).
+    multiple: counts must be multiples of this.
+    free: ``(bytes, where)`` free (default: asked now).
+  """
+  need = count * bytes_per_item
   if free is None:
     found = [(v, why) for v, why in ((_meminfo_available(), "RAM available"),
                                      (_cgroup_free(), "the cgroup's limit"))
@@ -304,11 +319,58 @@ def check_host(batch: int, bytes_per_item: int, what: str, *,
   budget = int(available * USABLE)
   if need <= budget:
     return
-  fits = min(batch - 1, int(budget * SUGGESTION_MARGIN) // bytes_per_item)
+  fits = min(count - 1, int(budget * SUGGESTION_MARGIN) // bytes_per_item)
   fits = fits // multiple * multiple
-  advice = (f"the largest batch that fits is {fits}: rerun with "
-            f"--{batch_key}={fits}" if fits > 0 else
-            "no batch fits: free memory")
+  if fits <= 0:
+    said = "none fits: free memory"
+  elif advice is not None:
+    said = advice(fits)
+  else:
+    said = (f"the largest batch that fits is {fits}: rerun with "
+            f"--{batch_key}={fits}")
   raise BatchTooLarge(
-      f"{batch_key}={batch}: {what} needs {_gib(need)} of host memory but "
-      f"{_gib(available)} is free ({where}); {advice}")
+      f"{shown or f'{batch_key}={count}'}: {what} would take {_gib(need)} "
+      f"of host memory but {_gib(available)} is free ({where}); {said}")
+
+
+# Bytes a host holds per image of a batch it gathers: the uint8 images,
+# their float32 copy and, on a CPU, the devices' (plus label and mask).
+def _batch_bytes_per_image(image_shape: tuple[int, ...], itemsize: int
+                           ) -> int:
+  pixels = 1
+  for d in image_shape:
+    pixels *= int(d)
+  return pixels * (itemsize + 4 + 4) + 16
+
+
+# CIFAR's images, for what is sized before any data are read.
+_CIFAR_IMAGE = (32, 32, 3)
+
+
+def check_synthetic_sizes(sizes: tuple[int, int]) -> None:
+  """Refuses ``dataset.synthetic_sizes`` whose images (uint8, made in
+  float32 first) the host cannot hold, before they are generated."""
+  total = int(sizes[0]) + int(sizes[1])
+  check_host(total, _batch_bytes_per_image(_CIFAR_IMAGE, 1),
+             f"{total:,} synthetic images",
+             batch_key="config.dataset.synthetic_sizes",
+             shown=f"config.dataset.synthetic_sizes={tuple(sizes)}",
+             advice=lambda n: f"at most {n:,} fit (train pool and test "
+             "together)")
+
+
+def check_host_batches(config: Any, dataset: Any) -> None:
+  """Refuses, before the first is gathered, a batch size whose batches the
+  host cannot hold: ``eval.batch_size`` (test images), and
+  ``validation.batch_size`` (validation images), each padded to its size;
+  ``training.batch_size`` is at most the training split (validated)."""
+  for key, split, what in (
+      ("eval.batch_size", dataset.test, "a batch of test images"),
+      ("validation.batch_size", dataset.val, "a batch of validation images")):
+    section, name = key.split(".")
+    if split is None or not len(split.labels):
+      continue
+    check_host(int(config[section][name]),
+               _batch_bytes_per_image(split.images.shape[1:],
+                                      split.images.dtype.itemsize),
+               what, batch_key=f"config.{key}")

@@ -23,7 +23,6 @@ import os
 from typing import Any, Callable, Iterator, Mapping
 
 import jax
-import numpy as np
 import ml_collections
 
 from fkjax import checkpoint as ckpt_lib
@@ -161,23 +160,10 @@ def restore(config: ml_collections.ConfigDict, workdir: str, *,
     step, state = exp.restore(checkpointer, config.eval.checkpoint)
   eval_apply, _ = build.model_fns(exp.model)
   test = data_lib.limit(exp.dataset.test, config.eval.num_examples)
-  _check_host_memory(config, test)
+  eval_memory.check_host_batches(config, exp.dataset._replace(test=test))
   return Restored(config, workdir, exp, step, state,
                   sparsify.eval_variables(state, config), eval_apply,
                   test, final, logger)
-
-
-def _check_host_memory(config: ml_collections.ConfigDict,
-                       test: data_lib.Split) -> None:
-  """Refuses, in one line, an ``eval.batch_size`` whose batches the host
-  cannot hold, before numpy gathers the first (a batch of 10^8 images
-  asked for 286 GiB and ended in numpy's traceback)."""
-  image = int(np.prod(test.images.shape[1:]))
-  # The gathered images, their float32 copy and, on a CPU, the devices'.
-  per_image = image * (test.images.dtype.itemsize + 4 + 4) + 16
-  eval_memory.check_host(int(config.eval.batch_size), per_image,
-                         "a batch of test images",
-                         batch_key="config.eval.batch_size")
 
 
 def _strong(r: Restored, **unused: Any) -> dict[str, Any]:

@@ -133,6 +133,10 @@ class Runs:
       raise ConfigError("a sweep runs in one process (its devices may be "
                         "many); train multi-host runs one at a time")
     first = build.Experiment.build(configs[0])
+    # Before the first epoch, not at its end: a validation or final
+    # evaluation batch the host cannot hold would lose it.
+    for c in configs:
+      eval_memory.check_host_batches(c, first.dataset)
     num_classes = first.dataset.num_classes
     exps = [first] + [
         dataclasses.replace(
