@@ -366,6 +366,10 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
     it back) with the step and sparsity beside it.
   """
   workdir_lib.adopt_subset_result(workdir, config)
+  # The file the result merges into, read now: a damaged one is named
+  # before the evaluation, not after its hours.
+  workdir_lib.read_results(workdir_lib.eval_result_path(workdir, config,
+                                                        final=final))
   restored = restore(config, workdir, exp=exp, final=final, logger=logger)
   protocol = "paper" if final else config.eval.protocol
   run = PROTOCOLS.get(protocol, PROTOCOLS["paper"])
