@@ -159,3 +159,13 @@ def test_a_config_that_is_not_an_object_is_named(tmp_path):
   with pytest.raises(run_config.ConfigError,
                      match=f"{tmp_path / 'config.json'} .*is a list"):
     run_config.load_saved(str(tmp_path))
+
+
+def test_a_damaged_result_file_is_named_before_the_evaluation(tmp_path):
+  from fkjax.evaluation import run as eval_run  # pylint: disable=import-outside-toplevel
+  config = default_config.get_config("resnet20")
+  path = Path(workdir_lib.eval_result_path(str(tmp_path), config))
+  path.write_text('{"attacks": ')
+  # Named before anything is restored (this workdir has no checkpoint).
+  with pytest.raises(readback.DamagedFileError, match=str(path)):
+    eval_run.evaluate_checkpoint(config, str(tmp_path))
