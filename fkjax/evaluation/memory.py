@@ -233,8 +233,8 @@ def _gib(n: float) -> str:
 
 def check(compiled: Any, batch: int, what: str, *, batch_key: str,
           at_batch: Callable[[int], Any] | None = None, multiple: int = 1,
-          scale: int = 1, free: tuple[int | None, str] | None = None
-          ) -> None:
+          scale: int = 1, free: tuple[int | None, str] | None = None,
+          also: str = "") -> None:
   """Raises :class:`BatchTooLarge` where ``compiled`` (``what``, on a batch
   of ``batch`` images) needs more than :data:`USABLE` of the memory free.
 
@@ -252,6 +252,8 @@ def check(compiled: Any, batch: int, what: str, *, batch_key: str,
     scale: devices sharing the memory, each running its part of the
       program (XLA's estimate is one device's).
     free: ``free_bytes()``'s answer (default: asked now).
+    also: another setting that sizes the program, said after the advice
+      (``or sweep fewer runs at once``).
   """
   need = needed_bytes(compiled)
   need = None if need is None else need * scale
@@ -277,6 +279,8 @@ def check(compiled: Any, batch: int, what: str, *, batch_key: str,
   advice = (f"the largest batch that fits is {about}{fits}: rerun with "
             f"--{batch_key}={fits}" if fits else
             "no batch fits: free memory, or use a device with more")
+  if also:
+    advice += f" ({also})"
   raise BatchTooLarge(
       f"{batch_key}={batch}: {what} needs about {_gib(need)} for a batch of "
       f"{batch} images (XLA's estimate) but {_gib(available)} is free "

@@ -389,6 +389,9 @@ class Runs:
                                else ""),
         batch_key="config.training.batch_size", multiple=devices,
         at_batch=at_batch if jax.process_count() == 1 else None,
+        # A sweep's runs share the memory: fewer of them at once need less.
+        also=(f"or sweep fewer than {self.size} runs at once"
+              if self.size > 1 else ""),
         # The CPU's devices share its memory; a GPU's estimate is its own.
         scale=devices if device.platform == "cpu" else 1,
         free=eval_memory.free_bytes(device))
