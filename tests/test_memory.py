@@ -127,6 +127,27 @@ def test_the_cgroup_v1_limit_is_the_processs_own(tmp_path):
   assert _cgroup_free(proc, sys_fs) == 1 * _GIB
 
 
+def test_the_mounts_are_where_mountinfo_says(tmp_path):
+  # A hybrid layout (v2 at .../unified) and a container whose v1 memory
+  # mount's root is its own cgroup.
+  sys_fs = tmp_path / "elsewhere"
+  proc, _ = _tree(tmp_path, {
+      "proc/self/cgroup": "4:memory:/docker/abc/job\n0::/\n",
+      "proc/self/mountinfo":
+          f"35 31 0:32 /docker/abc {sys_fs}/mem rw - cgroup cgroup "
+          "rw,memory\n"
+          f"41 31 0:38 / {sys_fs}/unified rw - cgroup2 cgroup2 rw\n"
+          "22 1 0:5 / /proc rw - proc proc rw\n",
+      "elsewhere/unified/memory.max": "max\n",
+      "elsewhere/unified/memory.current": "1\n",
+      "elsewhere/mem/memory.limit_in_bytes": f"{8 * _GIB}\n",
+      "elsewhere/mem/memory.usage_in_bytes": f"{_GIB}\n",
+      "elsewhere/mem/job/memory.limit_in_bytes": f"{4 * _GIB}\n",
+      "elsewhere/mem/job/memory.usage_in_bytes": f"{_GIB}\n",
+  })
+  assert _cgroup_free(proc, "/nonexistent") == 3 * _GIB
+
+
 def test_the_cgroup_v2_limit_is_the_processs_own(tmp_path):
   proc, sys_fs = _tree(tmp_path, {
       "proc/self/cgroup": "0::/user.slice/run-1.scope\n",

@@ -108,27 +108,66 @@ def _levels(mount: str, path: str) -> list[str]:
   return out
 
 
+def _mounts(proc: str, sys_fs: str) -> dict[str, tuple[str, str]]:
+  """Where the cgroup hierarchies are mounted, from
+  ``/proc/self/mountinfo``: ``""`` (v2) and ``"memory"`` (v1) -> (mount
+  point, the cgroup path at the mount's root). Without mountinfo: the usual
+  places under ``sys_fs``."""
+  found: dict[str, tuple[str, str]] = {}
+  try:
+    with open(os.path.join(proc, "self", "mountinfo")) as f:
+      lines = f.read().splitlines()
+  except OSError:
+    lines = []
+  for line in lines:
+    fields = line.split()
+    if " - " not in line or len(fields) < 5:
+      continue
+    after = line.split(" - ", 1)[1].split()
+    if len(after) < 3:
+      continue
+    kind, options = after[0], after[2].split(",")
+    root, point = fields[3], fields[4]
+    if kind == "cgroup2":
+      found.setdefault("", (point, root))
+    elif kind == "cgroup" and "memory" in options:
+      found.setdefault("memory", (point, root))
+  if not lines:
+    found = {"": (sys_fs, "/"),
+             "memory": (os.path.join(sys_fs, "memory"), "/")}
+  return found
+
+
+def _relative(path: str, root: str) -> str:
+  """The cgroup ``path`` under a mount whose root is the cgroup ``root``
+  (a container's mount shows its own cgroup as ``/``)."""
+  root = root.rstrip("/")
+  if root and (path == root or path.startswith(root + "/")):
+    return path[len(root):] or "/"
+  return path
+
+
 def _cgroup_free(proc: str = "/proc", sys_fs: str = "/sys/fs/cgroup"
                  ) -> int | None:
   """What the memory limits of this process's own cgroup and its
   ancestors leave (v2, else v1), or None where none is set.
 
-  Read from ``/proc/self/cgroup``, not the hierarchy's root: a job
-  scheduler or container puts the process in a child cgroup whose limit
-  the root does not show.
+  Read from ``/proc/self/cgroup`` (and where ``/proc/self/mountinfo`` says
+  the hierarchies are), not the hierarchy's root: a job scheduler or
+  container puts the process in a child cgroup whose limit the root does
+  not show.
   """
-  own = _own_cgroups(proc)
+  own, mounts = _own_cgroups(proc), _mounts(proc, sys_fs)
   layouts = []
-  if "" in own:   # v2: one hierarchy, mounted at sys_fs
-    layouts.append((sys_fs, own[""], "memory.max", "memory.current",
-                    "inactive_file"))
-  if "memory" in own:   # v1: the memory controller's own mount
-    layouts.append((os.path.join(sys_fs, "memory"), own["memory"],
-                    "memory.limit_in_bytes", "memory.usage_in_bytes",
-                    "total_inactive_file"))
-  for mount, path, limit, usage, cache in layouts:
+  if "" in own and "" in mounts:   # v2: one hierarchy
+    layouts.append(("", "memory.max", "memory.current", "inactive_file"))
+  if "memory" in own and "memory" in mounts:   # v1: the memory controller's
+    layouts.append(("memory", "memory.limit_in_bytes",
+                    "memory.usage_in_bytes", "total_inactive_file"))
+  for hierarchy, limit, usage, cache in layouts:
+    point, root = mounts[hierarchy]
     free = None
-    for directory in _levels(mount, path):
+    for directory in _levels(point, _relative(own[hierarchy], root)):
       cap = _read_int(os.path.join(directory, limit))
       used = _read_int(os.path.join(directory, usage))
       # v1 says "no limit" with a number near 2**63, v2 with "max".
