@@ -83,13 +83,17 @@ def test_a_run_of_fewer_attacks_keeps_the_others(trained, tmp_path):
   assert merged["metadata"]["date"] >= first["metadata"]["date"]
   # eval.py leaves no lock file behind.
   assert not (workdir / workdir_lib.LOCK_NAME).exists()
-  # Other settings: the earlier attack is replaced, and the output says so.
+  # Other settings: the earlier file is kept whole in the new one's
+  # "earlier" list (nothing deleted), and the output says so.
   proc = _eval(workdir, trained[1], "natural",
                "--config.eval.num_noise_draws=2")
-  assert ("the earlier results of fgsm (of " in proc.stdout
-          and "are replaced" in proc.stdout
+  assert ("fgsm (of " in proc.stdout
+          and "kept in the file's 'earlier' list" in proc.stdout
           and "config.eval.num_noise_draws 1, now 2" in proc.stdout)
-  assert list(json.loads(path.read_text())["attacks"]) == ["natural"]
+  now = json.loads(path.read_text())
+  assert list(now["attacks"]) == ["natural"]
+  assert now["earlier"][0]["attacks"] == merged["attacks"]
+  assert now["earlier"][0]["metadata"] == merged["metadata"]
 
 
 def test_overlapping_evaluations_merge(trained, tmp_path):
