@@ -109,6 +109,7 @@ class ADMMState(NamedTuple):
     z: the auxiliary, sparse variable ``Proj(w + u)``, shaped like the params.
     u: the scaled dual variable, shaped like the params.
     spec: structure and grouping of the projection (static, no leaves).
+    placement: where it goes in a chain (static).
   """
 
   count: chex.Array
@@ -117,6 +118,7 @@ class ADMMState(NamedTuple):
   z: PyTree
   u: PyTree
   spec: ADMMSpec
+  placement: transforms.Placement
 
 
 def admm_split(
@@ -165,6 +167,7 @@ def admm_split(
     group = tuple(int(a) for a in group)  # hashable: ADMMSpec is static
   spec = ADMMSpec(structure=structure, group=group,
                   layouts=layouts_lib.normalize(layout), variant=variant)
+  placement = transforms.Placement(scales_itself=learning_rate is not None)
 
   def init_fn(params):
     count = jnp.zeros([], jnp.int32)
@@ -176,6 +179,7 @@ def admm_split(
         z=spec.project("admm", params, p),
         u=jax.tree.map(jnp.zeros_like, params),
         spec=spec,
+        placement=placement,
     )
 
   def update_fn(updates, state, params=None):
@@ -204,6 +208,7 @@ def admm_split(
         z=z,
         u=u,
         spec=spec,
+        placement=placement,
     )
     return updates, new_state
 

@@ -36,6 +36,7 @@ from fkjax.sparsity import layouts as layouts_lib
 from fkjax.sparsity import masks
 from fkjax.sparsity import metrics
 from fkjax.sparsity import operators
+from fkjax.sparsity import order
 from fkjax.sparsity import transforms
 from fkjax.sparsity import wrappers
 
@@ -191,7 +192,9 @@ class Sparsifier(abc.ABC):
         values, which must then be numbers.
 
     Raises:
-      ValueError: ``opt_state`` holds no state of this method, or several.
+      ValueError: ``opt_state`` holds no state of this method, or several,
+        or a chain of pieces in the wrong order
+        (:func:`fkjax.sparsity.order.check_order`).
       TypeError: no ``opt_state`` and a hyperparameter is a schedule.
     """
     values = dict(self.hparams)
@@ -199,6 +202,7 @@ class Sparsifier(abc.ABC):
       for name in set(self.in_state) - self.optimizer_only:
         checks.check_number(self.name, name, values[name])
       return values
+    order.check_order(self.name, opt_state)
     for name, cls in self.in_state.items():
       found = _states_of(cls, opt_state)
       if not found and name in self.optimizer_only:
@@ -452,6 +456,7 @@ class ADMM(Sparsifier):
   def end_of_epoch(self, params, opt_state):
     # w stays dense during training; z, u restart from Proj(w), 0, with the
     # percent each ADMM state records.
+    order.check_order(self.name, opt_state)
     return params, admm_pruning.admm_reset(opt_state, params)
 
 

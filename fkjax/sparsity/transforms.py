@@ -47,6 +47,7 @@ update used (at ``init``: step 0's), which is what
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple, Optional, Union
 
 import chex
@@ -63,6 +64,23 @@ ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
 PyTree = Any
 
 
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """Where a splitting step goes in a chain (static: no leaves).
+
+  Kept in its state, so that :func:`fkjax.sparsity.order.check_order` can
+  tell a chain that puts it in the wrong place.
+
+  Attributes:
+    scales_itself: True when it scales its step by the learning rate (it
+      goes after the optimiser); False for ``learning_rate=None`` (it goes
+      between momentum and the learning-rate scaling).
+  """
+
+  scales_itself: bool
+
+
 class L0SplitState(NamedTuple):
   """State of :func:`l0_split` (RVSM's splitting step).
 
@@ -70,20 +88,23 @@ class L0SplitState(NamedTuple):
     count: the step count, at which schedules are evaluated.
     beta: β of the last update (at ``init``: step 0's).
     lamb: λ of the last update.
+    placement: where it goes in a chain.
   """
 
   count: chex.Array
   beta: chex.Array
   lamb: chex.Array
+  placement: Placement
 
 
 class GroupL0SplitState(NamedTuple):
   """State of :func:`group_l0_split` (RGSM's splitting step): the step count,
-  and β, λ1 of the last update."""
+  β, λ1 of the last update, and where it goes in a chain."""
 
   count: chex.Array
   beta: chex.Array
   lamb1: chex.Array
+  placement: Placement
 
 
 class GroupLassoState(NamedTuple):
@@ -133,10 +154,12 @@ def _splitting_step(
   ``beta`` and the prox's weight, each a number or a schedule.
   """
 
+  placement = Placement(scales_itself=learning_rate is not None)
+
   def init_fn(params):
     del params
     count = jnp.zeros([], jnp.int32)
-    return state_cls(count=count, **{
+    return state_cls(count=count, placement=placement, **{
         k: recorded(v) for k, v in _values_at(hparams, count).items()})
 
   def update_fn(updates, state, params=None):
@@ -157,8 +180,9 @@ def _splitting_step(
     updates = layouts_lib.tree_map_with_layouts(
         name, step, layout, updates, params, need_layout=need_layout
     )
-    return updates, state_cls(count=optax.safe_increment(state.count), **{
-        k: recorded(v) for k, v in values.items()})
+    return updates, state_cls(count=optax.safe_increment(state.count),
+                              placement=placement,
+                              **{k: recorded(v) for k, v in values.items()})
 
   return optax.GradientTransformation(init_fn, update_fn)
 
