@@ -5,8 +5,9 @@ the parameter trees of Flax linen and NNX, Equinox, and plain dicts)::
 
     from fkjax import sparsity
 
-    tx = sparsity.rvsm(optax.sgd(schedule, momentum=0.9, nesterov=True),
-                       beta=5e-2, lamb=1e-6, learning_rate=schedule)
+    sgd = optax.inject_hyperparams(optax.sgd)(
+        learning_rate=schedule, momentum=0.9, nesterov=True)
+    tx = sparsity.rvsm(sgd, beta=5e-2, lamb=1e-6)  # reads sgd's lr
     ...                                    # train with tx; at each epoch's end:
     params = sparsity.project(params, "rvsm", beta=5e-2, lamb=1e-6,
                               opt_state=opt_state)
