@@ -133,6 +133,10 @@ class Runs:
       raise ConfigError("a sweep runs in one process (its devices may be "
                         "many); train multi-host runs one at a time")
     first = build.Experiment.build(configs[0])
+    # Before the first epoch, not at its end: a validation or final
+    # evaluation batch the host cannot hold would lose it.
+    for c in configs:
+      eval_memory.check_host_batches(c, first.dataset)
     num_classes = first.dataset.num_classes
     exps = [first] + [
         dataclasses.replace(
@@ -371,14 +375,20 @@ class Runs:
         # Compiled ahead of its first call, so that a batch that does not
         # fit in memory is refused in one line before anything is allocated.
         compiled[shapes] = jitted.lower(*args).compile()
-        self.check_memory(compiled[shapes])
+        self.check_memory(compiled[shapes], at_batch=lambda b: jitted.lower(
+            state, data, _feed_of_batch(feed, b, per_run), step, base_keys,
+            values).compile())
       return compiled[shapes](*args)
     run.compiled = compiled   # one program per batch shape
     return run
 
-  def check_memory(self, compiled: Any) -> None:
+  def check_memory(self, compiled: Any,
+                   at_batch: Callable[[int], Any] | None = None) -> None:
     """Raises :class:`fkjax.evaluation.memory.BatchTooLarge` where the
-    compiled step would need more memory than the devices have free."""
+    compiled step would need more memory than the devices have free;
+    ``at_batch(b)``: the step compiled at global batch ``b``, for a
+    suggested batch that passes this check (one process only: another's
+    feed is its own share)."""
     device = self.mesh.devices.flat[0]
     devices = self.mesh.size
     eval_memory.check(
@@ -386,6 +396,10 @@ class Runs:
         "the training step" + (f" of {self.size} runs" if self.size > 1
                                else ""),
         batch_key="config.training.batch_size", multiple=devices,
+        at_batch=at_batch if jax.process_count() == 1 else None,
+        # A sweep's runs share the memory: fewer of them at once need less.
+        also=(f"or sweep fewer than {self.size} runs at once"
+              if self.size > 1 else ""),
         # The CPU's devices share its memory; a GPU's estimate is its own.
         scale=devices if device.platform == "cpu" else 1,
         free=eval_memory.free_bytes(device))
@@ -485,3 +499,17 @@ class Runs:
     batch = next(b for b in self.eval_batches(split) if b is not None)
     return eval_loop.to_host(self.loss_check(
         evaluated, batch["image"], batch["label"], keys, values)).reshape(-1)
+
+
+def _feed_of_batch(feed: PyTree, batch: int, per_run: bool) -> PyTree:
+  """The shapes of ``feed`` (placed) at another batch size: its batch axis
+  is the first, after the run axis of a feed per run. Shapes only: what
+  compiles the step at that batch allocates nothing."""
+  axis = 1 if per_run else 0
+
+  def cut(x):
+    shape = list(x.shape)
+    shape[axis] = batch
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype,
+                                sharding=getattr(x, "sharding", None))
+  return jax.tree.map(cut, feed)
