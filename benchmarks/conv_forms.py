@@ -39,6 +39,8 @@ class Conv:
     window: the spatial sizes of ``rhs`` (its kernel, or for a weight
       gradient the cotangent).
     feature_group_count, batch_group_count: its groups.
+    precision: its operands' ``precision_config`` (``"HIGHEST"``, ...).
+    dtype: its result's element type (``"f32"``, ``"bf16"``).
   """
   lhs: tuple[int, ...]
   rhs: tuple[int, ...]
@@ -46,6 +48,8 @@ class Conv:
   window: tuple[int, ...]
   feature_group_count: int
   batch_group_count: int
+  precision: tuple[str, ...]
+  dtype: str
 
   @property
   def grouped(self) -> bool:
@@ -55,35 +59,56 @@ class Conv:
     return max(self.window) > size
 
 
-def _ops(operation) -> Iterator[Any]:
+def _walk(operation) -> Iterator[Any]:
   for region in operation.regions:
     for block in region.blocks:
       for op in block.operations:
+        yield op.operation
+        yield from _walk(op.operation)
+
+
+def operations(lowered, name: str) -> Iterator[Any]:
+  """The operations ``name`` (``"stablehlo.convolution"``, ...) of
+  ``lowered`` (a ``jax.stages.Lowered``), in its module's context."""
+  module = lowered.compiler_ir("stablehlo")
+  with module.context:
+    for op in _walk(module.operation):
+      if op.name == name:
         yield op
-        yield from _ops(op.operation)
+
+
+def precision_of(op) -> tuple[str, ...]:
+  """``op``'s ``precision_config`` (empty where it has none)."""
+  if "precision_config" not in op.attributes:
+    return ()
+  return tuple(stablehlo.PrecisionAttr(p).value
+               for p in ir.ArrayAttr(op.attributes["precision_config"]))
+
+
+def result_dtype(op) -> str:
+  """``op``'s (first) result's element type: ``"f32"``, ``"bf16"``, ..."""
+  return str(ir.RankedTensorType(op.results[0].type).element_type)
+
+
+def _shape(value) -> tuple[int, ...]:
+  return tuple(ir.RankedTensorType(value.type).shape)
 
 
 def convolutions(lowered) -> list[Conv]:
   """Every convolution of ``lowered`` (a ``jax.stages.Lowered``), read from
   its StableHLO module's operations and attributes (not its text)."""
-  module = lowered.compiler_ir("stablehlo")
   out = []
-  with module.context:
-    for op in _ops(module.operation):
-      op = op.operation
-      if op.name != "stablehlo.convolution":
-        continue
-      attrs = op.attributes
-      numbers = stablehlo.ConvDimensionNumbers(attrs["dimension_numbers"])
-      lhs, rhs = (tuple(ir.RankedTensorType(v.type).shape)
-                  for v in op.operands)
-      out.append(Conv(
-          lhs=lhs, rhs=rhs,
-          out=tuple(ir.RankedTensorType(op.results[0].type).shape),
-          window=tuple(rhs[d] for d in numbers.kernel_spatial_dimensions),
-          feature_group_count=ir.IntegerAttr(
-              attrs["feature_group_count"]).value,
-          batch_group_count=ir.IntegerAttr(attrs["batch_group_count"]).value))
+  for op in operations(lowered, "stablehlo.convolution"):
+    attrs = op.attributes
+    numbers = stablehlo.ConvDimensionNumbers(attrs["dimension_numbers"])
+    lhs, rhs = (_shape(v) for v in op.operands)
+    out.append(Conv(
+        lhs=lhs, rhs=rhs, out=_shape(op.results[0]),
+        window=tuple(rhs[d] for d in numbers.kernel_spatial_dimensions),
+        feature_group_count=ir.IntegerAttr(attrs["feature_group_count"]).value,
+        batch_group_count=ir.IntegerAttr(attrs["batch_group_count"]).value,
+        precision=precision_of(op),
+        dtype=result_dtype(op)))
   return out
 
 
