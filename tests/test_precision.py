@@ -40,7 +40,7 @@ def steps():
   """One step from the same state, batch and key in float32 and bfloat16;
   each precision's step (and the default's) traced once with an
   accelerator's kernels and lowered for CUDA and for TPU; the default's
-  lowered for the CPU with XLA's convolutions."""
+  clean step lowered for the CPU with XLA's convolutions."""
   exp = build.Experiment.build(_config("float32"))
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
   key = jax.random.key(1)
@@ -67,6 +67,7 @@ def steps():
         out[name, platform] = traced.lower(lowering_platforms=(platform,))
   cpu_config = _config("auto")
   cpu_config.kernels.conv = "xla"   # convolutions as ops, not oneDNN calls
+  cpu_config.training.adversarial = False   # the update's passes suffice
   out["auto", "cpu"] = jax.jit(step_lib.make_train_step(
       build.create_model(cpu_config, exp.dataset.num_classes),
       exp.optimizer, cpu_config)).trace(out["initial"], batch, key).lower(
@@ -99,7 +100,7 @@ def test_every_matmul_and_convolution_of_the_step_names_its_precision(
 
 def test_the_default_on_a_cpu_is_true_float32(steps):
   convs, dots = _products(steps["auto", "cpu"])
-  assert len(convs) > 20 and dots
+  assert len(convs) > 10 and dots
   assert {p for c in convs + dots for p in c[0]} == {"HIGHEST"}
   with pytest.MonkeyPatch.context() as patch:
     patch.delenv(kernels.PLATFORM_ENV, raising=False)
