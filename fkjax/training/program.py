@@ -7,7 +7,9 @@ built from the run's config. For N > 1 (a sweep) it runs inside ``jax.vmap``
 with every value that differs between the runs a traced array; the values
 that all runs share stay Python numbers, so a sweep compiles the single
 run's program with a run axis added and those values turned into
-arguments. For N = 1 there is no run axis: a single run's state, keys and
+arguments; the training step's weight gradient alone is taken outside
+the vmap (``step.over_runs``: the backward-filter form of a run axis, as of
+an ensemble's members). For N = 1 there is no run axis: a single run's state, keys and
 programs are the single run's own, not a vmap of them (vmapped convolutions
 compile slower and round differently), and every method below takes and
 returns them as they are.
