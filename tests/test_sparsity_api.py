@@ -273,7 +273,7 @@ def test_layout_validation():
     with pytest.raises(ValueError):
       sp.Layout(bad)
   lay = sp.Layout("MOIHW")
-  assert (lay.ndim, lay.in_axis, lay.out_axis, lay.member_axes) == (
+  assert (lay.ndim, lay.in_axis, lay.out_axis, lay.stack_axes) == (
       5, 2, 1, (0,))
   assert lay.group_axes("input") == (1, 3, 4)
   with pytest.raises(ValueError, match="distinct ranks"):

@@ -23,6 +23,7 @@ from fkjax.sparsity.admm_pruning import admm_reset
 from fkjax.sparsity.chain import sparse_sgd
 from fkjax.sparsity.layouts import DEFAULT_LAYOUTS
 from fkjax.sparsity.layouts import Layout
+from fkjax.sparsity.leaves import SkippedLeaf
 from fkjax.sparsity.masks import CONV_KERNELS
 from fkjax.sparsity.masks import conv_kernel_mask
 from fkjax.sparsity.masks import Mask
@@ -73,6 +74,7 @@ __all__ = [
     "RVSM",
     "RVSMState",
     "Sparsifier",
+    "SkippedLeaf",
     "SparsityReport",
     "admm",
     "admm_projection",

@@ -79,17 +79,17 @@ class ADMMSpec:
   def num_layers(self, tree: PyTree) -> int:
     """The layers in ``tree`` as :meth:`project` counts them (static).
 
-    A leaf is one layer, or one per member for member-stacked kernels
-    (``M`` axes of its layout). Masked-out ``optax.MaskedNode`` entries have
-    no leaves and are not counted.
+    A leaf is one layer, or one per index of its layout's stacked axes
+    (``M``, ``L``, ``S``: members, scanned layers, ...). Masked-out
+    ``optax.MaskedNode`` entries have no leaves and are not counted.
     """
     count = 0
     for path, w in jax.tree_util.tree_leaves_with_path(tree):
       layout = self.layouts.for_leaf(path, w)
-      members = 1
-      for axis in (layout.member_axes if layout is not None else ()):
-        members *= w.shape[axis]
-      count += members
+      layers = 1
+      for axis in (layout.stack_axes if layout is not None else ()):
+        layers *= w.shape[axis]
+      count += layers
     return count
 
   def pull_multiplicity(self, tree: PyTree) -> int:
@@ -133,7 +133,7 @@ def admm(
     rho: ADMM penalty ρ (> 0); may be traced.
     percent: percentage of each layer's entries (``structure="element"``) or
       channel groups (``"channel"``) that ``z`` zeroes, in [0, 100]; per
-      member for member-stacked kernels (layout ``"MHWIO"``).
+      layer of stacked kernels (layouts ``"MHWIO"``, ``"LHWIO"``).
     learning_rate: η, a float or an optax schedule: use the optimiser's. Or
       None: the step adds the gradient ``+ρ (w − z + u)`` and goes before
       ``optax.scale_by_learning_rate`` (see :func:`fkjax.sparsity.rvsm`).
