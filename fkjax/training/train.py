@@ -39,6 +39,7 @@ from fkjax.evaluation import run as eval_run
 from fkjax.training import build
 from fkjax.training import devices
 from fkjax.training import input_pipeline
+from fkjax.training import precision
 from fkjax.training import program
 from fkjax.training import sparsify
 from fkjax.training import validation
@@ -84,7 +85,8 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     Per run, ``{"validation": the last epoch's record, "test": the final
     evaluation}`` (``"test"`` where ``config.eval.final_attacks`` is set).
   """
-  # Build.
+  # Build: "auto" settings resolved for this platform, as the runs record.
+  configs = [precision.resolved(c) for c in configs]
   check_resumable(configs, workdirs)
   runs = program.Runs.build(configs, names, shard=shard)
   config, exp = runs.template, runs.exps[0]
