@@ -5,16 +5,77 @@ archives) goes through :func:`replacing`: the bytes go to a temporary file in
 the same directory, are flushed to disk, and only then take the target's name
 with ``os.replace`` (atomic on POSIX); the directory is flushed so that the
 rename itself survives a power cut.
+
+The temporary file is named ``.<name>.<host>.<pid>.<random>.tmp``: a writer
+killed mid-write (SIGKILL, a power cut) leaves it behind, and the next
+writer of the same file removes it (:func:`remove_stale`) where its process
+is gone (on this host), or where it is older than :data:`STALE_SECONDS`
+(another host's, or one named before names said their process); never one
+of a live writer beside it.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
+import socket
 import tempfile
+import time
 from typing import IO, Any, Iterator
 
-__all__ = ["replacing", "write_bytes", "write_json", "write_text"]
+__all__ = ["remove_stale", "replacing", "write_bytes", "write_json",
+           "write_text"]
+
+# A staging file this old is no live writer's, whoever named it (a write
+# takes seconds).
+STALE_SECONDS = 6 * 3600
+
+
+def _host() -> str:
+  return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:
+    return True   # another user's process: alive
+  return True
+
+
+def remove_stale(path: str | os.PathLike[str]) -> list[str]:
+  """Removes the staging files that killed writers of ``path`` left (see
+  the module docstring); returns their paths."""
+  path = os.fspath(path)
+  directory = os.path.dirname(os.path.abspath(path))
+  base = re.escape(os.path.basename(path))
+  ours = re.compile(rf"\.{base}\.([A-Za-z0-9-]+)\.(\d+)\.\w+\.tmp")
+  # mkstemp's 8 characters, before names said their process
+  older = re.compile(rf"\.{base}\.[a-z0-9_]{{8}}\.tmp")
+  host, now, removed = _host(), time.time(), []
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return removed
+  for name in names:
+    match = ours.fullmatch(name)
+    if match is None and older.fullmatch(name) is None:
+      continue
+    full = os.path.join(directory, name)
+    try:
+      if match is not None and match.group(1) == host:
+        stale = not _alive(int(match.group(2)))
+      else:
+        stale = now - os.lstat(full).st_mtime > STALE_SECONDS
+      if stale:
+        os.remove(full)
+        removed.append(full)
+    except OSError:
+      continue   # gone already, or not ours to remove
+  return removed
 
 
 @contextlib.contextmanager
@@ -35,9 +96,11 @@ def replacing(path: str | os.PathLike[str], mode: str = "w"
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory,
-                             prefix=f".{os.path.basename(path)}.",
-                             suffix=".tmp")
+  remove_stale(path)
+  fd, tmp = tempfile.mkstemp(
+      dir=directory,
+      prefix=f".{os.path.basename(path)}.{_host()}.{os.getpid()}.",
+      suffix=".tmp")
   try:
     with os.fdopen(fd, mode) as f:
       yield f

@@ -58,6 +58,7 @@ USER_ERRORS = {
     "fkjax.evaluation.memory": "BatchTooLarge",
     "fkjax.oserrors": "PathError",
     "fkjax.environment": "EnvironmentVariableError",
+    "fkjax.readback": "DamagedFileError",
 }
 
 

@@ -29,12 +29,12 @@ published: its "of w" columns cannot be evaluated again.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
 from typing import Any, NamedTuple
 
+from fkjax import readback
 from fkjax.checkpoint import weights_file
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,9 +69,10 @@ def run_folder(results: str, scale: str, table: str, row: str,
   return os.path.join(results, scale, "runs", table, f"{row}_seed{seed}")
 
 
-def _read_json(path: str) -> Any:
-  with open(path) as f:
-    return json.load(f)
+def _read_json(path: str, shape: Any = dict, what: str = "") -> Any:
+  """A published file, checked (:mod:`fkjax.readback`: a damaged one is
+  named in one line)."""
+  return readback.read_json(path, shape, what=what, missing_ok=False)
 
 
 def _owner(results: str, table: str, row: str) -> tuple[str, str]:
@@ -80,7 +81,8 @@ def _owner(results: str, table: str, row: str) -> tuple[str, str]:
   path = os.path.join(results, weights_file.NAMES_FILE)
   if not os.path.exists(path):
     return table, row
-  names = _read_json(path)
+  names = _read_json(path, readback.MapOf(readback.MapOf(str)),
+                     "the results' names file")
   if table not in names:
     raise PretrainedError(f"no table {table!r}; one of {sorted(names)}")
   if row not in names[table]:
@@ -199,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
   except PretrainedError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except readback.DamagedFileError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
   print(f"python eval.py --workdir={args.workdir}")
   return 0
 

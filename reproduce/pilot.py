@@ -16,7 +16,6 @@ docs/notes/calibration.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,10 +26,13 @@ from matplotlib.figure import Figure
 
 from fkjax import atomic
 from fkjax import kernels
+from fkjax import readback
+from fkjax.readback import NUMBER, ListOf, MapOf
 from fkjax.training import devices
 from fkjax.training import train
 from fkjax.workdir import metric_logging
 from reproduce import analysis
+from reproduce import files
 from reproduce.spec import scales as scales_lib
 
 
@@ -65,6 +67,15 @@ def _pilots() -> dict[str, dict[str, Any]]:
 
 
 PILOTS = _pilots()
+
+# What summary() reads of a pilot's result.
+_PILOT = {"pilot": str, "config": dict, "settings": {"presets": str},
+          "epochs": ListOf({"val_natural_accuracy": NUMBER}),
+          "test_natural_accuracy": NUMBER, "wall_seconds": NUMBER,
+          "test_accuracy?": MapOf(NUMBER),
+          "analysis": {"u": {"zero_share": NUMBER,
+                             "channel_sparsity": NUMBER},
+                       "w": {"channel_norm_quantiles": MapOf(NUMBER)}}}
 
 
 def pilot_config(name: str):
@@ -132,10 +143,11 @@ def summary(results_dir: str) -> str:
   for name in sorted(os.listdir(results_dir)):
     if not name.endswith(".json"):
       continue
-    with open(os.path.join(results_dir, name)) as f:
-      out = json.load(f)
+    path = os.path.join(results_dir, name)
+    out = files.load_json(path)
     if "pilot" not in out:
       continue   # another result kept beside the pilots (e.g. ADMM's rho)
+    readback.ensure(out, _PILOT, path, what="a pilot's result")
     c, a = out["config"], out["analysis"]
     s = {k.split(".", 1)[1]: v for k, v in c.items()
          if k.startswith("sparsity.")}
@@ -168,8 +180,8 @@ def _epoch_records(results_dir: str, name: str) -> list[dict[str, Any]]:
   ``<name>.metrics.jsonl`` kept of a pilot stopped before it wrote one."""
   path = os.path.join(results_dir, f"{name}.json")
   if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)["epochs"]
+    return files.load_json(path, {"epochs": ListOf(dict)},
+                           what="a pilot's result")["epochs"]
   records = metric_logging.read_metrics(results_dir, f"{name}.metrics.jsonl")
   return [r for r in records if "val_natural_accuracy" in r]
 

@@ -136,3 +136,49 @@ def test_a_training_batch_too_large_for_memory_is_refused_before_it_runs(
     step_fn(state, next(iter(train_input.feeds(0, 0))), 0)
   assert cli.is_user_error(info.value)
   assert runs.step_of(state) == 0   # the state was not donated to a run
+
+
+@pytest.mark.slow
+def test_a_suggested_training_batch_passes_the_same_check(monkeypatch):
+  # The step compiled at the batch suggested needs what the check allows:
+  # the suggestion is measured, not extrapolated from batch 16.
+  from fkjax.evaluation import memory  # pylint: disable=import-outside-toplevel
+  from fkjax.training import input_pipeline  # pylint: disable=import-outside-toplevel
+  runs = _tiny_runs()
+  train_input = input_pipeline.TrainInput.build(
+      runs.template, runs.exps[0].dataset.train)
+  feed = next(iter(train_input.feeds(0, 0)))
+  seen = []   # (batch, compiled) of every program the check read
+  real_check = memory.check
+
+  def check(compiled, batch, what, **kwargs):
+    seen.append((batch, compiled))
+    at_batch = kwargs.pop("at_batch")
+
+    def recorded(b):
+      seen.append((b, at_batch(b)))
+      return seen[-1][1]
+    if len(seen) == 1 and free_of[0] is None:
+      return None   # the first pass: only measures batch 16
+    return real_check(compiled, batch, what, at_batch=recorded, **kwargs)
+  free_of = [None]
+  monkeypatch.setattr(memory, "check", check)
+  runs.step_program(train_input, runs.keys("train"), runs.placed_values())(
+      runs.initial_state(), feed, 0)
+  # Free: what batch 16 needs, less a third.
+  free = int(memory.needed_bytes(seen[0][1]) * 2 / 3 / memory.USABLE)
+  free_of[0] = free
+  seen.clear()
+  monkeypatch.setattr(memory, "free_bytes",
+                      lambda device=None: (free, "RAM available"))
+  step_fn = runs.step_program(train_input, runs.keys("train"),
+                              runs.placed_values())
+  with pytest.raises(memory.BatchTooLarge) as info:
+    step_fn(runs.initial_state(), feed, 0)
+  suggested = int(str(info.value).rsplit("=", 1)[1])
+  assert 0 < suggested < 16
+  # Its own program passes the same check.
+  compiled = dict(seen)[suggested]
+  real_check(compiled, suggested, "the training step",
+             batch_key="config.training.batch_size",
+             free=(free, "RAM available"))

@@ -1,6 +1,7 @@
 """A killed evaluation resumes at its next batch (fkjax.evaluation.journal)."""
 import functools
 import json
+import os
 
 import jax
 import numpy as np
@@ -118,9 +119,12 @@ def test_a_journal_of_another_evaluation_is_not_used(mlp, tmp_path):
   evaluator(params, batches, jax.random.key(5),
             journal=_journal(tmp_path, checkpoint="latest"))
   assert len(seen) == 3
-  assert _journal(tmp_path).batches_done() == 0
+  # Each identity has its own file: the other checkpoint's replaced none.
+  assert _journal(tmp_path).batches_done() == 3
+  assert _journal(tmp_path, checkpoint="latest").batches_done() == 3
+  assert len(list((tmp_path / "j").iterdir())) == 2
   # A cut file (a disk full mid-write elsewhere) reads as none.
-  path = tmp_path / "j" / "eval_paper.json"
+  path = tmp_path / "j" / os.path.basename(journal.path)
   path.write_text(path.read_text()[:40])
   seen.clear()
   evaluator(params, batches, jax.random.key(5), journal=journal)
@@ -220,3 +224,23 @@ def test_a_kill_within_a_batch_keeps_the_attacks_it_finished(mlp, tmp_path):
     assert resumed.attacks[name].correct == whole.attacks[name].correct
     np.testing.assert_array_equal(resumed.per_image[name],
                                   whole.per_image[name])
+
+
+def test_a_killed_evaluation_under_other_settings_keeps_its_batches(
+    mlp, tmp_path):
+  params, batches = mlp
+  seen = []
+  evaluator = evaluation.Evaluator(_noisy_mlp, {
+      "fgsm": _attacked_batches(seen)})
+  key = jax.random.key(4)
+  with pytest.raises(Killed):
+    evaluator(params, killed_after(batches, 2), key,
+              journal=_journal(tmp_path, batch_size=4))
+  # Another batch size runs (and is killed) in between...
+  with pytest.raises(Killed):
+    evaluator(params, killed_after(batches, 1), key,
+              journal=_journal(tmp_path, batch_size=8))
+  # ...and the first, run again, resumes at its third batch.
+  seen.clear()
+  evaluator(params, batches, key, journal=_journal(tmp_path, batch_size=4))
+  assert len(seen) == 1

@@ -283,10 +283,12 @@ def _lowered(apply_fn, attack, mlp, platform):
           lowering_platforms=(platform,))
 
 
-def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
-                                                               monkeypatch):
+@pytest.mark.parametrize("family,platform", [("gpu", "cuda"),
+                                             ("tpu", "tpu")])
+def test_an_accelerators_counted_attacks_have_no_host_callback(
+    mlp, monkeypatch, family, platform):
   assert eval_progress.CallCounting(_noisy_mlp).per_call  # this CPU's
-  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+  monkeypatch.setenv(kernels.PLATFORM_ENV, family)
   counting = eval_progress.CallCounting(_noisy_mlp)
   assert not counting.per_call and counting.apply_fn is _noisy_mlp
   per_call = eval_progress.CallCounting(_noisy_mlp, per_call=True)
@@ -294,7 +296,7 @@ def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
   # host callback only for the backend it runs on: here the CPU).
   assert hlo.host_callbacks(_lowered(per_call.apply_fn, _NATTACK, mlp, "cpu"))
   assert not hlo.host_callbacks(_lowered(counting.apply_fn, _NATTACK, mlp,
-                                         "cuda"))
+                                         platform))
 
 
 def test_an_accelerators_progress_moves_between_attacks(mlp, monkeypatch):

@@ -85,13 +85,17 @@ def test_a_run_of_fewer_attacks_keeps_the_others(trained, tmp_path):
   assert merged["metadata"]["date"] >= first["metadata"]["date"]
   # eval.py leaves no lock file behind.
   assert not (workdir / workdir_lib.LOCK_NAME).exists()
-  # Other settings: the earlier attack is replaced, and the output says so.
+  # Other settings: the earlier file is kept whole in the new one's
+  # "earlier" list (nothing deleted), and the output says so.
   proc = _eval(workdir, trained[1], "natural",
                "--config.eval.num_noise_draws=2")
-  assert ("the earlier results of fgsm (of " in proc.stdout
-          and "are replaced" in proc.stdout
+  assert ("fgsm (of " in proc.stdout
+          and "kept in the file's 'earlier' list" in proc.stdout
           and "config.eval.num_noise_draws 1, now 2" in proc.stdout)
-  assert list(json.loads(path.read_text())["attacks"]) == ["natural"]
+  now = json.loads(path.read_text())
+  assert list(now["attacks"]) == ["natural"]
+  assert now["earlier"][0]["attacks"] == merged["attacks"]
+  assert now["earlier"][0]["metadata"] == merged["metadata"]
 
 
 @pytest.mark.slow
@@ -139,7 +143,7 @@ def test_merge_keeps_only_what_the_same_settings_made():
       "2026-01-02T00:00:00Z")
   assert remark.startswith("kept the earlier results of fgsm (of "
                            "2026-01-01T00:00:00Z), cw (of ")
-  # Another step, another seed: nothing kept, and said.
+  # Another step, another seed: not merged, kept whole beside, and said.
   for key, value in (("step", 13), ("config", {"seed": 1})):
     other = json.loads(json.dumps(metadata))
     if key == "config":
@@ -148,15 +152,19 @@ def test_merge_keeps_only_what_the_same_settings_made():
       other[key] = value
     document, remark = eval_merge.merge(old, new, other)
     assert list(document["attacks"]) == ["natural"]
-    assert "are replaced" in remark and (
+    assert [list(e["attacks"]) for e in document["earlier"]] == [
+        ["natural", "fgsm", "cw"]]
+    assert "kept in the file's 'earlier' list" in remark and (
         "step 12, now 13" in remark or "config.seed 0, now 1" in remark)
   # A file that does not say how it was made is not merged into.
   document, remark = eval_merge.merge(
       {"attacks": {"cw": {"accuracy": 1.0}}}, new, metadata)
   assert list(document["attacks"]) == ["natural"]
-  assert remark == ("the earlier results of cw are replaced: they were made "
-                    "under another checkpoint or settings (the earlier file "
-                    "does not record its config)")
+  assert document["earlier"][0]["attacks"]["cw"]["accuracy"] == 1.0
+  assert remark == ("the earlier results of cw were made under another "
+                    "checkpoint or settings (the earlier file does not "
+                    "record its config): kept in the file's 'earlier' list; "
+                    "its top level shows this evaluation's")
   # No earlier file, or one of the same attacks: nothing to say.
   assert eval_merge.merge(None, new, metadata)[1] is None
   assert eval_merge.merge(_file(["natural"], "2026-01-01T00:00:00Z"), new,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
+
+from fkjax import readback
 
 # orbax's per-step metadata file, and fkjax's entry in its custom metadata
 # (the same as fkjax.checkpoint.digests').
@@ -35,27 +37,34 @@ def of_workdir(workdir: str) -> dict[str, Any]:
 
 
 def _of_step(step_dir: str) -> dict[str, Any] | None:
-  try:
-    with open(os.path.join(step_dir, STEP_METADATA)) as f:
-      metadata = json.load(f)
-    config = metadata["custom_metadata"][METADATA_KEY][CONFIG_KEY]
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
+  """The config the step's metadata records; None where it records none
+  (an fkjax from before the record). A metadata file that is not whole
+  JSON raises :class:`fkjax.readback.DamagedFileError`, naming it."""
+  metadata = readback.read_json(os.path.join(step_dir, STEP_METADATA),
+                                what="a checkpoint's metadata")
+  config = ((metadata or {}).get("custom_metadata") or {})
+  config = config.get(METADATA_KEY) if isinstance(config, dict) else None
+  config = config.get(CONFIG_KEY) if isinstance(config, dict) else None
   return config if isinstance(config, dict) else None
+
+
+def recorded_configs(workdir: str) -> Iterator[tuple[int, dict[str, Any]]]:
+  """``(step, config)`` of every complete checkpoint of ``workdir`` that
+  records its run's config, the latest first."""
+  root = os.path.join(workdir, "checkpoints")
+  try:
+    steps = sorted((int(n) for n in os.listdir(root) if n.isdigit()),
+                   reverse=True)
+  except OSError:
+    return
+  for step in steps:
+    config = _of_step(os.path.join(root, str(step)))
+    if config is not None:
+      yield step, config
 
 
 def recorded_config(workdir: str) -> tuple[int, dict[str, Any]] | None:
   """``(step, config)`` of the latest complete checkpoint of ``workdir``
   that records its run's config; None where none does (checkpoints of an
   fkjax from before the record)."""
-  root = os.path.join(workdir, "checkpoints")
-  try:
-    steps = sorted((int(n) for n in os.listdir(root) if n.isdigit()),
-                   reverse=True)
-  except OSError:
-    return None
-  for step in steps:
-    config = _of_step(os.path.join(root, str(step)))
-    if config is not None:
-      return step, config
-  return None
+  return next(recorded_configs(workdir), None)

@@ -18,12 +18,15 @@ from typing import Any, Iterable, Mapping
 import ml_collections
 
 from fkjax import atomic
+from fkjax import readback
 from fkjax.config import history
 from fkjax.config import keys as config_keys
 from fkjax.config import schema as config_schema
 from fkjax.config.names import ATTACK_NAMES as _ATTACK_NAMES
 
 CONFIG_FILE = "config.json"
+# A config.json is an object of sections (and top-level values).
+_SAVED_SHAPE = dict
 
 # Keys (a section name covers the whole section) that say how or where a run
 # is executed or evaluated, not what it trains: they may differ between the
@@ -123,16 +126,29 @@ def config_path(workdir: str) -> str:
 
 
 def load_saved(workdir: str) -> dict[str, Any] | None:
-  """The saved ``config.json`` of ``workdir`` as plain data, or None."""
+  """The saved ``config.json`` of ``workdir`` as plain data, or None.
+
+  Raises:
+    ConfigError: it is not whole JSON, or not an object of sections.
+  """
   path = config_path(workdir)
-  if not os.path.exists(path):
-    return None
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"{path} is unreadable ({e}); it records the run's "
-                      "config: restore it or use a new workdir") from e
+    return readback.read_json(path, _SAVED_SHAPE, what="the run's config")
+  except readback.DamagedFileError as e:
+    raise ConfigError(f"{e} (it records the run's config; a new workdir "
+                      "starts afresh)") from e
+
+
+def missing_keys(saved: Mapping[str, Any],
+                 config: ml_collections.ConfigDict) -> list[str]:
+  """The keys that change what ``config`` computes and that the saved
+  record ``saved`` lacks (those :mod:`fkjax.config.history` completes, and
+  unset placeholders, aside): a record emptied or cut down says nothing of
+  them, so a resume cannot be compared with it on them."""
+  have = flatten(history.complete(saved))
+  return sorted(k for k, v in flatten(as_dict(config)).items()
+                if k not in have and v is not None
+                and not is_environment_key(k))
 
 
 def save(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -146,35 +162,49 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
   Only :data:`ENVIRONMENT_KEYS` may differ: a different batch size, schedule
   or model would silently change what the resumed run trains. For a run
   with checkpoints only (the caller checks): where ``config.json`` is
-  missing, the config its latest checkpoint recorded
-  (:mod:`fkjax.checkpoint.run_record`) must agree; checkpoints that record
-  none are not resumed without the record.
+  missing, or lacks keys (:func:`missing_keys`: emptied or cut down), the
+  config its latest checkpoint recorded (:mod:`fkjax.checkpoint.run_record`)
+  must agree too; checkpoints that record none are not resumed without a
+  whole record.
   """
   saved = load_saved(workdir)
-  if saved is None:
-    _check_checkpoint_record(config, workdir)
+  if saved is not None:
+    diffs = differences(saved, as_dict(config))
+    if diffs:
+      raise ConfigError(
+          f"{workdir} holds a run with another config ("
+          + _format(diffs, "saved", "now") + "); rerun with the run's config "
+          "(eval.py reads it from the workdir) or use a new workdir")
+    missing = missing_keys(saved, config)
+    if not missing:
+      return
+    _check_checkpoint_record(
+        config, workdir, f"{config_path(workdir)} lacks "
+        + ", ".join(f"config.{k}" for k in missing[:3])
+        + (f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""))
     return
-  diffs = differences(saved, as_dict(config))
-  if diffs:
-    raise ConfigError(
-        f"{workdir} holds a run with another config ("
-        + _format(diffs, "saved", "now") + "); rerun with the run's config "
-        "(eval.py reads it from the workdir) or use a new workdir")
+  _check_checkpoint_record(config, workdir,
+                           f"{config_path(workdir)} is missing")
 
 
 def _check_checkpoint_record(config: ml_collections.ConfigDict,
-                             workdir: str) -> None:
-  """Refuses to resume a run whose ``config.json`` is missing unless its
-  checkpoint recorded the same config."""
+                             workdir: str, missing: str) -> None:
+  """Refuses to resume a run whose ``config.json`` is missing or incomplete
+  (``missing`` says which) unless its checkpoint recorded the same
+  config."""
   # Here, not at the top: the package fkjax.checkpoint loads orbax and JAX,
   # and a config is validated without them.
   from fkjax.checkpoint import run_record  # pylint: disable=import-outside-toplevel
-  missing = f"{config_path(workdir)} is missing"
-  found = run_record.recorded_config(workdir)
+  # A record saved while config.json was cut down is as incomplete: the
+  # latest whole one counts.
+  found = next(((step, recorded) for step, recorded
+                in run_record.recorded_configs(workdir)
+                if not missing_keys(recorded, config)), None)
   if found is None:
     raise ConfigError(
         f"{missing}, and the checkpoints in {workdir} do not record the "
-        "config they were trained with (an older fkjax saved them): restore "
+        "config they were trained with in full (an older fkjax saved them, "
+        "or recorded that file as it was): restore "
         f"{CONFIG_FILE}, or use a new workdir")
   step, recorded = found
   diffs = differences(recorded, as_dict(config))
@@ -183,6 +213,22 @@ def _check_checkpoint_record(config: ml_collections.ConfigDict,
         f"{missing}, and its checkpoint step {step} was trained with another "
         "config (" + _format(diffs, "checkpoint", "now") + "); rerun with "
         "that config or use a new workdir")
+
+
+# What config.precision="auto" becomes where a run trains (the values of
+# fkjax.training.precision.AUTO, read here without JAX).
+AUTO_PRECISIONS = ("float32", "tf32")
+
+
+def _as_recorded(config: dict[str, Any], saved: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+  """``config`` with a precision of ``"auto"`` read as the one ``saved``
+  recorded where auto could have given it: a config file that leaves the
+  precision to the platform describes the run whichever it took."""
+  recorded = history.complete(saved).get("precision")
+  if config.get("precision") == "auto" and recorded in AUTO_PRECISIONS:
+    config = {**config, "precision": recorded}
+  return config
 
 
 def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
@@ -214,7 +260,7 @@ def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
         "may only change " + ", ".join(f"config.{e}" for e in
                                         ENVIRONMENT_KEYS))
   if config_given and cli is not None:
-    diffs = differences(saved, as_dict(cli))
+    diffs = differences(saved, _as_recorded(as_dict(cli), saved))
     if diffs:
       raise ConfigError(
           f"the --config given is not the config of the run in {workdir} ("

@@ -12,12 +12,15 @@ attack under way). Run again with the same identity (the
 checkpoint, the attacks and their settings, the data, the key), it starts
 after the last batch written: every batch draws its keys from
 ``fold_in(key, batch_index)``, so the result equals an uninterrupted run's.
-A journal of another identity is ignored and replaced. The file is written
+Each identity has its own file (its name ends in a digest of the
+identity): a killed evaluation under other settings keeps its batches,
+resumed when it is run again, whatever ran in between. The file is written
 atomically (``fkjax.workdir.write_results``), so a kill during a write
 leaves the previous batch's.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Mapping
@@ -37,6 +40,8 @@ def batches_kept(workdir: str) -> int:
   folder = os.path.join(workdir, JOURNAL_DIR)
   total = 0
   for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+    if name.startswith("."):
+      continue   # a write under way (fkjax.atomic's staging file)
     try:
       with open(os.path.join(folder, name)) as f:
         total += int(json.load(f)["batches_done"])
@@ -61,23 +66,34 @@ class Journal:
   """
 
   def __init__(self, path: str, identity: Mapping[str, Any]):
-    self.path = os.fspath(path)
+    self.named = os.fspath(path)
     self.identity = _canonical(identity)
+    stem, ext = os.path.splitext(self.named)
+    digest = hashlib.sha256(json.dumps(self.identity, sort_keys=True)
+                            .encode()).hexdigest()[:12]
+    # The file: the name given, keyed by the identity.
+    self.path = f"{stem}.{digest}{ext}"
 
   def scoped(self, name: str) -> "Journal":
     """A journal of its own for part ``name`` of the evaluation (a seed of
     the strong protocol, ADMM's dense ``w``), beside this one."""
-    stem, ext = os.path.splitext(self.path)
+    stem, ext = os.path.splitext(self.named)
     return Journal(f"{stem}.{name}{ext}", {**self.identity, "part": name})
 
   def _read(self) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """``(state, identity)`` of the file, or None (none, or unreadable)."""
-    try:
-      with open(self.path) as f:
-        state = json.load(f)
-      return state, state.pop("metadata")["identity"]
-    except (OSError, ValueError, KeyError, TypeError):
-      return None
+    """``(state, identity)`` of the file (or of the one named without the
+    digest, as fkjax named journals before), or None (none, or
+    unreadable: the evaluation starts again, to the same result)."""
+    for path in (self.path, self.named):
+      try:
+        with open(path) as f:
+          state = json.load(f)
+        identity = state.pop("metadata")["identity"]
+      except (OSError, ValueError, KeyError, TypeError):
+        continue
+      if identity.get("caller") == self.identity:
+        return state, identity
+    return None
 
   def batches_done(self) -> int:
     """Batches an earlier attempt with this identity finished (0: none),
@@ -140,8 +156,22 @@ class Journal:
         "identity": {"caller": self.identity, "evaluator": _canonical(own)}})
 
   def remove(self) -> None:
-    """Deletes the file (the evaluation's result is written)."""
+    """Deletes the file (the evaluation's result is written), and one of
+    the same identity named as before."""
+    for path in (self.path, self.named):
+      if path == self.named and self._read_named() is None:
+        continue
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        pass
+
+  def _read_named(self) -> dict[str, Any] | None:
+    """The identity of the file named without the digest, where it is
+    this journal's."""
     try:
-      os.remove(self.path)
-    except FileNotFoundError:
-      pass
+      with open(self.named) as f:
+        identity = json.load(f)["metadata"]["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+      return None
+    return identity if identity.get("caller") == self.identity else None

@@ -296,12 +296,11 @@ class Evaluator:
     placed = list(getattr(getattr(images, "sharding", None), "device_set",
                           ()) or jax.devices()[:1])
     devices = len(placed)
-    half = images.shape[0] // 2
     eval_memory.check(
         compiled, int(images.shape[0]), f"attack {name}",
         batch_key=self.batch_key, multiple=devices,
-        at_half=lambda: self._jitted[counting][name].trace(
-            variables, images[:half], labels[:half], key).lower().compile(),
+        at_batch=lambda b: self._jitted[counting][name].trace(
+            variables, images[:b], labels[:b], key).lower().compile(),
         # The CPU's devices share its memory; a GPU's estimate is its own.
         scale=devices if placed[0].platform == "cpu" else 1,
         free=eval_memory.free_bytes(placed[0]))

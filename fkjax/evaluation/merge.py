@@ -9,8 +9,9 @@ and settings (every config key but those that cannot change a number:
 :data:`IGNORED`). Each attack's entry says what produced it (``produced``:
 the date, the fkjax commit, the attacks evaluated together); the per-image
 vectors and ADMM's dense ``w`` are kept per attack alike. Where the
-earlier file was made otherwise, its attacks are replaced, and
-:func:`merge` says which and why, for the caller to print.
+earlier file was made otherwise (another checkpoint, batch size, ...), it
+is kept whole in the new file's ``"earlier"`` list, and :func:`merge` says
+so and why, for the caller to print: no evaluation is ever deleted.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from fkjax.config import record as run_config
 IGNORED = ("eval.attacks", "eval.final_attacks", "eval.plots", "progress",
            "compilation_cache_dir", "dataset.data_dir",
            "dataset.tfds_data_dir", "dataset.download")
+# The entry that keeps the earlier evaluations made under other settings.
+EARLIER = "earlier"
 # Entries beside "attacks" that hold one value per attack.
 _PER_ATTACK = ("correct_per_image",)
 
@@ -74,31 +77,44 @@ def _with_notes(document: dict[str, Any], note: dict[str, Any]) -> None:
 
 
 def merge(previous: Mapping[str, Any] | None, new: Mapping[str, Any],
-          metadata: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+          metadata: Mapping[str, Any], *, keep_attacks: bool = True
+          ) -> tuple[dict[str, Any], str | None]:
   """``(document, remark)``: what to write for the new results ``new``
   (without metadata; written under ``metadata``) over the file's earlier
   content ``previous`` (with its ``"metadata"``; None: no file).
 
-  ``remark`` says what was kept from the earlier file, or what of it was
-  replaced and why; None where there was nothing to say.
+  The earlier file's attacks that ``new`` lacks are kept beside them where
+  it was made under the same checkpoint and settings (``keep_attacks``).
+  Where it was made otherwise, nothing of it is lost: the whole earlier
+  document moves into the new one's ``"earlier"`` list (the latest first;
+  the file's top level is always the latest evaluation). ``remark`` says
+  what was kept, and where; None where there was nothing to say.
   """
   document = copy.deepcopy(dict(new))
   names = list(document.get("attacks", {}))
   _with_notes(document, produced(metadata, names))
-  if not previous or not isinstance(previous.get("attacks"), Mapping):
+  if not previous:
     return document, None
   old = copy.deepcopy(dict(previous))
-  old_metadata = old.pop("metadata", {}) or {}
+  earlier = old.pop(EARLIER, None) or []
+  if earlier:
+    document[EARLIER] = earlier
+  if not isinstance(old.get("attacks"), Mapping):
+    old["attacks"] = {}
+  old_metadata = old.get("metadata", {}) or {}
   _with_notes(old, produced(old_metadata, list(old["attacks"])))
-  extra = [name for name in old["attacks"] if name not in names]
-  if not extra:
-    return document, None
-  made = ", ".join(_made(name, old["attacks"][name]) for name in extra)
   why = mismatch(old_metadata, metadata)
   if why is not None:
+    document[EARLIER] = [old, *earlier]
+    made = ", ".join(_made(n, e) for n, e in old["attacks"].items())
     return document, (
-        f"the earlier results of {made} are replaced: they were made under "
-        f"another checkpoint or settings ({why})")
+        f"the earlier results{' of ' + made if made else ''} were made "
+        f"under another checkpoint or settings ({why}): kept in the file's "
+        f"{EARLIER!r} list; its top level shows this evaluation's")
+  extra = [name for name in old["attacks"] if name not in names]
+  if not extra or not keep_attacks:
+    return document, None
+  made = ", ".join(_made(name, old["attacks"][name]) for name in extra)
   document["attacks"] = _ordered(old["attacks"], document["attacks"])
   for key in _PER_ATTACK:
     if key in old or key in document:

@@ -30,6 +30,7 @@ from fkjax import data as data_lib
 from fkjax.evaluation import cost as eval_cost
 from fkjax.evaluation import journal as eval_journal
 from fkjax.evaluation import loop as eval_loop
+from fkjax.evaluation import memory as eval_memory
 from fkjax.evaluation import merge as eval_merge
 from fkjax.config import names as eval_names
 from fkjax.evaluation import result as eval_result
@@ -111,21 +112,22 @@ class Restored:
   def write(self, path: str, results: dict[str, Any], protocol: str, *,
             merge: bool = False) -> dict[str, Any]:
     """Writes the self-describing result file (process 0 only); with
-    ``merge``, keeping the earlier file's attacks that ``results`` lacks
-    (:mod:`fkjax.evaluation.merge`, said in a line). Returns what was
-    written, without its metadata."""
+    ``merge``, keeping the earlier file's attacks that ``results`` lacks;
+    an earlier file of other settings is kept in the new one's
+    ``"earlier"`` (:mod:`fkjax.evaluation.merge`, said in a line). Returns
+    what was written, without its metadata."""
     if jax.process_index() != 0:
       return results
     metadata = workdir_lib.results_metadata(
         self.config, step=self.step, data=self.exp.dataset.description,
         checkpoint=self.config.eval.checkpoint, protocol=protocol,
         devices=devices.describe_devices(self.exp.mesh.size))
-    if not merge:
-      workdir_lib.write_results(path, results, metadata)
-      return results
+    # Every write goes through merge: an earlier file made under other
+    # settings is kept in the new one (never replaced), whatever merges.
     with workdir_lib.results_lock(os.path.dirname(os.path.abspath(path))):
       results, remark = eval_merge.merge(workdir_lib.read_results(path),
-                                         results, metadata)
+                                         results, metadata,
+                                         keep_attacks=merge)
       workdir_lib.write_results(path, results, metadata)
     if remark is not None:
       self.say(f"{os.path.basename(path)}: {remark}")
@@ -157,10 +159,11 @@ def restore(config: ml_collections.ConfigDict, workdir: str, *,
     exp = exp or build.Experiment.build(config)
     step, state = exp.restore(checkpointer, config.eval.checkpoint)
   eval_apply, _ = build.model_fns(exp.model)
+  test = data_lib.limit(exp.dataset.test, config.eval.num_examples)
+  eval_memory.check_host_batches(config, exp.dataset._replace(test=test))
   return Restored(config, workdir, exp, step, state,
                   sparsify.eval_variables(state, config), eval_apply,
-                  data_lib.limit(exp.dataset.test, config.eval.num_examples),
-                  final, logger)
+                  test, final, logger)
 
 
 def _strong(r: Restored, **unused: Any) -> dict[str, Any]:
@@ -363,6 +366,10 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str, *,
     it back) with the step and sparsity beside it.
   """
   workdir_lib.adopt_subset_result(workdir, config)
+  # The file the result merges into, read now: a damaged one is named
+  # before the evaluation, not after its hours.
+  workdir_lib.read_results(workdir_lib.eval_result_path(workdir, config,
+                                                        final=final))
   restored = restore(config, workdir, exp=exp, final=final, logger=logger)
   protocol = "paper" if final else config.eval.protocol
   run = PROTOCOLS.get(protocol, PROTOCOLS["paper"])

@@ -169,6 +169,20 @@ def group_lasso_grad(
   return (lamb2 * w / jnp.sqrt(sq + GROUP_LASSO_EPS)).astype(w.dtype)
 
 
+def _floor_percent_of(percent: ArrayLike, n: int) -> Array:
+  """``⌊percent · n / 100⌋``, exact also for a traced ``percent``.
+
+  Under ``jit`` XLA turns the division by the constant 100 into a product by
+  its rounded reciprocal, so ``50 · 216 / 100`` gives 107.99999 and the floor
+  107; the two integer comparisons below put the quotient right (they are
+  exact for ``percent · n`` below 2^24 / 100).
+  """
+  scaled = jnp.asarray(percent, jnp.float32) * n
+  q = jnp.floor(scaled / 100.0)
+  q = jnp.where((q + 1.0) * 100.0 <= scaled, q + 1.0, q)
+  return jnp.where(q * 100.0 > scaled, q - 1.0, q)
+
+
 def _keep_largest(scores: Array, percent: ArrayLike) -> Array:
   """Boolean mask over the last axis keeping all but the ⌊p·n/100⌋ smallest.
 
@@ -176,8 +190,7 @@ def _keep_largest(scores: Array, percent: ArrayLike) -> Array:
   per row, even with ties; among equal scores the earlier index goes first.
   """
   n = scores.shape[-1]
-  n_drop = jnp.floor(jnp.asarray(percent, jnp.float32) * n / 100.0)
-  n_drop = jnp.clip(n_drop, 0, n).astype(jnp.int32)
+  n_drop = jnp.clip(_floor_percent_of(percent, n), 0, n).astype(jnp.int32)
   ranks = jnp.argsort(jnp.argsort(scores, axis=-1, stable=True), axis=-1)
   return ranks >= n_drop
 

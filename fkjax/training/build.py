@@ -24,6 +24,7 @@ from fkjax import data as data_lib
 from fkjax import kernels
 from fkjax import models
 from fkjax.config import record as run_config
+from fkjax.evaluation import memory as eval_memory
 from fkjax.training import parallel
 from fkjax.training import precision
 from fkjax.training import sparsify
@@ -149,6 +150,8 @@ def model_fns(model) -> tuple[Callable, Callable]:
 
 def load_dataset(config: ml_collections.ConfigDict) -> data_lib.Dataset:
   d = config.dataset
+  if d.source == "synthetic":
+    eval_memory.check_synthetic_sizes(tuple(d.synthetic_sizes))
   return data_lib.load_dataset(
       d.name, d.source, d.data_dir, val_size=d.val_size,
       split_seed=d.split_seed, subset_per_class=d.subset_per_class,

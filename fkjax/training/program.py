@@ -7,7 +7,9 @@ built from the run's config. For N > 1 (a sweep) it runs inside ``jax.vmap``
 with every value that differs between the runs a traced array; the values
 that all runs share stay Python numbers, so a sweep compiles the single
 run's program with a run axis added and those values turned into
-arguments. For N = 1 there is no run axis: a single run's state, keys and
+arguments; the training step's weight gradient alone is taken outside
+the vmap (``step.over_runs``: the backward-filter form of a run axis, as of
+an ensemble's members). For N = 1 there is no run axis: a single run's state, keys and
 programs are the single run's own, not a vmap of them (vmapped convolutions
 compile slower and round differently), and every method below takes and
 returns them as they are.
@@ -133,6 +135,10 @@ class Runs:
       raise ConfigError("a sweep runs in one process (its devices may be "
                         "many); train multi-host runs one at a time")
     first = build.Experiment.build(configs[0])
+    # Before the first epoch, not at its end: a validation or final
+    # evaluation batch the host cannot hold would lose it.
+    for c in configs:
+      eval_memory.check_host_batches(c, first.dataset)
     num_classes = first.dataset.num_classes
     exps = [first] + [
         dataclasses.replace(
@@ -262,14 +268,22 @@ class Runs:
            ) -> None:
     """Every run's checkpoint of ``step`` (with its selection accuracy); a
     run that holds ``step`` already (saved before an interruption: the
-    same state) is skipped."""
-    for i, (ckpt, run_state) in enumerate(zip(checkpointers,
-                                              self.unstack(state))):
+    same state) is skipped. Each run's state is given as it lies on the
+    devices (a sweep's run sliced there): the checkpointer copies it to
+    the host once and writes it while the next steps run."""
+    for i, ckpt in enumerate(checkpointers):
       if step in ckpt.all_steps():
         continue
-      ckpt.save(step, parallel.replicate(run_state, self.mesh),
+      ckpt.save(step, state if self.size == 1 else self.run_state(state, i),
                 val_accuracy=None if val_accuracy is None
                 else val_accuracy[i])
+
+  @functools.cached_property
+  def run_state(self) -> Callable[[PyTree, int], PyTree]:
+    """``run_state(state, i)``: run ``i``'s state, sliced on the devices
+    (one program for every ``i``) and replicated over the mesh."""
+    return jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
+                   out_shardings=parallel.replicated(self.mesh))
 
   # ------------------------------------------------- per run, when traced
 
@@ -311,17 +325,21 @@ class Runs:
 
   def step(self, state, batch, step, base_keys, values):
     """Every run's ``step.make_train_step`` with key ``fold_in(base_key,
-    step)``. Pure."""
-    def one(state, batch, base_key, step, values):
+    step)``; for N > 1 their stages under ``jax.vmap``, the weight gradient
+    outside it (``step.over_runs``). Pure."""
+    def parts(values):
       config = self.run_config(values)
       optimizer = build.create_optimizer(config, self.steps_per_epoch)
-      step_fn = step_lib.make_train_step(self.run_model(config, values),
-                                         optimizer, config)
-      return step_fn(state, batch, jax.random.fold_in(base_key, step))
+      return step_lib.train_step_parts(self.run_model(config, values),
+                                       optimizer, config)
 
-    axes = (0, None if self.shared_batch else 0, 0, None, 0)
-    state, metrics = self.per_run(one, axes)(state, batch, base_keys, step,
-                                             values)
+    if self.size == 1:
+      state, metrics = step_lib.one_run(parts(values))(
+          state, batch, jax.random.fold_in(base_keys, step))
+    else:
+      keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(base_keys, step)
+      state, metrics = step_lib.over_runs(
+          parts, None if self.shared_batch else 0)(state, batch, keys, values)
     return (jax.lax.with_sharding_constraint(state, self.run_sharding()),
             metrics)
 
@@ -363,14 +381,20 @@ class Runs:
         # Compiled ahead of its first call, so that a batch that does not
         # fit in memory is refused in one line before anything is allocated.
         compiled[shapes] = jitted.lower(*args).compile()
-        self.check_memory(compiled[shapes])
+        self.check_memory(compiled[shapes], at_batch=lambda b: jitted.lower(
+            state, data, _feed_of_batch(feed, b, per_run), step, base_keys,
+            values).compile())
       return compiled[shapes](*args)
     run.compiled = compiled   # one program per batch shape
     return run
 
-  def check_memory(self, compiled: Any) -> None:
+  def check_memory(self, compiled: Any,
+                   at_batch: Callable[[int], Any] | None = None) -> None:
     """Raises :class:`fkjax.evaluation.memory.BatchTooLarge` where the
-    compiled step would need more memory than the devices have free."""
+    compiled step would need more memory than the devices have free;
+    ``at_batch(b)``: the step compiled at global batch ``b``, for a
+    suggested batch that passes this check (one process only: another's
+    feed is its own share)."""
     device = self.mesh.devices.flat[0]
     devices = self.mesh.size
     eval_memory.check(
@@ -378,6 +402,10 @@ class Runs:
         "the training step" + (f" of {self.size} runs" if self.size > 1
                                else ""),
         batch_key="config.training.batch_size", multiple=devices,
+        at_batch=at_batch if jax.process_count() == 1 else None,
+        # A sweep's runs share the memory: fewer of them at once need less.
+        also=(f"or sweep fewer than {self.size} runs at once"
+              if self.size > 1 else ""),
         # The CPU's devices share its memory; a GPU's estimate is its own.
         scale=devices if device.platform == "cpu" else 1,
         free=eval_memory.free_bytes(device))
@@ -477,3 +505,17 @@ class Runs:
     batch = next(b for b in self.eval_batches(split) if b is not None)
     return eval_loop.to_host(self.loss_check(
         evaluated, batch["image"], batch["label"], keys, values)).reshape(-1)
+
+
+def _feed_of_batch(feed: PyTree, batch: int, per_run: bool) -> PyTree:
+  """The shapes of ``feed`` (placed) at another batch size: its batch axis
+  is the first, after the run axis of a feed per run. Shapes only: what
+  compiles the step at that batch allocates nothing."""
+  axis = 1 if per_run else 0
+
+  def cut(x):
+    shape = list(x.shape)
+    shape[axis] = batch
+    return jax.ShapeDtypeStruct(tuple(shape), x.dtype,
+                                sharding=getattr(x, "sharding", None))
+  return jax.tree.map(cut, feed)

@@ -40,6 +40,8 @@ import re
 from typing import Any, Iterator, Mapping
 
 from fkjax import atomic
+from fkjax import readback
+from fkjax.readback import NUMBER, MapOf
 from fkjax.workdir.check import WorkdirError
 from fkjax.workdir.metadata import jsonable
 
@@ -49,6 +51,12 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 _SAFE = re.compile(r"[^A-Za-z0-9.+-]")
+
+# What an evaluation's result file holds, as its readers use it (the
+# strong protocol's has no "attacks"; a NaN accuracy is written as null).
+RESULT_SHAPE = {"metadata?": {"config?": dict, "step?": int},
+                "attacks?": MapOf({"accuracy": (NUMBER, type(None))}),
+                "earlier?": list}
 
 
 def result_path(workdir: str | os.PathLike[str], protocol: str,
@@ -105,9 +113,8 @@ def existing_eval_result(workdir: str | os.PathLike[str], config: Any
   if not config.eval.get("num_examples"):
     return None
   old = _eval_result_path(workdir, config, n=None)
+  recorded = (read_results(old) or {}).get("metadata", {}).get("config")
   try:
-    with open(old) as f:
-      recorded = json.load(f)["metadata"]["config"]
     recorded_name = _eval_result_path(
         workdir, _Attributes(recorded),
         n=recorded["eval"].get("num_examples") or None)
@@ -196,13 +203,11 @@ def results_lock(workdir: str | os.PathLike[str]) -> Iterator[None]:
 
 
 def read_results(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-  """The results file at ``path`` as written, or None: there is none, or it
-  is not a JSON object (a file damaged outside fkjax)."""
-  try:
-    with open(os.fspath(path)) as f:
-      document = json.load(f)
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError):
-    return None
-  return document if isinstance(document, dict) else None
+  """The results file at ``path`` as written, or None where there is none.
+
+  Raises:
+    fkjax.readback.DamagedFileError: it is not whole JSON or not a result
+      file's shape (damaged or replaced outside fkjax): a merge must not
+      take it for no file and write over it.
+  """
+  return readback.read_json(path, RESULT_SHAPE, what="evaluation results")

@@ -390,7 +390,8 @@ def evaluate(results_dir: str, scale: str) -> dict[str, Any]:
     for c in claim.comparisons:
       if c.table not in tables:
         tables[c.table] = files.load_json(
-            os.path.join(results_dir, scale, f"{c.table}.json"))
+            os.path.join(results_dir, scale, f"{c.table}.json"),
+            files.TABLE)
       comparisons.append(judge(c, tables[c.table]))
     out.append({"name": claim.name, "claim": claim.text, "where": claim.where,
                 "verdict": verdict_of(

@@ -72,7 +72,7 @@ def weight_histograms(runs: list[Run], path: str) -> str | None:
     ax.set_yscale("log")
     ax.set_xlim(-0.3, 0.3)
     stats = files.load_json(
-        os.path.join(run.workdir, "analysis.json")) or {}
+        os.path.join(run.workdir, "analysis.json"), files.ANALYSIS) or {}
     share = stats.get("w", {}).get("small_share")
     ax.set_title(f"{_title(run)}\n|w|<1e-3: {share:.2f}%" if share is not None
                  else _title(run), fontsize=9)
@@ -104,7 +104,7 @@ def filters(runs: list[Run], path: str) -> str | None:
         tiles[i * 4:i * 4 + 3, o * 4:o * 4 + 3] = k[:, :, i, o]
     ax.imshow(tiles, cmap="seismic", vmin=-vmax, vmax=vmax)
     stats = files.load_json(
-        os.path.join(run.workdir, "analysis.json")) or {}
+        os.path.join(run.workdir, "analysis.json"), files.ANALYSIS) or {}
     ax.set_title(f"{_title(run)}\n{stats.get('figure_layer', '')} "
                  f"(16 inputs x 16 filters, colour scale +-{vmax:.3g})",
                  fontsize=8)

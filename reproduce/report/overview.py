@@ -48,7 +48,8 @@ def load(results_dir: str, scale: str) -> dict[str, dict[str, Any]]:
   """The tables written so far at ``scale``, in the runner's order."""
   out = {}
   for name in tables_lib.ORDER:
-    data = files.load_json(os.path.join(results_dir, scale, f"{name}.json"))
+    data = files.load_json(os.path.join(results_dir, scale, f"{name}.json"),
+                           files.TABLE)
     if data:
       out[name] = data
   return out

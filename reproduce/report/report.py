@@ -126,7 +126,8 @@ def _done_entry(run: Run, record: dict[str, Any],
 def _entry(run: Run, metrics: tuple[str, ...]) -> dict[str, Any]:
   """A run's entry: its results when finished, else its status, commands
   and estimated time."""
-  record = files.load_json(os.path.join(run.workdir, archive_lib.RUN_RECORD))
+  record = files.load_json(os.path.join(run.workdir, archive_lib.RUN_RECORD),
+                           files.RUN_RECORD)
   if record and standing_lib.finished(run):
     return _done_entry(run, record, metrics)
   return {

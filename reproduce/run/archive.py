@@ -86,7 +86,7 @@ def restore(workdir: str, archive: str) -> bool:
   ``archive``; returns whether it did. The caller checks that the run's
   settings are still those it ran with."""
   if not is_empty(workdir) or not files.load_json(
-      os.path.join(archive, RUN_RECORD)):
+      os.path.join(archive, RUN_RECORD), files.RUN_RECORD):
     return False
   _copy(_kept_files(archive), workdir)
   return True

@@ -37,6 +37,7 @@ from fkjax.training import build
 from fkjax.training import devices
 from fkjax.training import train
 from reproduce import analysis
+from fkjax.workdir.results import RESULT_SHAPE
 from reproduce import files
 from reproduce.run import archive as archive_lib
 from reproduce.run import progress as progress_lib
@@ -100,7 +101,7 @@ def execute(run: Run, *, show_progress: bool = True,
     # file, named by those settings, stays.
     path = workdir_lib.existing_eval_result(run.workdir, cfg)
     now = standing_lib.stage_standing(run, stage, progress.kept().get(stage))
-    if not (now == () and path and files.load_json(path)):
+    if not (now == () and path and files.load_json(path, RESULT_SHAPE)):
       progress_lib.log(
           f"{what}: extra evaluation {extra.protocol} "
           f"({extra.attacks}, {cfg.eval.num_examples or 'all'} images)")
@@ -134,14 +135,15 @@ def _core_stages(run: Run, config: ml_collections.ConfigDict,
     progress.timed("train", train_fp,
                    lambda: train.train_and_evaluate(config, run.workdir))
   if not (standing_of("eval", "eval") == ()
-          and files.load_json(standing_lib.main_result_path(run))):
+          and files.load_json(standing_lib.main_result_path(run),
+                              RESULT_SHAPE)):
     progress_lib.log(f"{what}: evaluating ({config.eval.attacks})")
     progress.timed("eval", eval_fp, lambda: eval_run.evaluate_checkpoint(
         config, run.workdir, exp=exp()))
   # The analysis and the published weights are of the evaluated checkpoint.
   apath = os.path.join(run.workdir, analysis.ANALYSIS_JSON)
   if not (standing_of("eval", "analysis") is not None
-          and files.load_json(apath)):
+          and files.load_json(apath, files.ANALYSIS)):
     progress.timed("analysis", eval_fp,
                    lambda: analysis.analyze_run(config, run.workdir,
                                                 exp=exp()))

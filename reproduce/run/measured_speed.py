@@ -13,16 +13,26 @@ first model measured) scaled by the estimates' own model ratios
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import ml_collections
 
+from fkjax import readback
+from fkjax.readback import NUMBER, ListOf
 from reproduce.run import estimate as estimate_lib
 
 # The batch size the StepTimes are of (estimate.estimate_seconds scales
 # them).
 _STEP_TIMES_BATCH = 128
+
+# What gpu_bench's JSON holds, as the estimates read it (a row that failed
+# has no time).
+_SHAPE = {"steps": ListOf({"depth": int, "ensemble_size": int,
+                           "batch_size": int,
+                           "step_ms_median?": NUMBER,
+                           "attack_steps?": int, "precision?": str,
+                           "conv?": str}),
+          "environment?": dict, "settings?": dict}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,14 +58,16 @@ class MeasuredSpeed:
       ValueError: the file is missing, not JSON, or holds no PGD step.
     """
     try:
-      with open(path) as f:
-        data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+      data = readback.read_json(path, _SHAPE, missing_ok=False,
+                                what="a gpu_bench measurement")
+    except OSError as e:
       raise ValueError(f"--speed-from={path}: cannot read it "
-                       f"({getattr(e, 'strerror', None) or e}); "
-                       "python -m benchmarks.gpu_bench writes one") from e
-    steps = tuple(r for r in (data.get("steps") or [])
-                  if isinstance(r, dict) and r.get("step_ms_median"))
+                       f"({e.strerror or e}); python -m benchmarks.gpu_bench "
+                       "writes one") from e
+    except readback.DamagedFileError as e:
+      raise ValueError(f"--speed-from={e}") from e
+    steps = tuple(r for r in data["steps"]
+                  if r.get("step_ms_median") and r["batch_size"] > 0)
     if not any(r.get("attack_steps") for r in steps):
       raise ValueError(f"--speed-from={path}: no PGD training step measured "
                        "in it (its 'steps'); python -m benchmarks.gpu_bench "

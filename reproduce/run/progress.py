@@ -6,13 +6,13 @@ kill -9 keeps all but the last few seconds.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from typing import Any, Callable
 
 from fkjax import atomic
+from reproduce import files
 from reproduce.run import archive as archive_lib
 
 HEARTBEAT_SECONDS = 10.0
@@ -35,12 +35,9 @@ class Progress:
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, archive_lib.PROGRESS_FILE)
     self.data: dict[str, Any] = {"stages": {}}
-    if os.path.exists(self.path):
-      try:
-        with open(self.path) as f:
-          self.data = json.load(f)
-      except ValueError:   # a torn write cannot happen (atomic); be safe
-        pass
+    # A damaged file stops the run in one line: read as empty, it would
+    # lose the stages' times and fingerprints.
+    self.data = files.load_json(self.path, files.PROGRESS) or self.data
     self._lock = threading.Lock()
 
   def stage(self, name: str) -> dict[str, Any]:

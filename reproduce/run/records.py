@@ -7,6 +7,7 @@ import os
 import shlex
 from typing import Any, Iterable, Mapping
 
+from fkjax.workdir.results import RESULT_SHAPE
 from reproduce import files
 from reproduce.run import progress as progress_lib
 from reproduce.run import standing as standing_lib
@@ -16,7 +17,8 @@ from reproduce.spec import tables as tables_lib
 
 def main_eval(run: Run) -> dict[str, Any]:
   """A run's main evaluation result (``{}`` where it has none)."""
-  return files.load_json(standing_lib.main_result_path(run)) or {}
+  return files.load_json(standing_lib.main_result_path(run),
+                         RESULT_SHAPE) or {}
 
 
 # The columns the main evaluation's result file fills (metrics_of).
@@ -31,7 +33,8 @@ def metrics_of(workdir: str, eval_result: str,
   ``main``: its main evaluation's result, where already read."""
   out: dict[str, float] = {}
   if main is None:
-    main = files.load_json(os.path.join(workdir, eval_result)) or {}
+    main = files.load_json(os.path.join(workdir, eval_result),
+                           RESULT_SHAPE) or {}
   for column, attack in tables_lib.ATTACK_OF.items():
     entry = main.get("attacks", {}).get(attack)
     if entry is not None:
@@ -44,11 +47,13 @@ def metrics_of(workdir: str, eval_result: str,
     if tables_lib.ATTACK_OF[column] in dense:
       out[f"w_{column}"] = dense[tables_lib.ATTACK_OF[column]]["accuracy"]
   for e in extra:
-    data = files.load_json(os.path.join(workdir, e.result_file)) or {}
+    data = files.load_json(os.path.join(workdir, e.result_file),
+                           RESULT_SHAPE) or {}
     # The main evaluation's column wins over an extra one of the same attack.
     for column, value in e.read(data).items():
       out.setdefault(column, value)
-  stats = files.load_json(os.path.join(workdir, "analysis.json"))
+  stats = files.load_json(os.path.join(workdir, "analysis.json"),
+                         files.ANALYSIS)
   if stats:
     out["small_share"] = stats["w"]["small_share"]
     out["w_sparsity"] = stats["w"]["zero_share"]

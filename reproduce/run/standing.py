@@ -16,8 +16,10 @@ from configs import default as default_config
 from fkjax.config import history
 from fkjax.config import record as run_config
 from fkjax.evaluation import journal as eval_journal
+from fkjax.training import precision
 from fkjax import workdir as workdir_lib
 from fkjax.workdir import metric_logging
+from fkjax.workdir.results import RESULT_SHAPE
 from reproduce import files
 from reproduce.run import archive as archive_lib
 from reproduce.run import runs as runs_lib
@@ -112,7 +114,7 @@ def _recorded(run: Run, stage: str, fingerprint: str
     candidates = []
     for path in sorted(glob.glob(os.path.join(run.workdir,
                                               f"{stage}*.json"))):
-      data = files.load_json(path) or {}
+      data = files.load_json(path, RESULT_SHAPE) or {}
       candidates.append((data.get("metadata", {}).get("config"), path))
   for settings, path in candidates:
     if isinstance(settings, dict) and _fingerprint(
@@ -152,6 +154,9 @@ def _default(key: str) -> Any:
   value = default_config.DEFAULTS.get(key)
   if isinstance(value, default_config.Nullable):
     return value.default
+  if key == "precision":
+    # "auto" as this platform resolves it, as the runs' configs are.
+    return precision.name_of(ml_collections.ConfigDict({key: value}))
   return list(value) if isinstance(value, tuple) else value
 
 
@@ -161,7 +166,8 @@ def standings(run: Run, kept: Mapping[str, str] | None = None
   by the fingerprints ``kept`` (default: the finished run's record's)."""
   if kept is None:
     record = files.load_json(
-        os.path.join(run.workdir, archive_lib.RUN_RECORD)) or {}
+        os.path.join(run.workdir, archive_lib.RUN_RECORD),
+        files.RUN_RECORD) or {}
     kept = record.get("fingerprints", {}) if record.get("done") else {}
   return {stage: stage_standing(run, stage, kept.get(stage), now)
           for stage, now in fingerprints(run).items()}
@@ -190,7 +196,7 @@ def train_done(run: Run) -> bool:
   evaluation, where it has one)."""
   if run.config.eval.final_attacks:
     path = os.path.join(run.workdir, "final_eval.json")
-    return files.load_json(path) is not None
+    return files.load_json(path, RESULT_SHAPE) is not None
   epochs = [r.get("epoch") for r in metric_logging.read_metrics(run.workdir)]
   return run.config.training.num_epochs in epochs
 
@@ -229,8 +235,8 @@ def finished(run: Run) -> bool:
   :func:`older_settings`) and evaluated: reportable, though an evaluation
   may be pending (:func:`evals_to_run`; evaluation settings never make a
   run train again)."""
-  return _trained(run, files.load_json(os.path.join(run.workdir,
-                                                    archive_lib.RUN_RECORD)))
+  return _trained(run, files.load_json(
+      os.path.join(run.workdir, archive_lib.RUN_RECORD), files.RUN_RECORD))
 
 
 def has_checkpoint(run: Run) -> bool:
@@ -244,7 +250,8 @@ def status_of(run: Run) -> str:
   """``done``, ``done, eval_<protocol> not yet run``, ``to update``,
   ``failed: ...``, ``trained i/n epochs`` (with ``, evaluating (k batches
   done)`` where a killed evaluation kept some) or ``not started``."""
-  record = files.load_json(os.path.join(run.workdir, archive_lib.RUN_RECORD))
+  record = files.load_json(os.path.join(run.workdir, archive_lib.RUN_RECORD),
+                           files.RUN_RECORD)
   if record and record.get("done"):
     now = standings(run, record.get("fingerprints", {}))
     if now["train"] is not None:
@@ -259,7 +266,8 @@ def status_of(run: Run) -> str:
     # a training setting changed since
     return "to update (settings changed since it ran)"
   progress = files.load_json(
-      os.path.join(run.workdir, archive_lib.PROGRESS_FILE)) or {}
+      os.path.join(run.workdir, archive_lib.PROGRESS_FILE),
+      files.PROGRESS) or {}
   if progress.get("error"):
     return f"failed ({progress['error'][:200]})"
   epochs = trained_epochs(run)
@@ -285,7 +293,7 @@ def status_view(run: Run) -> Run:
   is empty and a finished copy is kept under ``results/``, that copy
   (read only; it has no checkpoints)."""
   if (run.archive is not None and archive_lib.is_empty(run.workdir)
-      and files.load_json(os.path.join(run.archive,
-                                       archive_lib.RUN_RECORD))):
+      and files.load_json(os.path.join(run.archive, archive_lib.RUN_RECORD),
+                          files.RUN_RECORD)):
     return dataclasses.replace(run, workdir=run.archive)
   return run
