@@ -174,7 +174,7 @@ def test_a_run_stopped_by_sigterm_keeps_its_rows(tmp_path):
       break
     time.sleep(0.5)
   proc.send_signal(signal.SIGTERM)
-  stdout, stderr = proc.communicate(timeout=300)
+  stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
   assert proc.returncode == 143, stdout[-2000:] + stderr[-2000:]
   result = json.loads(out.read_text())
   assert result["stopped"] == "SIGTERM"
