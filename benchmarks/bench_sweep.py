@@ -13,7 +13,8 @@ in their seed and lambda1 (``configs/default.py`` presets, synthetic
 CIFAR-shaped data: speed does not depend on pixel values) and times
 
 * the sweep's PGD-``--steps`` training step (``fkjax.training.program.Runs``:
-  every run's ``step_lib.make_train_step`` under ``jax.vmap``, state donated,
+  every run's ``step_lib.make_train_step`` stages under ``jax.vmap``, the
+  weight gradient outside it: ``step_lib.over_runs``; state donated,
   one shared batch copied to the device inside every timed step);
 * the single run's step (``step_lib.make_train_step`` jitted as
   ``train.train_and_evaluate`` jits it) for the first run: N runs one after

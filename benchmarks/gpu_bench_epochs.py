@@ -2,11 +2,15 @@
 
 Each variant is ``python train.py --config=configs/default.py`` (the
 paper's En2ResNet20 protocol) for two epochs in a fresh workdir, in a
-subprocess as a user runs it, with only the data pipeline set (``auto``
-leaves it to the config: on GPUs the split kept on the device). Epoch 1 holds the compilations; epoch
-2's ``train_seconds``, ``train_images_per_second`` and ``val_seconds``
-(``metrics.jsonl``) are the figures. The final test evaluation is turned
-off (``eval.final_attacks=""``): it is not part of an epoch.
+subprocess as a user runs it, on one device (``config.num_devices=1``,
+as the step rows: the figures are one GPU's on a host with several), with
+only the data pipeline set (``auto`` leaves it to the config: on GPUs the
+split kept on the device). Epoch 1 holds the compilations; epoch 2's
+``epoch_seconds`` (its wall time: steps, loss check, validation and epoch
+1's checkpoint save), ``train_seconds``, ``train_images_per_second`` and
+``val_seconds`` (``metrics.jsonl``) are the figures. The final test
+evaluation is turned off (``eval.final_attacks=""``): it is not part of an
+epoch.
 """
 from __future__ import annotations
 
@@ -79,7 +83,7 @@ def command(workdir: str, overrides: dict[str, Any], smoke: bool
   """The ``train.py`` command line of a variant."""
   config = "configs/default.py" + (":resnet8" if smoke else "")
   values = {"training.num_epochs": 2, "eval.final_attacks": "",
-            "progress": False, **overrides}
+            "progress": False, "num_devices": 1, **overrides}
   return [sys.executable, "train.py", f"--config={config}",
           f"--workdir={workdir}", *(_flag(k, v) for k, v in values.items())]
 
@@ -119,8 +123,10 @@ def run_variant(variant: str, workdir: str, common: dict[str, Any],
       "variant": variant,
       "overrides": parse_variant(variant),
       "command": " ".join(argv[1:]),
-      "epoch1_s": first["train_seconds"],
-      "epoch_s": last["train_seconds"],
+      "devices": 1,
+      "epoch1_s": first["epoch_seconds"],
+      "epoch_s": last["epoch_seconds"],
+      "train_s": last["train_seconds"],
       "train_images_per_s": last["train_images_per_second"],
       "val_s": last["val_seconds"],
       "wall_s": wall,
@@ -128,6 +134,31 @@ def run_variant(variant: str, workdir: str, common: dict[str, Any],
 
 
 def paper_run_minutes(epoch: dict[str, Any]) -> float:
-  """The paper's 200 epochs at ``epoch``'s training and validation time
-  (checkpoints, compilation and the final test evaluation not counted)."""
-  return PAPER_EPOCHS * (epoch["epoch_s"] + epoch["val_s"]) / 60
+  """The paper's 200 epochs at ``epoch``'s wall time on one device
+  (compilation and the final test evaluation not counted)."""
+  return PAPER_EPOCHS * epoch["epoch_s"] / 60
+
+
+def train_shape(real: bool, smoke: bool, data_dir: str | None
+                ) -> dict[str, Any]:
+  """What a variant's cost depends on (``gpu_bench_plan.estimate``): its
+  model and precision, batch, steps an epoch, validation batches and
+  attack iterations."""
+  from configs import default as default_config  # pylint: disable=import-outside-toplevel
+  from fkjax.config import keys as config_keys  # pylint: disable=import-outside-toplevel
+  config = default_config.get_config("resnet8" if smoke else "")
+  for key, value in data_overrides(real, smoke, data_dir).items():
+    config_keys.set_value(config, key, value)
+  d = config.dataset
+  per_class = d.get("subset_per_class")
+  images = (10 * per_class if per_class else 50000) if real else (
+      d.synthetic_sizes[0])
+  val = d.val_size or (10000 if real else d.synthetic_sizes[1])
+  batch = config.training.batch_size
+  return {"model": ("resnet8" if smoke else
+                    f"en{config.model.ensemble_size}resnet"
+                    f"{config.model.depth}"),
+          "precision": config.precision, "batch_size": batch,
+          "steps_per_epoch": max(1, (images - d.val_size) // batch),
+          "val_batches": max(1, val // config.validation.batch_size),
+          "val_attack_steps": config.validation.attack_steps}

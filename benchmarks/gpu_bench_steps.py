@@ -7,6 +7,9 @@
   (``fkjax.training.step.make_train_step`` jitted with the state donated),
   on one batch kept on the device: its compile time, ms per step, images/s,
   and TFLOP/s from the arithmetic XLA's cost analysis counts in it.
+* :func:`measure_step_in_subprocess`: :func:`measure_step` in a fresh
+  Python process with the environment given (``XLA_FLAGS``, read once
+  when JAX starts: ``python -m benchmarks.gpu_bench_steps SPEC``).
 * :func:`measure_sweep`: the same step for N runs on a run axis
   (``fkjax.training.sweep.Runs``, the program ``python -m reproduce
   --sweep`` and ``configs/sweep.py`` train).
@@ -17,7 +20,11 @@ calls after ``warmup`` calls.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -248,3 +255,40 @@ def measure_sweep(spec: StepSpec, runs: int, repeats: int, warmup: int
   return {**dataclasses.asdict(spec), "runs": runs, "compile_s": compile_s,
           **_summary(times, runs * spec.batch_size, None),
           "repeats": repeats}
+
+
+def measure_step_in_subprocess(spec: StepSpec, repeats: int, warmup: int,
+                               env: dict[str, str], timeout_s: float
+                               ) -> dict[str, Any]:
+  """:func:`measure_step` in ``python -m benchmarks.gpu_bench_steps`` under
+  ``env``.
+
+  Raises:
+    RuntimeError: it failed or ran past ``timeout_s`` (with the end of its
+      output).
+  """
+  argv = [sys.executable, "-m", "benchmarks.gpu_bench_steps",
+          json.dumps(dataclasses.asdict(spec)), str(repeats), str(warmup)]
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    proc = subprocess.run(argv, cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
+  except subprocess.TimeoutExpired as e:
+    raise RuntimeError(f"the step ran past {timeout_s:.0f} s") from e
+  if proc.returncode:
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+    raise RuntimeError(f"exited {proc.returncode}: " + " | ".join(tail))
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> None:
+  """``SPEC REPEATS WARMUP``: prints :func:`measure_step`'s figures as one
+  JSON line."""
+  from fkjax import kernels  # pylint: disable=import-outside-toplevel
+  kernels.apply_xla_flags()   # as train.py and gpu_bench do
+  spec = StepSpec(**json.loads(argv[0]))
+  print(json.dumps(measure_step(spec, int(argv[1]), int(argv[2]))))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -122,12 +122,15 @@ TRAINING = {
     # Accepted so that older configs load; changes nothing (every training
     # step is its own dispatch: docs/training.md).
     "training.steps_per_dispatch": 0,
-    # "float32" (the paper's: matmuls and convolutions at HIGHEST, true
-    # float32 on GPUs/TPUs too), "tf32" (at HIGH: TF32 on GPUs that have it)
-    # or "bfloat16": the training steps compute in bfloat16 with float32
+    # "auto": "tf32" on GPUs and TPUs (the convolutions PyTorch, the
+    # authors' code, runs by default on a GPU), "float32" on CPUs; a run
+    # records the one it took. "float32" (the paper's: matmuls and
+    # convolutions at HIGHEST, true float32 on GPUs/TPUs too, without a
+    # GPU's tensor cores), "tf32" (at HIGH: TF32 on GPUs that have it) or
+    # "bfloat16": the training steps compute in bfloat16 with float32
     # weights, optimizer state, BatchNorm statistics and loss; validation
     # and evaluation stay float32 (docs/training.md).
-    "precision": "float32",
+    "precision": "auto",
 }
 
 # PGD used to make the training batches adversarial.

@@ -302,3 +302,36 @@ def test_peak_memory_reads_an_evaluation_s_compiled_attack():
   row = peak_memory._measure("resnet8", "natural", 1, 4)  # pylint: disable=protected-access
   assert row["workload"] == "natural" and row["batch"] == 4
   assert row["peak_rss_gb"] > 0
+
+
+_HLO_WITH_A_LOOP = """\
+HloModule jit_step, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+%body (p: (s32[], f32[4], /*index=2*/f32[16])) -> (s32[], f32[4], f32[16]) {
+  %ar.1 = (f32[16]{0}, f32[16]{0}) all-reduce(%x, %y), channel_id=1, to_apply=%add
+  %ar.2 = f32[4]{0} all-reduce(%z), channel_id=2, to_apply=%add
+  ROOT %t = (s32[], f32[4], f32[16]) tuple(%i, %ar.2, %w)
+}
+
+%cond (p: (s32[], f32[4], /*index=2*/f32[16])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (param.1: f32[4], /*index=1*/param.2: f32[16]) -> f32[4] {
+  %ar.0 = f32[262144]{0} all-reduce(%g), channel_id=3, to_apply=%add
+  %loop = (s32[], f32[4], f32[16]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"10"}}
+  ROOT %out = f32[4]{0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_the_collectives_count_counts_a_loops_all_reduces_per_trip():
+  from benchmarks.experiments import collectives  # pylint: disable=import-outside-toplevel
+  # 1 outside the loop, 2 in its body run 10 times
+  assert collectives.all_reduces_per_run(_HLO_WITH_A_LOOP) == (3, 21)
+  assert collectives.all_reduce_bytes(_HLO_WITH_A_LOOP) == [128, 16,
+                                                            1048576]

@@ -363,11 +363,33 @@ def test_other_errors_pass_through(tmp_path, monkeypatch):
     ck.save(1, _state(1))
 
 
+def test_an_asynchronous_save_holds_the_state_as_it_was(tmp_path):
+  """save() returns with the files still being written; the arrays it was
+  given may then be donated (deleted) and the checkpoint still holds them,
+  complete after wait()."""
+  ck = ckpt_lib.Checkpointer(str(tmp_path), asynchronous=True)
+  state = _state(3, size=4096)
+  expected = jax.device_get(state)
+  ck.save(3, state, val_accuracy=0.5)
+  for leaf in jax.tree.leaves(state):
+    leaf.delete()   # as the next training step's donation does
+  ck.wait()
+  assert _steps_on_disk(tmp_path) == [3]
+  ck.save(5, _state(5))   # waits for nothing: step 3 is written
+  ck.close()              # waits for step 5
+  reader = ckpt_lib.Checkpointer(str(tmp_path), must_exist=True)
+  assert reader.all_steps() == [3, 5]
+  _assert_state_equal(reader.restore(_state(0, size=4096), "best")[1],
+                      expected)
+  _assert_state_equal(reader.restore(_state(0), "latest")[1], _state(5))
+  reader.close()
+
+
 _WRITE_FAILURE = textwrap.dedent("""
     import resource, signal, sys
     import jax, jax.numpy as jnp
     from fkjax import checkpoint as ckpt_lib
-    ck = ckpt_lib.Checkpointer(sys.argv[1])
+    ck = ckpt_lib.Checkpointer(sys.argv[1], asynchronous=sys.argv[2] == "1")
     ck.save(1, {"w": jnp.ones((8,))}, val_accuracy=0.1)
     # Files above 64 KiB fail with EFBIG, as a full disk fails with ENOSPC.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -375,19 +397,26 @@ _WRITE_FAILURE = textwrap.dedent("""
     try:
       ck.save(2, {"w": jax.random.normal(jax.random.key(0), (200_000,))},
               val_accuracy=0.2)
+      print("saved", flush=True)
+      ck.close()   # an asynchronous write's failure is raised here
     except ckpt_lib.CheckpointError as e:
       print("error:", e, file=sys.stderr)
       sys.exit(1)
 """)
 
 
-def test_real_write_failure_is_one_line(tmp_path):
-  """A write that fails inside tensorstore: one line, no orbax tracebacks."""
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_real_write_failure_is_one_line(tmp_path, asynchronous):
+  """A write that fails inside tensorstore: one line, no orbax tracebacks;
+  asynchronous, it is raised when the save is waited for."""
   proc = subprocess.run([sys.executable, "-c", _WRITE_FAILURE,
-                         str(tmp_path)], cwd=REPO, capture_output=True,
+                         str(tmp_path), str(int(asynchronous))], cwd=REPO,
+                        capture_output=True,
                         text=True, timeout=300,
                         env={**os.environ, "PYTHONPATH": str(REPO)})
   assert proc.returncode == 1, proc.stderr
+  # the synchronous save raises in save(), the asynchronous one after it
+  assert ("saved" in proc.stdout) == asynchronous
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
   assert len(lines) == 1, proc.stderr
   assert lines[0].startswith(

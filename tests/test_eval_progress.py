@@ -280,10 +280,12 @@ def _lowered_text(apply_fn, attack, mlp, platform):
           lowering_platforms=(platform,)).as_text()
 
 
-def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
-                                                               monkeypatch):
+@pytest.mark.parametrize("family,platform", [("gpu", "cuda"),
+                                             ("tpu", "tpu")])
+def test_an_accelerators_counted_attacks_have_no_host_callback(
+    mlp, monkeypatch, family, platform):
   assert eval_progress.CallCounting(_noisy_mlp).per_call  # this CPU's
-  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+  monkeypatch.setenv(kernels.PLATFORM_ENV, family)
   counting = eval_progress.CallCounting(_noisy_mlp)
   assert not counting.per_call and counting.apply_fn is _noisy_mlp
   per_call = eval_progress.CallCounting(_noisy_mlp, per_call=True)
@@ -291,7 +293,7 @@ def test_an_accelerators_counted_attacks_have_no_host_callback(mlp,
   # host callback only for the backend it runs on: here the CPU).
   assert "callback" in _lowered_text(per_call.apply_fn, _NATTACK, mlp, "cpu")
   assert "callback" not in _lowered_text(counting.apply_fn, _NATTACK, mlp,
-                                         "cuda")
+                                         platform)
 
 
 def test_an_accelerators_progress_moves_between_attacks(mlp, monkeypatch):

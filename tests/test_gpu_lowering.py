@@ -1,16 +1,17 @@
-"""The GPU path, checked on a CPU: fkjax's programs lowered for CUDA.
+"""The GPU and TPU paths, checked on a CPU: fkjax's programs lowered for
+CUDA and for TPU.
 
-With a GPU's selections forced (``FKJAX_KERNELS_PLATFORM=gpu``) the training
-step (a single net, an ensemble, a sweep over a run axis), the validation and
-the strong protocol's attacks (and APGD called alone) are traced and lowered
-for CUDA (no compile), and their StableHLO says what a GPU would get: the
-stock convolutions, JAX's Threefry for the noise, no CPU custom call, no
-host callback. One test
-trains and resumes through ``train.py`` with those selections (the slow
-set's).
+With an accelerator's selections forced (``FKJAX_KERNELS_PLATFORM=gpu``; a
+TPU's are the same) the training step (a single net, an ensemble, a sweep
+over a run axis of either), the validation and the strong protocol's
+attacks (and APGD called alone) are traced once and lowered for each
+platform (no compile), and their StableHLO, read as operations and
+attributes, says what a GPU or a TPU would get: the stock convolutions,
+every weight gradient in the backward-filter form, JAX's Threefry for the
+noise, no CPU custom call, no host callback. One test trains and resumes
+through ``train.py`` with a GPU's selections (the slow set's).
 """
 import functools
-import re
 import signal
 import subprocess
 import time
@@ -20,12 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import conv_forms
 from configs import tiny
 from fkjax import attacks
 from fkjax import data
 from fkjax import kernels
 from fkjax import checkpoint as ckpt_lib
 from fkjax.attacks import population_chunk
+from fkjax.config import record as run_config
 from fkjax.evaluation import suites
 from fkjax.training import build
 from fkjax.training import program
@@ -36,8 +39,11 @@ from tests.test_train import REPO
 from tests.test_train import _cmd
 from tests.subprocess_env import subprocess_env
 
-# Custom calls a GPU program may hold: sharding annotations, not kernels.
+# Custom calls a GPU or TPU program may hold: sharding annotations, not
+# kernels.
 _SHARDING_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
+# What the programs are lowered for.
+PLATFORMS = ("cuda", "tpu")
 
 
 def _config(**values):
@@ -49,102 +55,62 @@ def _config(**values):
   return config
 
 
-def _gpu(monkeypatch):
-  monkeypatch.setenv(kernels.PLATFORM_ENV, "gpu")
+class Program:
+  """A jitted program traced once; lowered (and read) once per platform."""
+
+  def __init__(self, jitted, *args):
+    self.traced = jitted.trace(*args)
+    self.jaxpr = str(self.traced.jaxpr)
+    self._lowered = {}
+
+  def lowered(self, platform):
+    if platform not in self._lowered:
+      self._lowered[platform] = self.traced.lower(
+          lowering_platforms=(platform,))
+    return self._lowered[platform]
+
+  def count(self, platform, op):
+    """How many ``stablehlo.<op>`` operations the program holds."""
+    return sum(1 for _ in conv_forms.operations(self.lowered(platform),
+                                                f"stablehlo.{op}"))
+
+  def custom_calls(self, platform):
+    return {str(o.attributes["call_target_name"]).strip('"')
+            for o in conv_forms.operations(self.lowered(platform),
+                                           "stablehlo.custom_call")}
+
+  def convolutions(self, platform):
+    return conv_forms.convolutions(self.lowered(platform))
 
 
-def _cuda(jitted, *args):
-  """``jitted`` traced on ``args`` (shapes) and lowered for CUDA: its
-  StableHLO text and its jaxpr."""
-  traced = jitted.trace(*args)
-  return traced.lower(lowering_platforms=("cuda",)).as_text(), str(
-      traced.jaxpr)
+@pytest.fixture(scope="module")
+def programs():
+  """``programs(name, build)``: ``build()``'s :class:`Program`, built once
+  for the module with the accelerators' selections (or the CPU's, where
+  ``name`` starts with ``cpu``)."""
+  cache = {}
+
+  def get(name, build_program):
+    if name not in cache:
+      with pytest.MonkeyPatch.context() as patch:
+        if not name.startswith("cpu"):
+          patch.setenv(kernels.PLATFORM_ENV, "gpu")
+        cache[name] = build_program()
+    return cache[name]
+  return get
 
 
 def _step_program(config):
-  """A training step of ``config`` lowered for CUDA."""
+  """A training step of ``config``, traced."""
   exp = build.Experiment.build(config)
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
   state = jax.eval_shape(exp.initial_state)
   step = jax.jit(step_lib.make_train_step(exp.model, exp.optimizer, config))
-  return _cuda(step, state, batch, jax.random.key(0))
+  return Program(step, state, batch, jax.random.key(0))
 
 
-def _count(text, op):
-  return len(re.findall(rf"stablehlo\.{op}\b", text))
-
-
-def _custom_calls(text):
-  return set(re.findall(r"stablehlo\.custom_call @(\w+)", text))
-
-
-def _convolutions(text):
-  """``(window, feature_group_count, batch_group_count)`` of every
-  convolution: the spatial size of its ``rhs``, and its groups."""
-  out = []
-  for line in text.splitlines():
-    if "stablehlo.convolution" not in line:
-      continue
-    rhs_dims = re.search(r"dim_numbers = \[[^\]]*\]x\[([^\]]*)\]", line)
-    shapes = re.findall(r"tensor<([0-9x]+)x[a-z]+[0-9]*>", line.split(
-        " : ")[-1])
-    dims = [d.strip() for d in rhs_dims.group(1).split(",")]
-    rhs = [int(n) for n in shapes[1].split("x")]
-    groups = [int(re.search(rf"{name} = (\d+)", line).group(1))
-              for name in ("feature_group_count", "batch_group_count")]
-    out.append((max(rhs[dims.index(d)] for d in ("0", "1")), *groups))
-  return out
-
-
-def _assert_gpu_program(text, jaxpr, noise=True):
-  """What a GPU gets: no CPU kernel, no host callback, stock convolutions,
-  JAX's own Threefry for the noise."""
-  calls = _custom_calls(text)
-  assert not calls - _SHARDING_CALLS, calls
-  assert "fkjax_" not in text and "callback" not in text
-  assert _count(text, "convolution") > 0
-  if noise:
-    # jax.random's Threefry primitive, lowered to plain StableHLO (the CPU
-    # form writes the rounds out in jnp and has no such primitive).
-    assert "threefry2x32" in jaxpr
-    assert _count(text, "xor") > 0 and _count(text, "shift_left") > 0
-
-
-def test_a_single_nets_training_step(monkeypatch):
-  cpu_text, cpu_jaxpr = _step_program(_config(
-      **{"kernels.conv": "explicit_grad", "kernels.noise": "jnp"}))
-  _gpu(monkeypatch)
-  text, jaxpr = _step_program(_config())
-  _assert_gpu_program(text, jaxpr)
-  # The CPU's explicit gradients spell the backward passes out with
-  # transposes; the stock convolutions leave them to the GPU's compiler.
-  assert "threefry2x32" not in cpu_jaxpr
-  assert _count(text, "transpose") <= 1 < _count(cpu_text, "transpose")
-  assert _count(text, "convolution") < _count(cpu_text, "convolution")
-
-
-def test_an_ensembles_training_step(monkeypatch):
-  members = {"model.ensemble_size": 2}
-  cpu_text, _ = _step_program(_config(**members, **{
-      "kernels.conv": "explicit_grad", "kernels.noise": "jnp",
-      "kernels.member_execution": "batched"}))
-  _gpu(monkeypatch)
-  text, jaxpr = _step_program(_config(**members))
-  _assert_gpu_program(text, jaxpr)
-  # Batched members (nn.vmap): the stock weight gradients are the
-  # backward-filter form (the cotangent as window, one batch group per
-  # member), which cuDNN runs as such; the explicit ones become forward
-  # convolutions grouped by feature with activation-sized (32x32) windows.
-  convs, cpu_convs = _convolutions(text), _convolutions(cpu_text)
-  assert max(w for w, features, _ in convs if features > 1) == 3
-  assert any(batches == 2 and w == 32 for w, _, batches in convs)
-  assert max(w for w, features, _ in cpu_convs if features > 1) == 32
-  assert all(batches == 1 for _, _, batches in cpu_convs)
-
-
-def test_a_sweeps_training_step(monkeypatch):
-  _gpu(monkeypatch)
-  configs = [_config(), _config(**{"model.noise_coef": 0.2})]
+def _sweep_program(configs):
+  """The step of the sweep of ``configs`` (on a run axis), traced."""
   sweep = program.Runs.build(configs)
   exp = sweep.exps[0]
   batch = next(data.train_batches(exp.dataset.train, 16, seed=0, epoch=0))
@@ -153,9 +119,97 @@ def test_a_sweeps_training_step(monkeypatch):
       lambda x: jax.ShapeDtypeStruct((sweep.size, *x.shape), x.dtype), single)
   values = {k: jnp.asarray(v) for k, v in sweep.values.items()}
   assert "model.noise_coef" in values   # each run's traced coefficient
-  text, jaxpr = _cuda(sweep.train_step, state, batch,
-                      sweep.keys("train"), 0, values)
-  _assert_gpu_program(text, jaxpr)
+  return Program(sweep.train_step, state, batch, sweep.keys("train"), 0,
+                 values)
+
+
+def _assert_gpu_program(prog, platform, noise=True):
+  """What a GPU or TPU gets: no CPU kernel, no host callback, stock
+  convolutions, JAX's own Threefry for the noise."""
+  calls = prog.custom_calls(platform)
+  assert not calls - _SHARDING_CALLS, calls
+  text = prog.lowered(platform).as_text()
+  assert "fkjax_" not in text and "callback" not in text
+  assert prog.count(platform, "convolution") > 0
+  if noise:
+    # jax.random's Threefry primitive, lowered to plain StableHLO (the CPU
+    # form writes the rounds out in jnp and has no such primitive).
+    assert "threefry2x32" in prog.jaxpr
+    assert prog.count(platform, "xor") > 0
+    assert prog.count(platform, "shift_left") > 0
+
+
+def _assert_backward_filter_form(prog, platform, groups):
+  """Every convolution grouped by feature has a kernel's window (3x3 at
+  most): no weight gradient was vmapped after it was taken (that makes a
+  convolution grouped by feature whose window is a whole activation, which
+  XLA does not map to a backward-filter call); ``groups`` > 1 (runs x
+  members): the weight gradients are grouped by batch, one group each."""
+  convs = prog.convolutions(platform)
+  wide = conv_forms.wide_feature_groups(convs)
+  assert not wide, wide[0]
+  if groups > 1:
+    assert any(c.batch_group_count == groups and c.window_above(3)
+               for c in convs)
+  else:
+    assert not any(c.grouped for c in convs)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_single_nets_training_step(programs, platform):
+  cpu = programs("cpu single", lambda: _step_program(_config(
+      **{"kernels.conv": "explicit_grad", "kernels.noise": "jnp"})))
+  prog = programs("single", lambda: _step_program(_config()))
+  _assert_gpu_program(prog, platform)
+  _assert_backward_filter_form(prog, platform, groups=1)
+  # The CPU's explicit gradients spell the backward passes out with
+  # transposes; the stock convolutions leave them to the GPU's compiler.
+  assert "threefry2x32" not in cpu.jaxpr
+  assert prog.count(platform, "transpose") <= 1 < cpu.count(platform,
+                                                            "transpose")
+  assert prog.count(platform, "convolution") < cpu.count(platform,
+                                                         "convolution")
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_an_ensembles_training_step(programs, platform):
+  members = {"model.ensemble_size": 2}
+  cpu = programs("cpu ensemble", lambda: _step_program(_config(**members, **{
+      "kernels.conv": "explicit_grad", "kernels.noise": "jnp",
+      "kernels.member_execution": "batched"})))
+  prog = programs("ensemble", lambda: _step_program(_config(**members)))
+  _assert_gpu_program(prog, platform)
+  # Batched members (nn.vmap): the stock weight gradients are the
+  # backward-filter form (the cotangent as window, one batch group per
+  # member), which cuDNN runs as such; the explicit ones become forward
+  # convolutions grouped by feature with activation-sized (32x32) windows.
+  _assert_backward_filter_form(prog, platform, groups=2)
+  cpu_convs = cpu.convolutions(platform)
+  assert max(max(c.window) for c in cpu_convs
+             if c.feature_group_count > 1) == 32
+  assert all(c.batch_group_count == 1 for c in cpu_convs)
+
+
+def _sweep_configs(**values):
+  return [_config(**values),
+          _config(**values, **{"model.noise_coef": 0.2})]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_sweeps_training_step(programs, platform):
+  prog = programs("sweep", lambda: _sweep_program(_sweep_configs()))
+  _assert_gpu_program(prog, platform)
+  # Each run's weight gradient is its own, yet grouped by batch over the
+  # runs as an ensemble's over its members.
+  _assert_backward_filter_form(prog, platform, groups=2)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_sweep_of_ensembles_training_step(programs, platform):
+  prog = programs("sweep ensembles", lambda: _sweep_program(_sweep_configs(
+      **{"model.ensemble_size": 2})))
+  _assert_gpu_program(prog, platform)
+  _assert_backward_filter_form(prog, platform, groups=4)
 
 
 def _eval_inputs(config):
@@ -168,8 +222,8 @@ def _eval_inputs(config):
   return eval_apply, (variables, images, labels, jax.random.key(0))
 
 
-def test_validation_and_the_strong_protocols_attacks(monkeypatch):
-  _gpu(monkeypatch)
+def _protocol_programs():
+  """The validation's and the strong protocol's attacks, traced."""
   config = _config()
   eval_apply, args = _eval_inputs(config)
   suite = {**validation.attacks(config),
@@ -185,23 +239,27 @@ def test_validation_and_the_strong_protocols_attacks(monkeypatch):
   # The prediction the accuracies come from, then each attack.
   suite["predict"] = lambda apply_fn, variables, images, labels, key: (
       apply_fn(variables, images, key))
-  for name, attack in suite.items():
-    text, jaxpr = _cuda(jax.jit(functools.partial(attack, eval_apply)),
-                        *args)
-    _assert_gpu_program(text, jaxpr)
-    assert _count(text, "transpose") <= 1, name
+  return {name: Program(jax.jit(functools.partial(attack, eval_apply)),
+                        *args) for name, attack in suite.items()}
 
 
-def test_the_cpus_selections_fail_these_checks():
-  # The checks can fail: a CPU's program, lowered for CUDA, holds its
-  # kernels (oneDNN's custom calls where fkjax's CPU library builds, else
-  # the written-out Threefry).
-  config = _config()
-  eval_apply, args = _eval_inputs(config)
-  variables, images, _, key = args
-  text, jaxpr = _cuda(jax.jit(eval_apply), variables, images, key)
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_validation_and_the_strong_protocols_attacks(programs, platform):
+  for name, prog in programs("protocol", _protocol_programs).items():
+    _assert_gpu_program(prog, platform)
+    assert prog.count(platform, "transpose") <= 1, name
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_the_cpus_selections_fail_these_checks(programs, platform):
+  # The checks can fail: a CPU's program, lowered for an accelerator,
+  # holds its kernels (oneDNN's custom calls where fkjax's CPU library
+  # builds, else the written-out Threefry).
+  def cpu_predict():
+    eval_apply, (variables, images, _, key) = _eval_inputs(_config())
+    return Program(jax.jit(eval_apply), variables, images, key)
   with pytest.raises(AssertionError):
-    _assert_gpu_program(text, jaxpr)
+    _assert_gpu_program(programs("cpu predict", cpu_predict), platform)
 
 
 # --------------------------------------------------------------------------
@@ -282,7 +340,9 @@ def test_train_py_trains_and_resumes_with_a_gpus_selections(tmp_path):
   log = second.stdout
   assert "resumed from step" in log
   assert "conv xla, noise model" in log
-  assert "precision float32 (matmuls and convolutions at HIGHEST)" in log
+  # precision "auto": tf32 on a GPU, recorded as such
+  assert "precision tf32 (" in log
+  assert run_config.load_saved(str(workdir))["precision"] == "tf32"
   config = _config()
   checkpointer = ckpt_lib.Checkpointer(str(workdir), must_exist=True)
   try:

@@ -234,3 +234,22 @@ def test_settings_that_size_host_arrays_are_checked_before_allocating(
     assert str(info.value).startswith(f"config.{key}=100000000: a batch of ")
     big[section][name] = _suggested(info.value)
     memory.check_host_batches(big, dataset)   # the suggestion passes
+
+
+class _Gpu:
+  """What free_bytes reads of a GPU: its allocator's limit and use."""
+  platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+  def memory_stats(self):
+    return {"bytes_limit": 60 * 2 ** 30, "bytes_in_use": 10 * 2 ** 30}
+
+
+def test_a_gpus_free_memory_says_it_is_this_process_share():
+  # JAX's allocator reserves 75% of the card per process: a second process
+  # (eval.py beside train.py) sees its own limit, not the card's state.
+  free, where = memory.free_bytes(_Gpu())
+  assert free == 50 * 2 ** 30
+  assert where.startswith("NVIDIA H100 80GB HBM3 memory free to this process")
+  for setting in ("XLA_PYTHON_CLIENT_MEM_FRACTION",
+                  "XLA_PYTHON_CLIENT_PREALLOCATE=false"):
+    assert setting in where

@@ -23,7 +23,8 @@ from fkjax.training import validation
 from fkjax.workdir import metric_logging
 
 # The loop's own times, which no two runs share.
-TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds")
+TIMES = ("time", "train_seconds", "train_images_per_second", "val_seconds",
+         "epoch_seconds")
 SWEEP_ONLY = {"sweep_runs", "sweep_images_per_second"}
 
 
@@ -45,12 +46,15 @@ def _config():
 
 # Added to each validation, inside what the loop times as val_seconds.
 VALIDATION_PAUSE = 0.5
+# Added to the loss check and the save, outside train_seconds and
+# val_seconds, inside an epoch's wall time (epoch_seconds).
+HOST_PAUSE = 0.3
 
 
-def _paused(validate):
-  def slower(self, *args):
-    time.sleep(VALIDATION_PAUSE)
-    return validate(self, *args)
+def _paused(method, pause=VALIDATION_PAUSE):
+  def slower(self, *args, **kwargs):
+    time.sleep(pause)
+    return method(self, *args, **kwargs)
   return slower
 
 
@@ -59,6 +63,9 @@ def both(tmp_path_factory):
   root = tmp_path_factory.mktemp("one_loop")
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(program.Runs, "validate", _paused(program.Runs.validate))
+    for method in ("weights_loss", "save"):
+      patch.setattr(program.Runs, method,
+                    _paused(getattr(program.Runs, method), HOST_PAUSE))
     single = train.train_and_evaluate(_config(), str(root / "single"))
     swept, = sweep.train_sweep([_config()], [root / "sweep"])
   return {"single": (root / "single", single),
@@ -99,6 +106,17 @@ def test_the_validation_seconds_are_the_loops_wall_time_in_both(both):
   for workdir, _ in both.values():
     for record in metric_logging.read_metrics(str(workdir)):
       assert record["val_seconds"] >= VALIDATION_PAUSE
+
+
+def test_an_epochs_wall_time_holds_its_loss_check_and_the_last_save(both):
+  # epoch_seconds runs from one epoch's record to the next: what
+  # benchmarks.gpu_bench multiplies by 200 is all the loop spent.
+  for workdir, _ in both.values():
+    first, second = metric_logging.read_metrics(str(workdir))
+    for record, pauses in ((first, 1), (second, 2)):   # + epoch 1's save
+      assert record["epoch_seconds"] >= (
+          record["train_seconds"] + record["val_seconds"]
+          + pauses * HOST_PAUSE)
 
 
 def test_a_sweep_of_one_selects_and_evaluates_the_single_runs_checkpoint(

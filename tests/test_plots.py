@@ -1,7 +1,10 @@
 """The PNG figures: the whole conv layer, and the training curves."""
+import contextlib
+import io
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +60,7 @@ def test_conv_filters_read_every_layout():
 
 _CURVES = """
 import sys
+import threading
 from fkjax.workdir import metric_logging
 logger = metric_logging.MetricLogger(sys.argv[1])
 for epoch in (1, 2, 3):
@@ -103,3 +107,35 @@ def test_an_evaluation_is_in_tensorboard(tmp_path):
     assert not any(e.session_log.status for e in events)
   assert scalars == {(8, "epoch"): 2.0, (8, "train_loss"): 1.0,
                      (4, "eval_paper/natural_accuracy"): 55.0}
+
+
+def test_the_loop_asks_for_curves_that_a_worker_thread_draws(tmp_path,
+                                                             monkeypatch):
+  """plot_curves_later returns before the drawing ends, draws on another
+  thread, folds requests made while one waits into it, and close() waits
+  for the last (its failure a warning: the metrics are intact)."""
+  from fkjax.workdir import curves  # pylint: disable=import-outside-toplevel
+  started, release, drawn = threading.Event(), threading.Event(), []
+
+  def save(workdir, records):
+    drawn.append((threading.current_thread(), len(records)))
+    started.set()
+    release.wait(60)
+    if len(drawn) == 2:
+      raise OSError("disk full")
+  monkeypatch.setattr(curves, "save", save)
+  logger = metric_logging.MetricLogger(str(tmp_path))
+  logger.write(1, {"epoch": 1, "train_loss": 1.0})
+  logger.plot_curves_later()
+  assert started.wait(60)          # drawing, and plot_curves_later returned
+  for epoch in (2, 3, 4):          # one redraw waits; the others join it
+    logger.write(epoch, {"epoch": epoch, "train_loss": 1.0})
+    logger.plot_curves_later()
+  release.set()
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    logger.close()
+  assert [n for _, n in drawn] == [1, 4]
+  assert all(t is not threading.current_thread() for t, _ in drawn)
+  assert err.getvalue() == ("warning: could not draw the training curves: "
+                            "OSError: disk full\n")

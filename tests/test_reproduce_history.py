@@ -344,4 +344,4 @@ def test_a_value_the_table_asks_for_itself_is_another_run(tmp_path,
   monkeypatch.setitem(default_config.DEFAULTS, "precision", "bfloat16")
   assert standing_lib.finished(asks)
   (note,) = standing_lib.standings(asks)["train"]
-  assert note.startswith("precision='float32', the default before 2026-12-03")
+  assert note.startswith("precision='float32', the default before 2026-12-07")

@@ -136,6 +136,28 @@ def test_eval_refuses_overrides_that_change_the_run(tmp_path):
     run_config.config_for_eval(str(tmp_path / "nowhere"), None, {}, False)
 
 
+@pytest.mark.parametrize("recorded", ["float32", "tf32", None])
+def test_a_config_file_leaving_the_precision_to_the_platform_is_the_run(
+    tmp_path, recorded):
+  # A run records the precision "auto" took (float32 on a CPU, tf32 on a
+  # GPU; none before the key existed): the config file it came from, with
+  # "auto", describes it to eval.py; one asking another precision does not.
+  trained = tiny.get_config()
+  if recorded is None:
+    del trained.precision
+  else:
+    trained.precision = recorded
+  run_config.save(trained, str(tmp_path))
+  cli = tiny.get_config()
+  assert cli.precision == "auto"
+  config = run_config.config_for_eval(str(tmp_path), cli, {},
+                                      config_given=True)
+  assert config.precision == (recorded or "float32")
+  cli.precision = "bfloat16"
+  with pytest.raises(ConfigError, match="precision"):
+    run_config.config_for_eval(str(tmp_path), cli, {}, config_given=True)
+
+
 def test_saved_config_is_plain_json(tmp_path):
   run_config.save(tiny.get_config(), str(tmp_path))
   data = json.loads((tmp_path / "config.json").read_text())
@@ -181,8 +203,10 @@ def test_unwritable_compilation_cache_warns_and_runs_on(tmp_path, monkeypatch):
 
 def test_a_run_resumes_with_other_speed_settings_not_another_precision(
     tmp_path):
-  run_config.save(tiny.get_config(), str(tmp_path))
-  other = tiny.get_config()
+  saved = tiny.get_config()
+  saved.precision = "float32"   # as a CPU run records "auto"
+  run_config.save(saved, str(tmp_path))
+  other = saved.copy_and_resolve_references()
   other.training.data_pipeline = "device"
   other.training.steps_per_dispatch = 8
   run_config.check_same_run(other, str(tmp_path))   # only speed changed

@@ -13,7 +13,10 @@ One save per epoch writes both roles, so no crash can leave "latest" and
 and renames it when complete: a process killed during a save (even
 ``kill -9``) leaves the previous checkpoints intact; the partial directory
 (``*.orbax-checkpoint-tmp*``) is removed the next time training opens the
-workdir.
+workdir. ``Checkpointer(workdir, asynchronous=True)`` (``train.py``'s)
+returns from ``save`` once the arrays are on the host and writes the files
+on orbax's threads; the next ``save``, ``wait`` or ``close`` waits for that
+write and raises its failure in one line.
 
 Every checkpoint records a SHA-256 digest of each array; ``restore``
 recomputes them and checks that floating-point values are finite, so bytes

@@ -9,10 +9,11 @@ ones; this class adds what guards a user: each restore verified
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -37,7 +38,8 @@ def _metric(metrics: Any) -> float:
   return float(metrics["val_accuracy"])
 
 
-def _options(read_only: bool) -> ocp.CheckpointManagerOptions:
+def _options(read_only: bool, asynchronous: bool
+             ) -> ocp.CheckpointManagerOptions:
   return ocp.CheckpointManagerOptions(
       preservation_policy=ocp_policies.AnyPreservationPolicy([
           ocp_policies.LatestN(n=KEEP_LATEST),
@@ -53,9 +55,10 @@ def _options(read_only: bool) -> ocp.CheckpointManagerOptions:
       # Checkpointer.save refuses instead.
       create=not read_only,
       cleanup_tmp_directories=not read_only,
-      # Saves are rare (once an epoch) and must be complete before a crash
-      # test or eval reads them, so keep them synchronous.
-      enable_async_checkpointing=False,
+      # Asynchronous: orbax copies the arrays to the host before save()
+      # returns (the caller may then donate them) and writes the files on
+      # its threads while training goes on.
+      enable_async_checkpointing=asynchronous,
   )
 
 
@@ -94,10 +97,16 @@ class Checkpointer:
     allow_unverified: restore a checkpoint whose digests cannot be read
       (with a warning) instead of refusing it; None: whether
       ``FKJAX_ALLOW_UNVERIFIED_CHECKPOINT`` is set (to anything but 0).
+    asynchronous: ``save`` returns once the arrays are copied to the host
+      and the files are written in the background (the training loop's
+      saves); the write is complete, or its failure raised, at the next
+      ``save``, ``wait`` or ``close``. False: complete when ``save``
+      returns.
   """
 
   def __init__(self, workdir: str, must_exist: bool = False,
-               allow_unverified: bool | None = None):
+               allow_unverified: bool | None = None,
+               asynchronous: bool = False):
     if allow_unverified is None:
       allow_unverified = environment.enabled(ALLOW_UNVERIFIED_ENV)
     self.allow_unverified = allow_unverified
@@ -105,12 +114,17 @@ class Checkpointer:
     if must_exist:
       require_checkpoints(workdir)
     self._read_only = must_exist
+    self._asynchronous = asynchronous and not must_exist
+    # The last save's step and orbax's error records held until it ends.
+    self._pending: tuple[int, list[Any]] | None = None
+    self._held = contextlib.ExitStack()
     with quiet.dropping(quiet.METADATA_COMPLAINTS):
       # The handler named up front, so that a reader that has saved nothing
       # gets the arrays' metadata too (shapes.stored).
       self._manager = ocp.CheckpointManager(
           self.directory, item_handlers=ocp.StandardCheckpointHandler(),
-          options=_options(read_only=must_exist))
+          options=_options(read_only=must_exist,
+                           asynchronous=self._asynchronous))
 
   def save(self, step: int, state: Any, val_accuracy: float | None = None
            ) -> None:
@@ -118,12 +132,14 @@ class Checkpointer:
 
     Raises:
       CheckpointError: the disk is full or the directory is not writable
-        (one clear line instead of orbax's traceback); the previous
-        checkpoints are intact.
+        (one clear line instead of orbax's traceback), for this save or
+        the asynchronous one before it; the previous checkpoints are
+        intact.
     """
     if self._read_only:
       raise CheckpointError(
           f"{self.directory} was opened for reading (must_exist=True)")
+    self.wait()
     metrics = None
     if val_accuracy is not None and math.isfinite(float(val_accuracy)):
       metrics = {"val_accuracy": float(val_accuracy)}
@@ -132,14 +148,51 @@ class Checkpointer:
     # deleted is checked against it (fkjax.config.record).
     metadata[run_record.METADATA_KEY].update(
         run_record.of_workdir(os.path.dirname(self.directory)))
-    # Ctrl-C: the save is abandoned, the previous checkpoints are intact.
+    # Orbax's threads log a failed write's tracebacks as they go: held
+    # until wait(), which says the failure in one line instead.
+    self._held = contextlib.ExitStack()
+    held = self._held.enter_context(quiet.errors_held(orbax_only=True))
+    try:
+      # Ctrl-C: the save is abandoned, the previous checkpoints are intact.
+      with self._writing(step):
+        self._manager.save(step, args=ocp.args.StandardSave(state),
+                           metrics=metrics, force=True,
+                           custom_metadata=metadata)
+    except BaseException:
+      held.clear()
+      self._held.close()
+      raise
+    self._pending = (step, held)
+    if not self._asynchronous:
+      self.wait()
+
+  def wait(self) -> None:
+    """Returns once the last save is on disk (at once if it was
+    synchronous or has finished).
+
+    Raises:
+      CheckpointError: its write failed (one line naming its step).
+    """
+    if self._pending is None:
+      return
+    (step, held), self._pending = self._pending, None
+    try:
+      with self._writing(step):
+        self._manager.wait_until_finished()
+    except BaseException:
+      held.clear()   # said in one line
+      raise
+    finally:
+      self._held.close()
+
+  @contextlib.contextmanager
+  def _writing(self, step: int) -> Iterator[None]:
+    """Orbax's write of ``step`` (or the wait for it): its failure in one
+    line (:func:`writing.one_line`), its metric-less warning dropped."""
     with quiet.dropping(quiet.METRICLESS), writing.one_line(
         lambda cause: errors.write_error(step, self.step_dir(step), cause),
         wait=self._manager.wait_until_finished):
-      self._manager.save(step, args=ocp.args.StandardSave(state),
-                         metrics=metrics, force=True,
-                         custom_metadata=metadata)
-      self._manager.wait_until_finished()
+      yield
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -246,7 +299,11 @@ class Checkpointer:
             f"({', '.join(bad[:3])}{more}); {self._remedy(step)}")
 
   def close(self) -> None:
-    self._manager.close()
+    """Waits for an asynchronous save (raising its failure), then closes."""
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
 
   def __enter__(self) -> "Checkpointer":
     return self

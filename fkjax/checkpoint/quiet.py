@@ -53,14 +53,16 @@ def dropping(texts: tuple[str, ...]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def errors_held() -> Iterator[list[logging.LogRecord]]:
-  """Holds back absl's records of level ERROR and above within the block
-  and emits them after it, however it ends; the block drops them by
-  clearing the list it is given."""
+def errors_held(orbax_only: bool = False
+                ) -> Iterator[list[logging.LogRecord]]:
+  """Holds back absl's records of level ERROR and above (``orbax_only``:
+  orbax's) within the block and emits them after it, however it ends; the
+  block drops them by clearing the list it is given."""
   held = []
 
   def hold(record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR:
+    if record.levelno < logging.ERROR or (
+        orbax_only and not _from_orbax(record)):
       return True
     held.append(record)
     return False

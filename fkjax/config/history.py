@@ -8,7 +8,8 @@ such key, the value that reproduces how the runs saved before it ran.
 
 * A key absent from a record is read as its ``before`` value
   (:func:`complete`): adding ``precision`` (all runs before it trained in
-  float32) changes nothing for them.
+  float32) changes nothing for them, nor its default becoming ``"auto"``
+  (float32 on the CPUs they ran on).
 * A recorded ``before`` value where the config now asks another is a run
   (or an evaluation) made under older settings (:func:`older`): kept and
   reported as such, never thrown away; ``reproduce`` marks the columns it
@@ -55,9 +56,11 @@ class Change:
 
 
 CHANGES: tuple[Change, ...] = (
-    Change("precision", "2026-12-03", "float32",
-           "config.precision added: training steps may compute in "
-           "bfloat16; every run before trained in float32"),
+    # Added on 2026-12-03 with the default "float32"; "auto" since (tf32
+    # on GPUs and TPUs, float32 on CPUs: a CPU run still records float32).
+    Change("precision", "2026-12-07", "float32",
+           "config.precision's default became 'auto', TF32 convolutions "
+           "on GPUs and TPUs; every run before trained in float32"),
     Change("eval.strong.targeted", "2026-12-03", False,
            "APGD-T joined the strong protocol, as in AutoAttack's standard "
            "version"),

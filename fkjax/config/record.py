@@ -215,6 +215,22 @@ def _check_checkpoint_record(config: ml_collections.ConfigDict,
         "that config or use a new workdir")
 
 
+# What config.precision="auto" becomes where a run trains (the values of
+# fkjax.training.precision.AUTO, read here without JAX).
+AUTO_PRECISIONS = ("float32", "tf32")
+
+
+def _as_recorded(config: dict[str, Any], saved: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+  """``config`` with a precision of ``"auto"`` read as the one ``saved``
+  recorded where auto could have given it: a config file that leaves the
+  precision to the platform describes the run whichever it took."""
+  recorded = history.complete(saved).get("precision")
+  if config.get("precision") == "auto" and recorded in AUTO_PRECISIONS:
+    config = {**config, "precision": recorded}
+  return config
+
+
 def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
                     overrides: Mapping[str, Any],
                     config_given: bool) -> ml_collections.ConfigDict:
@@ -244,7 +260,7 @@ def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
         "may only change " + ", ".join(f"config.{e}" for e in
                                         ENVIRONMENT_KEYS))
   if config_given and cli is not None:
-    diffs = differences(saved, as_dict(cli))
+    diffs = differences(saved, _as_recorded(as_dict(cli), saved))
     if diffs:
       raise ConfigError(
           f"the --config given is not the config of the run in {workdir} ("

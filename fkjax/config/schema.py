@@ -338,7 +338,7 @@ def _jax_named_rules() -> Rules:
       ("training.data_pipeline",
        optional(one_of(names_in("fkjax.training.input_pipeline", "PIPELINES")))),
       ("precision", optional(one_of(names_in("fkjax.training.precision",
-                                             "PRECISIONS")))),
+                                             "CHOICES")))),
       # Checked whatever the method: the authors preset sets it for every
       # run.
       ("sparsity.admm_variant", optional(one_of(

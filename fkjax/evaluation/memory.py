@@ -4,7 +4,9 @@
 the kernel after 18 s without a word. A compiled program knows what it will
 allocate (XLA's ``memory_analysis()``: its temporaries and outputs; its
 arguments are already allocated); :func:`free_bytes` knows what the device
-has left (a GPU's allocator limit less what is in use; on the CPU the RAM
+has left (a GPU's allocator limit less what is in use, said with what
+that limit is, since another process's share of the card is not in it; on
+the CPU the RAM
 Linux calls available, and what the cgroup's limit leaves). :func:`check`
 compares them before the program runs, and where it does not fit raises
 :class:`BatchTooLarge`, a user's error said in one line, naming the
@@ -29,6 +31,16 @@ USABLE = 0.9
 # tried, though what is free moves a little between runs.
 SUGGESTION_MARGIN = 0.97
 _GIB = 2 ** 30
+# What a GPU's free memory means: the share JAX's allocator took for this
+# process when it started, which another process on the card does not see.
+GPU_SHARE = (
+    " to this process: the share of the card JAX's allocator took at its "
+    "start (XLA_PYTHON_CLIENT_MEM_FRACTION, 75% unless set, reserved at "
+    "once unless XLA_PYTHON_CLIENT_PREALLOCATE=false), less what it holds; "
+    "another process on the card (an eval.py beside a train.py) holds its "
+    "own share, which this one cannot see: give both "
+    "XLA_PYTHON_CLIENT_PREALLOCATE=false, or fractions that add up to at "
+    "most 1 (docs/install.md)")
 
 
 class BatchTooLarge(ValueError):
@@ -191,7 +203,8 @@ def free_bytes(device: Any | None = None) -> tuple[int | None, str]:
       stats = {}
     if "bytes_limit" in stats:
       return (int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)),
-              f"{device.device_kind} memory free")
+              f"{device.device_kind} memory free" + (
+                  GPU_SHARE if device.platform == "gpu" else ""))
     return None, ""
   found = [(v, why) for v, why in ((_meminfo_available(), "RAM available"),
                                    (_cgroup_free(), "the cgroup's limit"))

@@ -1,9 +1,15 @@
 """The precision of a run's arithmetic (``config.precision``), explicit.
 
+* ``"auto"`` (the default): ``"tf32"`` on GPUs and TPUs, ``"float32"`` on
+  CPUs (:data:`AUTO`): on a GPU, the convolutions PyTorch (the authors'
+  code) runs by default. A run resolves it when it starts
+  (:func:`resolved`) and records the precision it took.
 * ``"float32"`` (the paper's): float32 values, and every matmul and
   convolution at ``lax.Precision.HIGHEST``, true float32 on every backend
   (JAX's default precision is TF32 on NVIDIA Ampere and newer GPUs and one
-  bfloat16 pass on TPUs).
+  bfloat16 pass on TPUs). On a GPU it runs on the CUDA cores, not the
+  tensor cores: an H100 SXM's datasheet gives 67 TFLOP/s for float32
+  against 495 for TF32 (dense).
 * ``"tf32"``: float32 values, matmuls and convolutions at
   ``lax.Precision.HIGH``: TF32 on NVIDIA Ampere and newer GPUs, three
   bfloat16 passes on TPUs, float32 elsewhere (CPUs).
@@ -24,9 +30,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import copy
+
 import jax
 import jax.numpy as jnp
 import ml_collections
+
+from fkjax.kernels import platforms
 
 PyTree = Any
 
@@ -44,16 +54,40 @@ PRECISIONS = {
                          "float32 (matmuls and convolutions at HIGHEST)"),
     "tf32": Precision(jnp.float32, "high",
                       "tf32 (float32 values; matmuls and convolutions at "
-                      "HIGH: TF32 on GPUs that have it)"),
+                      "HIGH: TF32 on GPUs that have it, as PyTorch's "
+                      "convolutions by default; precision=float32 computes "
+                      "them in true float32, without a GPU's tensor cores: "
+                      "67 TFLOP/s on an H100 against 495 in TF32)"),
     "bfloat16": Precision(jnp.bfloat16, "default",
                           "bfloat16 (bfloat16 compute; float32 weights, "
                           "optimizer, statistics and loss)"),
 }
 
 
+# What ``"auto"`` is on each platform (fkjax.kernels.platforms: JAX's
+# backend, or FKJAX_KERNELS_PLATFORM's forced one).
+AUTO = {"cpu": "float32", "gpu": "tf32", "tpu": "tf32"}
+# What config.precision accepts.
+CHOICES = ("auto", *PRECISIONS)
+
+
 def name_of(config: ml_collections.ConfigDict) -> str:
-  """``config.precision`` (``"float32"`` where a record has none)."""
-  return config.get("precision") or "float32"
+  """``config.precision`` with ``"auto"`` resolved for this platform
+  (``"float32"`` where a record has none)."""
+  name = config.get("precision") or "float32"
+  return AUTO[platforms.platform()] if name == "auto" else name
+
+
+def resolved(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """``config`` with ``precision="auto"`` replaced by the precision it
+  takes here (a copy; ``config`` itself where there is nothing to
+  replace): what a run records, compares on resume and logs."""
+  if config.get("precision") != "auto":
+    return config
+  config = copy.deepcopy(config)
+  with config.unlocked():
+    config.precision = name_of(config)
+  return config
 
 
 def describe(config: ml_collections.ConfigDict) -> str:

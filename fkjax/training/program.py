@@ -7,7 +7,9 @@ built from the run's config. For N > 1 (a sweep) it runs inside ``jax.vmap``
 with every value that differs between the runs a traced array; the values
 that all runs share stay Python numbers, so a sweep compiles the single
 run's program with a run axis added and those values turned into
-arguments. For N = 1 there is no run axis: a single run's state, keys and
+arguments; the training step's weight gradient alone is taken outside
+the vmap (``step.over_runs``: the backward-filter form of a run axis, as of
+an ensemble's members). For N = 1 there is no run axis: a single run's state, keys and
 programs are the single run's own, not a vmap of them (vmapped convolutions
 compile slower and round differently), and every method below takes and
 returns them as they are.
@@ -266,14 +268,22 @@ class Runs:
            ) -> None:
     """Every run's checkpoint of ``step`` (with its selection accuracy); a
     run that holds ``step`` already (saved before an interruption: the
-    same state) is skipped."""
-    for i, (ckpt, run_state) in enumerate(zip(checkpointers,
-                                              self.unstack(state))):
+    same state) is skipped. Each run's state is given as it lies on the
+    devices (a sweep's run sliced there): the checkpointer copies it to
+    the host once and writes it while the next steps run."""
+    for i, ckpt in enumerate(checkpointers):
       if step in ckpt.all_steps():
         continue
-      ckpt.save(step, parallel.replicate(run_state, self.mesh),
+      ckpt.save(step, state if self.size == 1 else self.run_state(state, i),
                 val_accuracy=None if val_accuracy is None
                 else val_accuracy[i])
+
+  @functools.cached_property
+  def run_state(self) -> Callable[[PyTree, int], PyTree]:
+    """``run_state(state, i)``: run ``i``'s state, sliced on the devices
+    (one program for every ``i``) and replicated over the mesh."""
+    return jax.jit(lambda state, i: jax.tree.map(lambda x: x[i], state),
+                   out_shardings=parallel.replicated(self.mesh))
 
   # ------------------------------------------------- per run, when traced
 
@@ -315,17 +325,21 @@ class Runs:
 
   def step(self, state, batch, step, base_keys, values):
     """Every run's ``step.make_train_step`` with key ``fold_in(base_key,
-    step)``. Pure."""
-    def one(state, batch, base_key, step, values):
+    step)``; for N > 1 their stages under ``jax.vmap``, the weight gradient
+    outside it (``step.over_runs``). Pure."""
+    def parts(values):
       config = self.run_config(values)
       optimizer = build.create_optimizer(config, self.steps_per_epoch)
-      step_fn = step_lib.make_train_step(self.run_model(config, values),
-                                         optimizer, config)
-      return step_fn(state, batch, jax.random.fold_in(base_key, step))
+      return step_lib.train_step_parts(self.run_model(config, values),
+                                       optimizer, config)
 
-    axes = (0, None if self.shared_batch else 0, 0, None, 0)
-    state, metrics = self.per_run(one, axes)(state, batch, base_keys, step,
-                                             values)
+    if self.size == 1:
+      state, metrics = step_lib.one_run(parts(values))(
+          state, batch, jax.random.fold_in(base_keys, step))
+    else:
+      keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(base_keys, step)
+      state, metrics = step_lib.over_runs(
+          parts, None if self.shared_batch else 0)(state, batch, keys, values)
     return (jax.lax.with_sharding_constraint(state, self.run_sharding()),
             metrics)
 

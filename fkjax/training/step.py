@@ -10,12 +10,13 @@ paper's per-epoch step: RVSM/RGSM replace ``w`` by its sparse projection
 ``u``, ADMM resets its auxiliary variables.
 
 The loop that runs them is :mod:`fkjax.training.train`; a sweep runs them
-under ``jax.vmap`` (:mod:`fkjax.training.program`).
+under ``jax.vmap`` (:mod:`fkjax.training.program`), the weight gradient
+outside it (:func:`over_runs`).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -68,10 +69,26 @@ def pgd_updating_batch_stats(model, variables, images, labels, key, *,
   return x, stats
 
 
-def make_train_step(model, optimizer: optax.GradientTransformation,
-                    config: ml_collections.ConfigDict) -> Callable:
-  """``train_step(state, batch, key) -> (state, metrics)``, pure; in
-  ``config.precision`` (:mod:`fkjax.training.precision`)."""
+class StepParts(NamedTuple):
+  """A training step in its three pure stages, the weight gradient between
+  them (:func:`make_train_step` composes them; a sweep, :func:`over_runs`).
+
+  Attributes:
+    attack: ``(state, batch, key) -> attacked``: the images the update
+      trains on and what the later stages need (a dict).
+    loss: ``(params, attacked) -> (loss, (logits, batch_stats))``, whose
+      gradient in ``params`` is the weight gradient.
+    update: ``(state, attacked, grads, loss, logits, batch_stats) ->
+      (state, metrics)``: the optax chain and the step's metrics.
+  """
+  attack: Callable
+  loss: Callable
+  update: Callable
+
+
+def train_step_parts(model, optimizer: optax.GradientTransformation,
+                     config: ml_collections.ConfigDict) -> StepParts:
+  """The stages of ``make_train_step(model, optimizer, config)``."""
   model = precision.training_model(model, config)
   eval_apply, train_apply = build.model_fns(model)
   a = config.attack
@@ -84,7 +101,7 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
   adversarial = config.training.adversarial
   track_clean = config.training.track_clean_accuracy and adversarial
 
-  def train_step(state, batch, key):
+  def attack(state, batch, key):
     images, labels = batch["image"], batch["label"]
     attack_key, noise_key, clean_key = jax.random.split(key, 3)
     variables = {"params": state["params"],
@@ -99,17 +116,21 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
       x_train = pgd(attack_apply, variables, images, labels, attack_key)
     else:
       x_train = images
+    return {"x_train": x_train, "images": images, "labels": labels,
+            "batch_stats": batch_stats, "noise_key": noise_key,
+            "clean_key": clean_key}
 
-    def loss_fn(params):
-      logits, new_vars = model.apply(
-          {"params": params, "batch_stats": batch_stats}, x_train,
-          train=True, rngs={"noise": noise_key}, mutable=["batch_stats"])
-      loss = optax.softmax_cross_entropy_with_integer_labels(
-          logits, labels).mean()
-      return loss, (logits, new_vars["batch_stats"])
+  def loss_fn(params, attacked):
+    logits, new_vars = model.apply(
+        {"params": params, "batch_stats": attacked["batch_stats"]},
+        attacked["x_train"], train=True, rngs={"noise": attacked["noise_key"]},
+        mutable=["batch_stats"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(
+        logits, attacked["labels"]).mean()
+    return loss, (logits, new_vars["batch_stats"])
 
-    (loss, (logits, batch_stats)), grads = jax.value_and_grad(
-        loss_fn, has_aux=True)(state["params"])
+  def update(state, attacked, grads, loss, logits, batch_stats):
+    labels = attacked["labels"]
     updates, opt_state = optimizer.update(grads, state["opt_state"],
                                           state["params"])
     params = optax.apply_updates(state["params"], updates)
@@ -118,11 +139,72 @@ def make_train_step(model, optimizer: optax.GradientTransformation,
                ("adv_accuracy" if adversarial else "accuracy"):
                    percent_correct(logits)}
     if track_clean:
+      variables = {"params": state["params"],
+                   "batch_stats": state["batch_stats"]}
       metrics["clean_accuracy"] = percent_correct(
-          train_apply(variables, images, clean_key))
+          train_apply(variables, attacked["images"], attacked["clean_key"]))
     new_state = {"step": state["step"] + 1, "params": params,
                  "batch_stats": batch_stats, "opt_state": opt_state}
     return new_state, metrics
+
+  return StepParts(attack, loss_fn, update)
+
+
+def make_train_step(model, optimizer: optax.GradientTransformation,
+                    config: ml_collections.ConfigDict) -> Callable:
+  """``train_step(state, batch, key) -> (state, metrics)``, pure; in
+  ``config.precision`` (:mod:`fkjax.training.precision`)."""
+  return one_run(train_step_parts(model, optimizer, config))
+
+
+def one_run(parts: StepParts) -> Callable:
+  """``train_step(state, batch, key) -> (state, metrics)``: ``parts``
+  composed, the weight gradient between them."""
+  def train_step(state, batch, key):
+    attacked = parts.attack(state, batch, key)
+    (loss, (logits, batch_stats)), grads = jax.value_and_grad(
+        parts.loss, has_aux=True)(state["params"], attacked)
+    return parts.update(state, attacked, grads, loss, logits, batch_stats)
+
+  return train_step
+
+
+def over_runs(parts_of: Callable[[Any], StepParts],
+              batch_axis: int | None = None) -> Callable:
+  """``train_step(state, batch, keys, values) -> (state, metrics)`` of runs
+  stacked on a leading axis of ``state``, ``keys`` and ``values`` (and of
+  ``batch`` where ``batch_axis`` is 0): run ``i`` takes the step of
+  ``parts_of(its values)`` with its key.
+
+  The attacks and the updates are each run's under ``jax.vmap``; the weight
+  gradient is taken outside it, of the sum of the runs' losses (each run's
+  own gradient: the runs share nothing). So a run axis turns each forward
+  convolution into one grouped by feature (a 3x3 window) and its weight
+  gradient into the backward-filter form, grouped by batch, that GPUs and
+  TPUs run as such; a gradient taken inside the vmap would become a
+  convolution grouped by feature whose window is a whole activation.
+  """
+  def attack(state, batch, key, values):
+    return parts_of(values).attack(state, batch, key)
+
+  def loss(params, attacked, values):
+    return parts_of(values).loss(params, attacked)
+
+  def update(state, attacked, grads, loss, logits, batch_stats, values):
+    return parts_of(values).update(state, attacked, grads, loss, logits,
+                                   batch_stats)
+
+  def total_loss(params, attacked, values):
+    losses, aux = jax.vmap(loss)(params, attacked, values)
+    return jnp.sum(losses), (losses, aux)
+
+  def train_step(state, batch, keys, values):
+    attacked = jax.vmap(attack, in_axes=(0, batch_axis, 0, 0))(
+        state, batch, keys, values)
+    (_, (losses, (logits, batch_stats))), grads = jax.value_and_grad(
+        total_loss, has_aux=True)(state["params"], attacked, values)
+    return jax.vmap(update)(state, attacked, grads, losses, logits,
+                            batch_stats, values)
 
   return train_step
 

@@ -40,6 +40,7 @@ from fkjax.evaluation import run as eval_run
 from fkjax.training import build
 from fkjax.training import devices
 from fkjax.training import input_pipeline
+from fkjax.training import precision
 from fkjax.training import program
 from fkjax.training import sparsify
 from fkjax.training import validation
@@ -85,65 +86,78 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     Per run, ``{"validation": the last epoch's record, "test": the final
     evaluation}`` (``"test"`` where ``config.eval.final_attacks`` is set).
   """
-  # Build.
+  # Build: "auto" settings resolved for this platform, as the runs record.
+  configs = [precision.resolved(c) for c in configs]
   check_resumable(configs, workdirs)
   runs = program.Runs.build(configs, names, shard=shard)
   config, exp = runs.template, runs.exps[0]
-  files = Files.open(runs, workdirs, sweep)
-  files.describe(runs)
-  # Restore.
-  start, state = runs.restore(files.checkpointers)
-  files.started(start)
-  train_input = input_pipeline.TrainInput.build(config, exp.dataset.train)
-  files.say("training: "
-            + input_pipeline.describe(train_input.pipeline, config))
-  values, val_keys = runs.placed_values(), runs.keys("validation")
-  step_fn = runs.step_program(train_input, runs.keys("train"), values)
-  val_split = data_lib.limit(
-      exp.dataset.test if config.validation.split == "test"
-      else exp.dataset.val, config.validation.num_examples)
-  t, spe = config.training, runs.steps_per_epoch
-  summaries: list[dict[str, Any]] = [{} for _ in configs]
-  for epoch in range(runs.step_of(state) // spe, t.num_epochs):
-    # The epoch's steps.
-    epoch_start = time.perf_counter()
-    ran = epoch_steps(
-        state, _feeds(runs, train_input, epoch), first_step=epoch * spe,
-        # steps of this epoch already done (resuming from a mid-epoch save)
-        skip=runs.step_of(state) - epoch * spe, steps_per_epoch=spe,
-        step_fn=step_fn, on_metrics=files.metrics_adder(epoch),
-        save=lambda step, state: runs.save(files.checkpointers, step, state),
-        checkpoint_every=t.checkpoint_every_steps,
-        desc=(f"epoch {epoch + 1}/{t.num_epochs}"
-              + (f" ({runs.size} runs)" if sweep else "") + files.synthetic),
-        progress=config.progress)
-    # The end of the epoch: w <- u (RVSM/RGSM), ADMM's reset.
-    state, evaluated = runs.end_of_epoch(ran.state, values)
-    train_seconds = time.perf_counter() - epoch_start
-    step = runs.step_of(state)
-    # The loss of a step is taken before its update: a step that blows the
-    # weights up shows only in the next one. Check the weights about to be
-    # saved, so that a checkpoint is never a diverged model.
-    files.check_loss(runs.weights_loss(evaluated, val_split, val_keys, values),
-                     f"of the weights after epoch {epoch + 1}")
-    # Validation.
-    val_start = time.perf_counter()
-    val_accuracy = runs.validate(evaluated, val_split, val_keys, epoch,
-                                 values)
-    val_seconds = time.perf_counter() - val_start
-    # The epoch's records, then the checkpoints.
-    summaries = files.write_records(
-        step, runs.unstack(evaluated), epoch=epoch,
-        sums=files.sums, steps=ran.steps, val_accuracy=val_accuracy,
-        train_seconds=train_seconds, val_seconds=val_seconds,
-        images_per_second=ran.images_per_second(t.batch_size))
-    select = validation.selection_column(config)
-    runs.save(files.checkpointers, step, state,
-              val_accuracy=[a[select] for a in val_accuracy])
-    if step >= t.num_epochs * spe:
-      break
-  # The final evaluation of every run's best checkpoint.
-  return files.final_evaluations(runs, summaries)
+  # Closed however the loop ends: the last checkpoint's asynchronous write
+  # is waited for (its failure said), the curves' last redraw too.
+  with Files.open(runs, workdirs, sweep) as files:
+    files.describe(runs)
+    # Restore.
+    start, state = runs.restore(files.checkpointers)
+    files.started(start)
+    train_input = input_pipeline.TrainInput.build(config, exp.dataset.train)
+    files.say("training: "
+              + input_pipeline.describe(train_input.pipeline, config))
+    values, val_keys = runs.placed_values(), runs.keys("validation")
+    step_fn = runs.step_program(train_input, runs.keys("train"), values)
+    val_split = data_lib.limit(
+        exp.dataset.test if config.validation.split == "test"
+        else exp.dataset.val, config.validation.num_examples)
+    t, spe = config.training, runs.steps_per_epoch
+    summaries: list[dict[str, Any]] = [{} for _ in configs]
+    # An epoch's wall time runs from the previous epoch's record to its
+    # own: the steps, loss check, validation and the previous epoch's save.
+    last_record = time.perf_counter()
+    for epoch in range(runs.step_of(state) // spe, t.num_epochs):
+      # The epoch's steps.
+      epoch_start = time.perf_counter()
+      ran = epoch_steps(
+          state, _feeds(runs, train_input, epoch), first_step=epoch * spe,
+          # steps of this epoch already done (resuming from a mid-epoch save)
+          skip=runs.step_of(state) - epoch * spe, steps_per_epoch=spe,
+          step_fn=step_fn, on_metrics=files.metrics_adder(epoch),
+          save=lambda step, state: runs.save(files.checkpointers, step,
+                                             state),
+          checkpoint_every=t.checkpoint_every_steps,
+          desc=(f"epoch {epoch + 1}/{t.num_epochs}"
+                + (f" ({runs.size} runs)" if sweep else "")
+                + files.synthetic),
+          progress=config.progress)
+      # The end of the epoch: w <- u (RVSM/RGSM), ADMM's reset.
+      state, evaluated = runs.end_of_epoch(ran.state, values)
+      train_seconds = time.perf_counter() - epoch_start
+      step = runs.step_of(state)
+      # The loss of a step is taken before its update: a step that blows the
+      # weights up shows only in the next one. Check the weights about to be
+      # saved, so that a checkpoint is never a diverged model.
+      files.check_loss(
+          runs.weights_loss(evaluated, val_split, val_keys, values),
+          f"of the weights after epoch {epoch + 1}")
+      # Validation.
+      val_start = time.perf_counter()
+      val_accuracy = runs.validate(evaluated, val_split, val_keys, epoch,
+                                   values)
+      val_seconds = time.perf_counter() - val_start
+      # The epoch's records, then the checkpoints (written in the
+      # background while the next epoch trains).
+      now = time.perf_counter()
+      epoch_seconds, last_record = now - last_record, now
+      summaries = files.write_records(
+          step, runs.unstack(evaluated), epoch=epoch,
+          sums=files.sums, steps=ran.steps, val_accuracy=val_accuracy,
+          train_seconds=train_seconds, val_seconds=val_seconds,
+          epoch_seconds=epoch_seconds,
+          images_per_second=ran.images_per_second(t.batch_size))
+      select = validation.selection_column(config)
+      runs.save(files.checkpointers, step, state,
+                val_accuracy=[a[select] for a in val_accuracy])
+      if step >= t.num_epochs * spe:
+        break
+    # The final evaluation of every run's best checkpoint.
+    return files.final_evaluations(runs, summaries)
 
 
 def check_resumable(configs: Sequence[ml_collections.ConfigDict],
@@ -261,7 +275,8 @@ def epoch_summary(*, epoch: int, learning_rate: float,
                   val_accuracy: Mapping[str, float],
                   report: Any, train_seconds: float,
                   images_per_second: float | None,
-                  val_seconds: float) -> dict[str, Any]:
+                  val_seconds: float, epoch_seconds: float
+                  ) -> dict[str, Any]:
   """One run's record of an epoch (a line of ``metrics.jsonl``).
 
   Args:
@@ -275,6 +290,10 @@ def epoch_summary(*, epoch: int, learning_rate: float,
     images_per_second: the steps' throughput after the first step (in
       global batches: every process's images).
     val_seconds: the validation's wall time (a sweep's, shared by its runs).
+    epoch_seconds: the epoch's wall time, from the previous epoch's record
+      (or the loop's start in this process) to this one: its steps, the
+      end of the epoch, the loss check, the validation, and the previous
+      epoch's checkpoint save (its part that the loop waits for).
   """
   steps = max(1, steps)
   return {
@@ -287,6 +306,7 @@ def epoch_summary(*, epoch: int, learning_rate: float,
       "train_seconds": train_seconds,
       "train_images_per_second": images_per_second,
       "val_seconds": val_seconds,
+      "epoch_seconds": epoch_seconds,
   }
 
 
@@ -329,7 +349,8 @@ class Files:
     return cls(list(runs.configs), workdirs, list(runs.names),
                [metric_logging.MetricLogger(w, enabled=enabled)
                 for w in workdirs],
-               [ckpt_lib.Checkpointer(w) for w in workdirs], sweep,
+               [ckpt_lib.Checkpointer(w, asynchronous=True)
+                for w in workdirs], sweep,
                " [SYNTHETIC DATA]" if runs.exps[0].dataset.is_synthetic
                else "",
                float(runs.template.training.get("max_loss") or math.inf),
@@ -411,7 +432,8 @@ class Files:
                     epoch: int, sums: Sequence[Mapping[str, float]],
                     steps: int, val_accuracy: Sequence[Mapping[str, float]],
                     train_seconds: float, images_per_second: float | None,
-                    val_seconds: float) -> list[dict[str, Any]]:
+                    val_seconds: float, epoch_seconds: float
+                    ) -> list[dict[str, Any]]:
     """Every run's record of the epoch (``metrics.jsonl`` and its log line),
     written before the save: a kill during the save then loses no metrics
     (a resumed run logs the epoch again; readers keep the last record)."""
@@ -423,7 +445,7 @@ class Files:
           train_sums=sums[i], steps=steps, val_accuracy=val_accuracy[i],
           report=sparsify.sparsity_report(variables["params"], config),
           train_seconds=train_seconds, images_per_second=images_per_second,
-          val_seconds=val_seconds)
+          val_seconds=val_seconds, epoch_seconds=epoch_seconds)
       if self.sweep:   # the sweep's throughput, shared by its runs
         summary["sweep_runs"] = len(self.configs)
         summary["sweep_images_per_second"] = (
@@ -433,7 +455,7 @@ class Files:
       self.loggers[i].log_text(
           (f"[{self.names[i]}] " if self.sweep else "")
           + metric_logging.format_epoch(summary) + self.synthetic)
-      self.loggers[i].plot_curves()
+      self.loggers[i].plot_curves_later()
       summaries.append(summary)
     return summaries
 
@@ -442,8 +464,7 @@ class Files:
                         ) -> list[dict[str, Any]]:
     """Every run's test evaluation of its best checkpoint, after the last
     save."""
-    for checkpointer in self.checkpointers:
-      checkpointer.close()
+    self.close_checkpointers()
     results = []
     for config, workdir, exp, logger, summary in zip(
         self.configs, self.workdirs, runs.exps, self.loggers, summaries):
@@ -452,6 +473,39 @@ class Files:
         result["test"] = eval_run.evaluate_checkpoint(
             config, workdir, exp=exp, attacks_csv=config.eval.final_attacks,
             plots=False, final=True, logger=logger)
-      logger.close()
       results.append(result)
     return results
+
+  def close_checkpointers(self) -> None:
+    """Waits for every run's last checkpoint (raising the first failed
+    write, in one line), then closes the checkpointers. Twice is once."""
+    checkpointers, self.checkpointers = self.checkpointers, []
+    errors = []
+    for checkpointer in checkpointers:
+      try:
+        checkpointer.close()
+      except ckpt_lib.CheckpointError as e:
+        errors.append(e)
+    if errors:
+      raise errors[0]
+
+  def close(self) -> None:
+    """:meth:`close_checkpointers`, then the logs (the curves' last
+    redraw waited for)."""
+    try:
+      self.close_checkpointers()
+    finally:
+      for logger in self.loggers:
+        logger.close()
+
+  def __enter__(self) -> "Files":
+    return self
+
+  def __exit__(self, kind: Any, *_: Any) -> None:
+    try:
+      self.close()
+    except ckpt_lib.CheckpointError as e:
+      if kind is None:
+        raise
+      # The loop's own error is the error line; the write's is not lost.
+      self.say(f"also: {e}")

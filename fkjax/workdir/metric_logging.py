@@ -3,7 +3,8 @@
 ``MetricLogger.write`` appends one JSON line to ``<workdir>/metrics.jsonl``
 and the scalars to ``<workdir>/tensorboard``, and both are on disk (flushed
 and ``fsync``'d) when it returns; ``plot_curves`` redraws
-``<workdir>/plots/training_curves.png`` from them (:mod:`fkjax.workdir.curves`),
+``<workdir>/plots/training_curves.png`` from them (:mod:`fkjax.workdir.curves`;
+``plot_curves_later`` on a worker thread),
 and ``write_test`` adds a test evaluation's accuracies to TensorBoard. Call it before saving the epoch's
 checkpoint: a process killed in between then loses nothing, and the resumed
 run logs that epoch again. ``read_metrics`` returns one record per epoch (the
@@ -24,6 +25,7 @@ so that logs of ``nohup``/SLURM runs stay readable and greppable.
 from __future__ import annotations
 
 import glob
+from concurrent import futures
 import itertools
 import json
 import os
@@ -48,6 +50,9 @@ class MetricLogger:
     self._tb_dir = os.path.join(workdir, "tensorboard")
     self._tb = None  # opened at the first write: its step marks a restart
     self._checked_tail = False
+    # plot_curves_later's worker and its last redraw
+    self._plotter: futures.ThreadPoolExecutor | None = None
+    self._plot: futures.Future | None = None
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Appends a record; on disk when this returns."""
@@ -84,6 +89,21 @@ class MetricLogger:
     workdir = os.path.dirname(self._path) or "."
     return curves.save(workdir, read_metrics(workdir))
 
+  def plot_curves_later(self) -> None:
+    """:meth:`plot_curves` on a worker thread: the caller (the training
+    loop, between epochs) does not wait for matplotlib (about 2 s at 200
+    epochs). A redraw asked for while another waits to start is that one
+    (it reads the newest records); :meth:`close` waits for the last."""
+    if not self.enabled:
+      return
+    if self._plotter is None:
+      self._plotter = futures.ThreadPoolExecutor(
+          max_workers=1, thread_name_prefix="fkjax-curves")
+    waiting = self._plot is not None and not (self._plot.running()
+                                              or self._plot.done())
+    if not waiting:
+      self._plot = self._plotter.submit(self.plot_curves)
+
   def write_test(self, step: int, scalars: Mapping[str, float]) -> None:
     """Adds a test evaluation's scalars (``{tag: value}``) to TensorBoard,
     at the step of the checkpoint evaluated."""
@@ -95,9 +115,18 @@ class MetricLogger:
     self._tb.write_scalars(step, scalars)
 
   def close(self) -> None:
+    """Closes TensorBoard's file; waits for a redraw of the curves (a
+    failed one is said on stderr: the metrics are intact)."""
     if self._tb is not None:
       self._tb.close()
       self._tb = None
+    if self._plotter is not None:
+      self._plotter.shutdown(wait=True)
+      self._plotter = None
+      error = self._plot.exception()
+      if error is not None:
+        print(f"warning: could not draw the training curves: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
 
 
 _EVENT_FILES = itertools.count()

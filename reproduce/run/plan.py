@@ -12,6 +12,7 @@ import ml_collections
 
 from fkjax.config import record as run_config
 from fkjax import workdir as workdir_lib
+from fkjax.training import precision
 from reproduce.run import archive as archive_lib
 from reproduce.run import progress as progress_lib
 from reproduce.run import runs as runs_lib
@@ -130,6 +131,9 @@ def _planned_run(table: tables_lib.Table, row: tables_lib.Row,
     overrides = dict(spec.overrides.get(scale.settings_key, {}))
     overrides.setdefault("eval.protocol", spec.protocol)
     extra.append(_extra_eval_run(spec.protocol, overrides, config, workdir))
+  # As train.py records it: its fingerprint is the one of the run it makes
+  # here (precision "auto" is float32 on a CPU, tf32 on a GPU).
+  config = precision.resolved(config)
   return Run(table, row, owner_name, owner, seed, workdir, config,
              train_cmd, eval_cmd, _result_file(config), extra,
              publish=scale.publish_weights)

@@ -16,6 +16,7 @@ from configs import default as default_config
 from fkjax.config import history
 from fkjax.config import record as run_config
 from fkjax.evaluation import journal as eval_journal
+from fkjax.training import precision
 from fkjax import workdir as workdir_lib
 from fkjax.workdir import metric_logging
 from fkjax.workdir.results import RESULT_SHAPE
@@ -153,6 +154,9 @@ def _default(key: str) -> Any:
   value = default_config.DEFAULTS.get(key)
   if isinstance(value, default_config.Nullable):
     return value.default
+  if key == "precision":
+    # "auto" as this platform resolves it, as the runs' configs are.
+    return precision.name_of(ml_collections.ConfigDict({key: value}))
   return list(value) if isinstance(value, tuple) else value
 
 

@@ -4,7 +4,9 @@ Runs that differ only in values that change no shape (seeds, the
 sparsifiers' hyperparameters, learning rate, weight decay, noise coefficient,
 attack radius and step: :data:`SWEEPABLE_KEYS`) are stacked on a leading run
 axis and stepped together by ``jax.vmap`` of the single run's own step
-(:class:`fkjax.training.program.Runs`), in the single run's own loop
+(its weight gradient taken outside the vmap:
+:func:`fkjax.training.step.over_runs`;
+:class:`fkjax.training.program.Runs`), in the single run's own loop
 (:func:`fkjax.training.train.train_runs`). Each run keeps its own PRNG
 streams, epoch-end projection, validation, best checkpoint, metrics, final
 evaluation and workdir::
