@@ -240,3 +240,30 @@ def test_the_handler_says_a_missing_train_package_in_one_line():
   assert line.startswith("tqdm is not installed") and extras.INSTALL in line
   # Any other missing module is a bug of the installation: its traceback.
   assert cli.error_line(ModuleNotFoundError("x", name="scipy")) is None
+
+
+def _entry_points():
+  """The repository's tools that use fkjax.cli and run as ``__main__``."""
+  for path in sorted([*REPO.glob("*.py"), *REPO.glob("reproduce/*.py"),
+                      *REPO.glob("benchmarks/*.py")]):
+    text = path.read_text()
+    if "from fkjax import cli" in text and "\nif __name__ ==" in text:
+      yield path.relative_to(REPO)
+
+
+@pytest.mark.parametrize("path", list(_entry_points()), ids=str)
+def test_each_entry_point_starts_with_entry_start(path):
+  # fkjax.entry.start() before any other import: a missing package (or
+  # Ctrl-C) during them is one line too.
+  import ast
+  body = ast.parse((REPO / path).read_text()).body
+  imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+  first = next(n for n in body if isinstance(n, ast.If))
+  assert ast.unparse(first) == ("if __name__ == '__main__':\n"
+                                "    entry.start()"), path
+  assert all(n.lineno < first.lineno for n in imports
+             if ast.unparse(n) in ("from fkjax import entry",
+                                   "from __future__ import annotations"))
+  assert all(n.lineno > first.lineno for n in imports
+             if ast.unparse(n) not in ("from fkjax import entry",
+                                       "from __future__ import annotations"))
