@@ -2,7 +2,8 @@
 batches are padded to a multiple of the devices and computed split over
 them on their real rows alone (the same numbers as on one device); a
 training batch that cannot split evenly is refused before the first step,
-naming its setting. The end-to-end run over 8 devices is in the slow set
+naming its setting (tests/test_cli.py). The slow set checks a run's
+validation here, and runs train.py and eval.py over 8 devices end to end
 (tests/test_train_slow.py)."""
 import json
 import subprocess
@@ -46,3 +47,20 @@ def test_each_device_computes_its_part_of_the_rows(eight_devices):
   # ceil(20 / 8) = 3 rows each, not the whole batch on every device.
   assert eight_devices["one_device_dot_rows"] == [17, 20]
   assert eight_devices["devices_dot_rows"] == [3]
+
+
+@pytest.mark.slow
+def test_validation_splits_a_batch_that_does_not_divide():
+  """A run's validation batch of 30 rows on 8 devices: 4 rows a device
+  (not the whole batch on each), the one-device accuracies."""
+  env = subprocess_env(None, devices=8)
+  env["FKJAX_KERNELS_PLATFORM"] = "gpu"   # XLA's convolutions, as a GPU's
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.uneven_devices", "validation"], cwd=REPO,
+      env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert report["8"]["conv_rows"] == [4]
+  assert report["1"]["conv_rows"] == [30]
+  assert report["8"]["accuracy"] == report["1"]["accuracy"]
+  assert set(report["1"]["accuracy"]) == {"natural", "pgd2"}

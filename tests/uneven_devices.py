@@ -3,21 +3,28 @@ prints one JSON line: the per-image results there and on one device, and
 the rows each device's programs compute.
 
 Run as a subprocess with ``--xla_force_host_platform_device_count=8`` (the
-device count is fixed when JAX starts): ``python -m tests.uneven_devices``.
+device count is fixed when JAX starts): ``python -m tests.uneven_devices``
+(an evaluation), ``python -m tests.uneven_devices validation`` (a run's
+validation, the tiny config's model; with ``FKJAX_KERNELS_PLATFORM=gpu``
+for the stock convolutions, which XLA splits over the devices).
 """
 import functools
 import json
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from configs import tiny
 from fkjax import attacks
 from fkjax import data
 from fkjax import evaluation
+from fkjax import kernels
 from fkjax import models
 from fkjax.training import parallel
+from fkjax.training import program
 
 NUM_EXAMPLES = 37   # batches of 20 and 17 real rows: neither divides by 8
 BATCH_SIZE = 20
@@ -50,6 +57,38 @@ def dot_rows(compiled) -> list[int]:
       r"= f32\[(\d+),\d+\](?:\{[^}]*\})? dot\(", compiled.as_text())]
 
 
+def conv_rows(compiled) -> list[int]:
+  """The leading dimension of every convolution's result (NHWC)."""
+  return sorted({int(m.group(1)) for m in re.finditer(
+      r"= f32\[(\d+),\d+,\d+,\d+\](?:\{[^}]*\})? convolution\(",
+      compiled.as_text())})
+
+
+def validation():
+  """The tiny run's validation of its initial weights on 30 images in one
+  batch of 500 (the default): on 8 devices and on one."""
+  kernels.apply_xla_flags()
+  out = {}
+  for devices in (8, 1):
+    config = tiny.get_config()
+    config.num_devices = devices
+    config.validation.batch_size = 500
+    config.dataset.synthetic_sizes = (286, 60)
+    config.dataset.val_size = 30
+    runs = program.Runs.build([config])
+    values, keys = runs.placed_values(), runs.keys("validation")
+    evaluated = runs.end_of_epoch(runs.initial_state(), values)[1]
+    split = runs.exps[0].dataset.val
+    batch = next(runs.eval_batches(split))
+    compiled = runs.validation_counts.lower(
+        evaluated, batch["image"], batch["label"], keys, 0, 0,
+        values).compile()
+    out[devices] = {"accuracy": runs.validate(evaluated, split, keys, 0,
+                                              values)[0],
+                    "conv_rows": conv_rows(compiled)}
+  print(json.dumps(out))
+
+
 def main():
   rng = np.random.default_rng(0)
   images = rng.integers(0, 256, (NUM_EXAMPLES, 4, 4, 3), np.uint8)
@@ -75,4 +114,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  validation() if sys.argv[1:] == ["validation"] else main()
