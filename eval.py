@@ -10,11 +10,18 @@ evaluated (``config.eval.*``, ``config.kernels.*``, data location, devices,
 progress). Results go to ``<workdir>/eval_<protocol>[_eot<K>].json`` and
 ``<workdir>/plots/*.png``.
 """
+# First, before the imports below (seconds): Ctrl-C during them is one line.
+from fkjax import interrupt
+if __name__ == "__main__":
+  interrupt.install()
+# pylint: disable=wrong-import-position
+
 import os
 
 from absl import flags
 
 from fkjax import cli
+from fkjax import oserrors
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
@@ -36,6 +43,9 @@ def main(argv):
   # Before the lock, whose file would otherwise be left in a directory that
   # holds no run to evaluate.
   checkpoint.require_checkpoints(FLAGS.workdir)
+  # Its results go there: checked before the attacks run.
+  oserrors.declare("--workdir", FLAGS.workdir, write=True)
+  oserrors.declare("--config.dataset.data_dir", config.dataset.data_dir)
   devices.enable_compilation_cache(config)
   # Evaluations may run side by side, but not while train.py writes.
   with workdir.WorkdirLock(FLAGS.workdir, shared=True):

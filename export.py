@@ -16,11 +16,18 @@ layer, before and after), prints the cost table, and checks on test images
 that the saved model, loaded back, gives the checkpoint's logits (same noise
 key). Load it with ``fkjax.slim.load_slim(out)`` (docs/slim.md).
 """
+# First, before the imports below (seconds): Ctrl-C during them is one line.
+from fkjax import interrupt
+if __name__ == "__main__":
+  interrupt.install()
+# pylint: disable=wrong-import-position
+
 import os
 
 from absl import flags
 
 from fkjax import cli
+from fkjax import oserrors
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory that train.py wrote.")
@@ -60,7 +67,6 @@ def main(argv):
   import dataclasses
   import json
   import jax
-  import shutil
   import numpy as np
 
   from fkjax import slim
@@ -69,6 +75,8 @@ def main(argv):
 
   out = FLAGS.out or os.path.join(FLAGS.workdir, "slim")
   destination.check(out)   # before any work
+  oserrors.declare("--workdir", FLAGS.workdir)
+  oserrors.declare("--out" if FLAGS.out else "--workdir", out, write=True)
   exp, step, variables = restore_pruned(config, FLAGS.workdir)
   small, small_vars = slim.slim(exp.model, variables, noise=FLAGS.noise)
 
@@ -87,7 +95,7 @@ def main(argv):
                  "layers": [dataclasses.asdict(c) for c in costs]}, f,
                 indent=1)
   except BaseException:
-    shutil.rmtree(staged, ignore_errors=True)   # Ctrl-C, a full disk
+    destination.discard(staged)   # Ctrl-C, a full disk
     raise
   out = destination.install(staged, out)
   print(f"slim model of the {config.eval.checkpoint} checkpoint (step "

@@ -10,11 +10,18 @@ program, each in ``<workdir>/<run name>/`` (docs/sweeps.md). A mistake
 (bad config value, missing data, a workdir of another run) ends in one line
 ``error: ...``; ``--traceback`` shows the traceback.
 """
+# First, before the imports below (seconds): Ctrl-C during them is one line.
+from fkjax import interrupt
+if __name__ == "__main__":
+  interrupt.install()
+# pylint: disable=wrong-import-position
+
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
 from fkjax import cli
+from fkjax import oserrors
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
@@ -41,6 +48,10 @@ def main(argv):
   config = cli.loaded_config(FLAGS.config)
   run_config.validate(config)
   workdir.check_workdir(FLAGS.workdir)
+  # Before any work that a folder it cannot write would throw away.
+  oserrors.declare("--workdir", FLAGS.workdir, write=True,
+                   folders=("checkpoints",))
+  oserrors.declare("--config.dataset.data_dir", config.dataset.data_dir)
   from fkjax import kernels  # pylint: disable=import-outside-toplevel
   kernels.apply_xla_flags()  # before JAX starts its backend
   # orbax logs every file it writes at INFO; fkjax prints its own progress.

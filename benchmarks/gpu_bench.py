@@ -32,6 +32,12 @@ few images, short roofs) on a CPU.
 """
 from __future__ import annotations
 
+# First, before the imports below (seconds): Ctrl-C during them is one line.
+from fkjax import interrupt
+if __name__ == "__main__":
+  interrupt.install()
+# pylint: disable=wrong-import-position
+
 import argparse
 import datetime
 import os
@@ -49,7 +55,9 @@ from typing import Any, Callable
 USER_ENV = dict(os.environ)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-from fkjax import kernels  # pylint: disable=wrong-import-position
+from fkjax import cli
+from fkjax import kernels
+from fkjax import oserrors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU_JSON = os.path.join("benchmarks", "results", "gpu_latest.json")
@@ -431,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
                             os.path.join(tempfile.gettempdir(),
                                          "fkjax_gpu_bench", "latest.json"))
   log_path = args.log or os.path.splitext(json_path)[0] + ".log"
+  # Before anything is measured: the folders the results are written to.
+  for flag, path in (("--json", json_path), ("--log", log_path)):
+    oserrors.declare(flag, path, write=True, file=True)
   log = Log(log_path)
   result: dict[str, Any] = {
       "benchmark": "python -m benchmarks.gpu_bench",
@@ -457,5 +468,19 @@ def main(argv: list[str] | None = None) -> int:
   return 0 if measured else 1
 
 
+INTERRUPTED = ("interrupted; what was measured so far is in the --json "
+               "written after each measurement")
+
+
+def _run_cli() -> int:
+  """``main`` for the shell: a wrong environment variable, a folder that
+  cannot be written, Ctrl-C at any moment: one line."""
+  try:
+    cli.check_environment()
+    return cli.guard(main, interrupted=INTERRUPTED)
+  except SystemExit as e:
+    return cli.exit_code(e)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  cli.exit(_run_cli())

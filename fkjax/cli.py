@@ -11,7 +11,6 @@ debugging; an unexpected exception (a bug) always shows it.
 from __future__ import annotations
 
 import difflib
-import errno
 import os
 import re
 import sys
@@ -20,12 +19,13 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 
+from fkjax import environment
+from fkjax import interrupt
+from fkjax import oserrors
+
 TRACEBACK_ENV = "FKJAX_TRACEBACK"
-# Ctrl-C's line (a save cut short leaves the previous checkpoints intact:
-# fkjax.checkpoint).
-INTERRUPTED = ("interrupted; rerun the same command to resume: training from "
-               "its last checkpoint, to the same parameters as an "
-               "uninterrupted run; an evaluation at its next batch")
+# Ctrl-C's line.
+INTERRUPTED = interrupt.INTERRUPTED
 
 flags.DEFINE_bool("traceback", False,
                   "Show the Python traceback of an error instead of one line "
@@ -41,7 +41,7 @@ flags.DEFINE_bool("allow_unverified_checkpoint", False,
 
 
 def show_traceback(argv: Sequence[str] = ()) -> bool:
-  if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+  if environment.enabled(TRACEBACK_ENV):
     return True
   return any(a in ("--traceback", "--traceback=true", "--traceback=1")
              for a in argv)
@@ -56,6 +56,8 @@ USER_ERRORS = {
     "fkjax.errors": "TrainingError",
     "fkjax.workdir.check": "WorkdirError",
     "fkjax.evaluation.memory": "BatchTooLarge",
+    "fkjax.oserrors": "PathError",
+    "fkjax.environment": "EnvironmentVariableError",
 }
 
 
@@ -90,9 +92,23 @@ def fail(message: str, code: int = 1) -> None:
   sys.exit(code)
 
 
+# absl's flags that print help and exit (with status 1: a help asked for is
+# no failure, so it exits 0 here).
+_HELP_FLAGS = ("help", "h", "?", "helpshort", "helpfull", "helpxml")
+
+
+def _asks_for_help(argv: Sequence[str]) -> bool:
+  return any(a.split("=", 1)[0].lstrip("-") in _HELP_FLAGS
+             for a in argv[1:] if a.startswith("-"))
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:
+    if _asks_for_help(argv):
+      sys.exit(0)
+    raise
   except Exception as e:  # pylint: disable=broad-except
     # absl's flag errors, and the config file's or an override's own errors
     # (ml_collections raises ValueError, KeyError, AttributeError, ...).
@@ -253,32 +269,98 @@ def run_config_for_eval(argv: Sequence[str], workdir: str,
   return config
 
 
+def exit_code(e: SystemExit) -> int:
+  """The status ``e`` exits with (as the interpreter reads ``e.code``)."""
+  if e.code is None:
+    return 0
+  return e.code if isinstance(e.code, int) else 1
+
+
+def exit(code: int) -> None:  # pylint: disable=redefined-builtin
+  """Ends an entry point with ``code``. A failure ends without the
+  interpreter's teardown, whose reports (orbax's half-closed event loops,
+  "Exception ignored in ...") would follow the one error line; so does
+  anything after Ctrl-C (:mod:`fkjax.interrupt`)."""
+  if code == 0 or not interrupt.installed():
+    sys.exit(code)
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  os._exit(code)  # pylint: disable=protected-access
+
+
+def error_line(exc: BaseException) -> str | None:
+  """The one line that says ``exc``, or None where it is a bug (shown with
+  its traceback): a user's mistake (:func:`is_user_error`), or a system
+  error on a path (:mod:`fkjax.oserrors`: the path, the flag that gave it,
+  what to do)."""
+  if show_traceback():
+    return None
+  if is_user_error(exc):
+    return one_line(exc)
+  cause = oserrors.os_error(exc)
+  if cause is not None and oserrors.is_path_error(cause):
+    return oserrors.describe(cause)
+  return None
+
+
+def guard(work: Callable[[], Any], *, interrupted: str = INTERRUPTED,
+          traceback: bool = False) -> Any:
+  """Runs an entry point's ``work()``: a user's mistake or a system error
+  on a path ends in one line (exit 1), Ctrl-C in ``interrupted`` (exit
+  130), at any moment (:mod:`fkjax.interrupt`); ``traceback``: show the
+  traceback instead (a bug always shows it)."""
+  traceback = traceback or show_traceback()
+  interrupt.configure(interrupted, quiet=not traceback)
+  try:
+    with interrupt.raising():
+      return work()
+  except SystemExit:
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    if isinstance(e, KeyboardInterrupt) or interrupt.requested():
+      # Whatever it became on its way up (a library may wrap it).
+      if traceback:
+        raise
+      if interrupt.installed():
+        interrupt.finish()
+      fail(interrupted, code=interrupt.EXIT_CODE)
+    line = None if traceback else error_line(e)
+    if line is None:
+      raise
+    fail(line)
+  return None  # not reached
+
+
+def check_environment() -> None:
+  """Every environment variable of fkjax (:mod:`fkjax.environment`) holds a
+  usable value, or one line (exit 2)."""
+  try:
+    environment.check()
+  except environment.EnvironmentVariableError as e:
+    fail(str(e), code=2)
+
+
 def _guarded(main: Callable[[list[str]], Any], argv: list[str]) -> Any:
   if flags.FLAGS.allow_unverified_checkpoint:
     # Where fkjax.checkpoint.Checkpointer looks, however deep it is built.
     os.environ[ALLOW_UNVERIFIED_ENV] = "1"
-  try:
-    return main(argv)
-  except KeyboardInterrupt:
-    fail(INTERRUPTED, code=130)
-  except OSError as e:
-    if flags.FLAGS.traceback or show_traceback():
-      raise
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-      fail(f"no space left on device ({e.filename or 'a write'}): free some "
-           "space and rerun the same command to resume")
-    if e.errno in (errno.EACCES, errno.EROFS, errno.ENOENT):
-      fail(f"{e.strerror}: {e.filename}")
-    raise
-  except Exception as e:  # pylint: disable=broad-except
-    if flags.FLAGS.traceback:
-      raise
-    if is_user_error(e):
-      fail(one_line(e))
-    raise
-  return None
+  return guard(lambda: main(argv), traceback=flags.FLAGS.traceback)
 
 
 def run(main: Callable[[list[str]], Any]) -> None:
-  """``absl.app.run(main)`` with one-line errors (see the module docstring)."""
-  app.run(lambda argv: _guarded(main, argv), flags_parser=_parse_flags)
+  """``absl.app.run(main)`` with one-line errors (see the module docstring).
+
+  Ctrl-C at any moment, imports included where the entry point called
+  :func:`fkjax.interrupt.install` first, ends in one line and exit 130. A
+  command that fails ends without the interpreter's teardown, whose reports
+  of orbax's half-closed event loops would follow the one line.
+  """
+  interrupt.install(INTERRUPTED, quiet=not show_traceback(sys.argv))
+  check_environment()
+  try:
+    app.run(lambda argv: _guarded(main, argv), flags_parser=_parse_flags)
+  except SystemExit as e:
+    exit(exit_code(e))

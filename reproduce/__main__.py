@@ -34,6 +34,12 @@ alone later.
 """
 from __future__ import annotations
 
+# First, before the imports below (seconds): Ctrl-C during them is one line.
+from fkjax import interrupt
+if __name__ == "__main__":
+  interrupt.install()
+# pylint: disable=wrong-import-position
+
 import argparse
 import dataclasses
 import os
@@ -48,6 +54,7 @@ from absl import logging
 
 from fkjax import cli
 from fkjax import kernels
+from fkjax import oserrors
 from fkjax.data.types import DataError
 from reproduce.report import claims
 from reproduce.report import figures
@@ -189,6 +196,17 @@ def _check_flags(args: argparse.Namespace) -> None:
                       "--calibrate (each sets the speed it estimates for)")
 
 
+def _declare_paths(args: argparse.Namespace) -> None:
+  """The folders the command writes, checked before anything is trained
+  (a row trained for an hour must not fail at writing its table)."""
+  writes = not args.dry_run
+  oserrors.declare("--root", args.root, write=writes and not args.report_only,
+                   folders=(args.scale,))
+  oserrors.declare("--results", args.results, write=writes,
+                   folders=(args.scale,))
+  oserrors.declare("--data-dir", args.data_dir)
+
+
 def _summary_command(args: argparse.Namespace) -> int:
   """``claims`` or ``overview``: rewrites and prints it from the tables."""
   scale_name = args.scale + (f"-{args.variant}" if args.variant else "")
@@ -261,12 +279,14 @@ def main(argv: list[str] | None = None) -> int:
       _list()
       return 0
     if args.table in _SUMMARIES:
+      oserrors.declare("--results", args.results, write=True)
       return _summary_command(args)
     names = _table_names(args)
     scale = _scale(args)
     table_rows = _tables_and_rows(args, names)
     environment = ({"dataset.data_dir": args.data_dir} if args.data_dir
                    else {})
+    _declare_paths(args)
     plans = _plans(args, scale, table_rows, environment)
   except _UsageError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -380,12 +400,13 @@ def _execute(name: str, todo: list[Run], defer_extra_evals: bool,
       # table: it is reported as failed and rerun next time.
       failed += 1
       execute_lib.record_failure(run, e)
+      line = cli.error_line(e)
       log(f"[{name} {i}/{len(todo)}] {run.row.name} seed "
           f"{run.seed} FAILED: {type(e).__name__}: "
-          f"{cli.one_line(e)}")
-      # A user's mistake (missing data, a workdir in use) is said in
-      # that one line; a bug also shows where it happened.
-      if not cli.is_user_error(e):
+          f"{line or cli.one_line(e)}")
+      # A user's mistake (missing data, a workdir in use, a full disk) is
+      # said in that one line; a bug also shows where it happened.
+      if line is None:
         traceback.print_exc()
       if isinstance(e, DataError) and i < len(todo):
         # Every run of a table reads the same data: all would fail so.
@@ -526,19 +547,25 @@ def _status_and_estimate(run: Run,
   return status, 0.0
 
 
+INTERRUPTED = ("interrupted; rerun the same command to go on (finished runs "
+               "and evaluations are kept, a run resumes from its last "
+               "checkpoint)")
+
+
 def _run_cli() -> int:
-  """``main`` for the shell: a reader that stops early (``| head``) ends it
-  quietly, as it does ``ls`` or ``grep``, not with a BrokenPipeError
-  traceback; Ctrl-C ends it in one line, as it does train.py and eval.py."""
+  """``main`` for the shell: a wrong environment variable, a user's
+  mistake or a path that cannot be written ends in one line
+  (:func:`fkjax.cli.guard`); Ctrl-C at any moment in one line and 130, as
+  it does train.py and eval.py; a reader that stops early (``| head``)
+  ends it quietly, as it does ``ls`` or ``grep``, not with a BrokenPipeError
+  traceback."""
   try:
-    code = main()
+    cli.check_environment()
+    code = cli.guard(main, interrupted=INTERRUPTED)
     sys.stdout.flush()
     return code
-  except KeyboardInterrupt:
-    print("error: interrupted; rerun the same command to go on (finished "
-          "runs and evaluations are kept, a run resumes from its last "
-          "checkpoint)", file=sys.stderr, flush=True)
-    return 130
+  except SystemExit as e:
+    return cli.exit_code(e)
   except BrokenPipeError:
     # Python's recipe (docs of signal, "Note on SIGPIPE"): point stdout at
     # devnull so that the flush at exit does not raise again.
@@ -547,4 +574,4 @@ def _run_cli() -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(_run_cli())
+  cli.exit(_run_cli())

@@ -187,7 +187,7 @@ def test_unknown_variant_is_an_error():
   with pytest.raises(ValueError, match="Unknown ADMM variant 'paper'"):
     sp.admm_projection(np.ones((1, 1, 2, 2)), 50.0, variant="paper")
   with pytest.raises(ValueError, match="variant"):
-    sp.admm(RHO, 50.0, LR, variant="paper")
+    sp.admm_split(RHO, 50.0, LR, variant="paper")
   with pytest.raises(ValueError, match="variant"):
     sp.get_sparsifier("admm", rho=RHO, percent=50.0, variant="paper")
 
@@ -213,7 +213,7 @@ def test_authors_pull_is_added_once_per_layer(structure, learning_rate):
   zero = jax.tree.map(jnp.zeros_like, params)
   got = {}
   for variant in ("exact", "authors"):
-    tx = sp.admm(RHO, 80.0, learning_rate, structure=structure, layout=LAYOUT,
+    tx = sp.admm_split(RHO, 80.0, learning_rate, structure=structure, layout=LAYOUT,
                  variant=variant)
     got[variant], state = jax.jit(tx.update)(zero, tx.init(params), params)
   chex.assert_trees_all_close(

@@ -34,6 +34,27 @@ def test_conv_filters_draw_the_whole_layer_and_mark_the_pruned():
   assert marks == [3 * 4 + 1, 20 * 4 + 1, 27 * 4 + 1]
 
 
+def test_conv_filters_read_every_layout():
+  # Equinox's OIHW and a stack of layers on any axis draw the same grid as
+  # the layer's HWIO kernel; a 5-D kernel was taken for a member stack on
+  # axis 0, and an OIHW one drawn as HWIO.
+  rng = np.random.default_rng(0)
+  kernel = rng.normal(size=(3, 3, 8, 6)).astype(np.float32)
+  kernel[:, :, 2, :] = 0
+  want = plots.conv_filters_figure({"conv": {"kernel": kernel}})
+  other = rng.normal(size=kernel.shape).astype(np.float32)
+  for tree, layout in (
+      ({"conv": {"weight": kernel.transpose(3, 2, 0, 1)}}, None),
+      ({"conv": {"kernel": np.stack([kernel, other], axis=2)}}, "HWLIO"),
+      ({"conv": {"weight": np.stack([kernel.transpose(3, 2, 0, 1),
+                                     other.transpose(3, 2, 0, 1)])}},
+       "MOIHW")):
+    fig = plots.conv_filters_figure(tree, layout=layout)
+    np.testing.assert_array_equal(fig.axes[0].get_images()[0].get_array(),
+                                  want.axes[0].get_images()[0].get_array())
+    assert "pruned (red): 1 inputs, 0 filters" in fig.axes[0].get_title()
+
+
 _CURVES = """
 import sys
 from fkjax.workdir import metric_logging

@@ -134,6 +134,18 @@ def test_admm_projection_element_is_exact_even_with_ties():
   )
 
 
+def test_admm_projection_zeroes_floor_p_n_over_100_with_a_traced_percent():
+  # A traced percent (a sweep's, inject_hyperparams') once lost one: under
+  # jit XLA divides by 100 as a product by its rounded reciprocal, and
+  # 50 * 216 / 100 floored to 107.
+  w = jnp.asarray(np.random.default_rng(0).standard_normal(216), jnp.float32)
+  percents = np.arange(0.0, 100.5, 2.5, dtype=np.float32)
+  zeros = jax.jit(jax.vmap(
+      lambda p: jnp.sum(sp.admm_projection(w, p) == 0)))(percents)
+  np.testing.assert_array_equal(
+      zeros, np.floor(percents.astype(np.float64) * 216 / 100))
+
+
 def test_admm_projection_channels_and_members():
   w = hand_kernel()  # input-channel norms 5, 0, 1
   out = np.asarray(sp.admm_projection(w, 50.0, structure="channel"))

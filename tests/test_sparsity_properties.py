@@ -33,7 +33,8 @@ def rvsm_lagrangian_trajectory(keys, beta, lamb, eta_factor):
   eta = eta_factor * 2.0 / (beta + LIPSCHITZ)
   gamma = jnp.sqrt(2.0 * lamb / beta)
   # Plain gradient descent (no momentum, no weight decay) + the splitting step.
-  tx = optax.chain(optax.sgd(eta), sp.rvsm(beta, lamb, eta, mask=None))
+  tx = sp.rvsm(optax.sgd(eta), beta=beta, lamb=lamb, learning_rate=eta,
+               mask=None)
 
   def one_problem(key):
     a, b, w0 = quadratic_problem(key)

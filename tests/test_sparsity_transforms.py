@@ -187,9 +187,9 @@ class TransformsTest(chex.TestCase):
     lr = lambda t: 0.1 / (1.0 + t)  # a schedule, evaluated at the step count
     gamma = np.sqrt(2 * LAMB / BETA)
     state = self._check(
-        sp.rvsm(BETA, LAMB, lr, layout=LAYOUT),
+        sp.l0_split(BETA, LAMB, lr, layout=LAYOUT),
         lambda w, g, t: g - lr(t) * BETA * (w - np_hard(w, gamma)))
-    assert optax.tree_utils.tree_get(state, "RVSMState").count == 2
+    assert optax.tree_utils.tree_get(state, "L0SplitState").count == 2
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_group_lasso(self):
@@ -208,31 +208,34 @@ class TransformsTest(chex.TestCase):
     def expected(w, g, t):
       z = np_admm_proj(w, PERCENT)
       return g - 0.1 * RHO * 2 * (w - z)
-    self._check(sp.admm(RHO, PERCENT, 0.1, layout=LAYOUT), expected,
+    self._check(sp.admm_split(RHO, PERCENT, 0.1, layout=LAYOUT), expected,
                 steps=1)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_missing_params_is_a_clear_error(self):
-    for tx in [sp.rvsm(BETA, LAMB, 0.1, layout=LAYOUT),
+    for tx in [sp.l0_split(BETA, LAMB, 0.1, layout=LAYOUT),
                sp.group_lasso(LAMB2, layout=LAYOUT),
                sp.group_l0_split(BETA, LAMB1, 0.1, layout=LAYOUT),
-               sp.admm(RHO, PERCENT, 0.1, layout=LAYOUT)]:
+               sp.admm_split(RHO, PERCENT, 0.1, layout=LAYOUT)]:
       with self.assertRaisesRegex(ValueError, "parameters"):
         self.variant(tx.update)(self.updates, tx.init(self.params))
 
 
-def test_rgsm_returns_the_two_pieces_in_order():
+def test_rgsm_puts_its_pieces_around_the_optimiser():
+  # An "optimiser" that doubles its input tells the order apart: the group
+  # lasso goes through it, the splitting step is added after it.
   params = make_params()
-  before, after = sp.rgsm(BETA, LAMB1, LAMB2, 0.1, layout=LAYOUT)
+  tx = sp.rgsm(optax.scale(2.0), beta=BETA, lamb1=LAMB1, lamb2=LAMB2,
+               learning_rate=0.1, layout=LAYOUT)
   g = jax.tree.map(jnp.zeros_like, params)
-  u1, _ = before.update(g, before.init(params), params)
-  u2, _ = after.update(g, after.init(params), params)
+  u, state = tx.update(g, tx.init(params), params)
   w = params["Conv_0"]["kernel"]
-  np.testing.assert_allclose(u1["Conv_0"]["kernel"], np_group_lasso(w, LAMB2),
-                             rtol=1e-5)
   np.testing.assert_allclose(
-      u2["Conv_0"]["kernel"], -0.1 * BETA * (w - np_group_prox(w, LAMB1, BETA)),
-      rtol=1e-5, atol=1e-8)
+      u["Conv_0"]["kernel"],
+      2 * np_group_lasso(w, LAMB2)
+      - 0.1 * BETA * (w - np_group_prox(w, LAMB1, BETA)), rtol=1e-5,
+      atol=1e-8)
+  assert isinstance(state, sp.SparsifiedState)
 
 
 def test_inject_hyperparams_with_beta_and_lambda_schedules():
@@ -240,18 +243,18 @@ def test_inject_hyperparams_with_beta_and_lambda_schedules():
   g = jax.tree.map(lambda x: 0.01 * jnp.ones_like(x), params)
   beta_s = lambda t: 0.2 + 0.1 * t
   lamb_s = lambda t: 1e-3 * (1.0 + t)
-  tx = optax.inject_hyperparams(sp.rvsm)(beta=beta_s, lamb=lamb_s,
-                                         learning_rate=0.1, layout=LAYOUT)
+  tx = optax.inject_hyperparams(sp.l0_split)(beta=beta_s, lamb=lamb_s,
+                                             learning_rate=0.1, layout=LAYOUT)
   state = tx.init(params)
   update = jax.jit(tx.update)
   for t in range(3):
     out, state = update(g, state, params)
-    ref_tx = sp.rvsm(beta_s(t), lamb_s(t), 0.1, layout=LAYOUT)
+    ref_tx = sp.l0_split(beta_s(t), lamb_s(t), 0.1, layout=LAYOUT)
     ref, _ = ref_tx.update(g, ref_tx.init(params), params)
     chex.assert_trees_all_close(out, ref, rtol=1e-5)
   # ADMM's percent as a schedule too; the state records the last one used.
-  tx = optax.inject_hyperparams(sp.admm)(rho=RHO, percent=lambda t: 10.0 * t,
-                                         learning_rate=0.1, layout=LAYOUT)
+  tx = optax.inject_hyperparams(sp.admm_split)(
+      rho=RHO, percent=lambda t: 10.0 * t, learning_rate=0.1, layout=LAYOUT)
   state = tx.init(params)
   for t in range(3):
     _, state = jax.jit(tx.update)(g, state, params)
@@ -267,7 +270,7 @@ def test_admm_reset_inside_chain_mask_and_inject():
   tx = optax.chain(
       optax.sgd(0.1, momentum=0.9),
       # `structure` is a string: inject_hyperparams passes it through as is.
-      optax.inject_hyperparams(sp.admm)(
+      optax.inject_hyperparams(sp.admm_split)(
           rho=RHO, percent=PERCENT, learning_rate=0.1, structure="channel",
           layout=LAYOUT),
   )

@@ -18,6 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
+from fkjax import environment
 from fkjax.checkpoint import digests
 from fkjax.checkpoint import errors
 from fkjax.checkpoint import quiet
@@ -98,8 +99,7 @@ class Checkpointer:
   def __init__(self, workdir: str, must_exist: bool = False,
                allow_unverified: bool | None = None):
     if allow_unverified is None:
-      allow_unverified = os.environ.get(ALLOW_UNVERIFIED_ENV, "") not in (
-          "", "0")
+      allow_unverified = environment.enabled(ALLOW_UNVERIFIED_ENV)
     self.allow_unverified = allow_unverified
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
     if must_exist:

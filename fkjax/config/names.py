@@ -40,3 +40,8 @@ STRONG_COLUMNS: dict[str, str] = {
     "apgd_t": "APGD-T",
     "worst_case": "worst case",
 }
+
+# config.sparsity.method's values: what fkjax.sparsity.METHODS registers
+# (a test keeps them equal), here so that a wrong name is refused before
+# JAX loads.
+SPARSITY_METHODS: tuple[str, ...] = ("none", "rvsm", "rgsm", "admm")

@@ -19,7 +19,9 @@ import math
 import re
 from typing import Any, Callable, Mapping, Sequence, Tuple, Union
 
+from fkjax import environment
 from fkjax.config import keys as config_keys
+from fkjax.config import names as config_names
 
 
 class ConfigError(ValueError):
@@ -266,6 +268,8 @@ def _training_rules() -> Rules:
       ("training.data_seed", optional(integer(0))),
       ("training.max_loss", optional(number(0.0, low_open=True))),
       ("training.steps_per_dispatch", optional(integer(0))),
+      # Its name here, its hyperparameters with the sparsifier (below).
+      ("sparsity.method", one_of(config_names.SPARSITY_METHODS)),
   )
 
 
@@ -351,12 +355,22 @@ def kernel_choices(section: Any, _: Any) -> Problem:
   """
   if section is None:
     return None
-  from fkjax.kernels import selection  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from fkjax.kernels import platforms
+  from fkjax.kernels import selection
+  # Set by the user, the platform is known without starting JAX's backend
+  # (which must wait for fkjax's XLA flags).
+  forced = environment.text(platforms.PLATFORM_ENV).lower()
   for key, options in selection.CHOICES.items():
     value = config_keys.get(section, key)
     problem = one_of(("auto", *options))(value, None)
     if problem is not None:
       raise invalid("kernels." + key, value, problem)
+    if forced not in ("", "cpu") and value in selection.CPU_ONLY.get(key, ()):
+      raise invalid("kernels." + key, value,
+                    f"it runs on CPUs only, and {platforms.PLATFORM_ENV}="
+                    f"{forced} asks for the {forced}'s selections: 'auto' or "
+                    f"{selection.ACCELERATOR_CHOICES[key]!r}")
   return None
 
 

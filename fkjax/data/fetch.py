@@ -20,6 +20,7 @@ from typing import IO, NamedTuple
 import urllib.error
 import urllib.request
 
+from fkjax import environment
 from fkjax.data import cifar_binary
 from fkjax.data import integrity
 from fkjax.data.integrity import file_md5  # noqa: F401 (fetch.file_md5, as before)
@@ -68,7 +69,7 @@ def resolve_data_dir(data_dir: str | os.PathLike[str] | None) -> str:
   """`data_dir` if given, else $FKJAX_DATA_DIR, else `default_data_dir()`."""
   if data_dir is not None and os.fspath(data_dir):
     return os.fspath(data_dir)
-  return os.environ.get(DATA_DIR_ENV) or default_data_dir()
+  return environment.text(DATA_DIR_ENV) or default_data_dir()
 
 
 def archive_url(name: str, base_url: str | None = None) -> str:
@@ -80,7 +81,7 @@ def archive_url(name: str, base_url: str | None = None) -> str:
       else the official page. Any scheme urllib opens works (https, http,
       file).
   """
-  base = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
+  base = base_url or environment.text(BASE_URL_ENV) or DEFAULT_BASE_URL
   return base.rstrip("/") + "/" + _archive(name).filename
 
 

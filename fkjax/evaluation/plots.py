@@ -4,8 +4,8 @@
 * ``channel_norm_histogram``: channel-group norms, with pruned channels
   counted apart (Fig. 3).
 * ``conv_filters_grid``: every 3x3 kernel of one conv layer as an image
-  grid, pruned channels marked (appendix figures); for an ensemble, the
-  first member.
+  grid, pruned channels marked (appendix figures); for an ensemble (or any
+  stacked kernel), the first member.
 """
 from __future__ import annotations
 
@@ -22,21 +22,46 @@ from fkjax import sparsity
 
 
 def _conv_kernels(params: Any, layout: Any = None
-                  ) -> list[tuple[str, np.ndarray]]:
-  mask = sparsity.conv_kernel_mask(params, layout)
+                  ) -> list[tuple[str, np.ndarray, sparsity.Layout]]:
+  """``(name, kernel, layout)`` of every conv kernel, in tree order."""
+  spec = sparsity.layouts.normalize(layout)
+  mask = sparsity.conv_kernel_mask(params, spec)
   out = []
   for (path, leaf), keep in zip(
       jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(mask)):
     if keep:
       # the layer names of the sparsity report's table
-      out.append((sparsity.masks.path_name(path), np.asarray(leaf)))
+      out.append((sparsity.masks.path_name(path), np.asarray(leaf),
+                  spec.for_leaf(path, leaf)))
   return out
+
+
+# How the filter grid's title names the first layer of a stacked axis.
+_STACK_NAMES = {"M": "member", "L": "layer", "S": "stack entry"}
+
+
+def _first_layer_hwio(name: str, kernel: np.ndarray,
+                      layout: sparsity.Layout) -> tuple[str, np.ndarray]:
+  """The first layer of a stacked kernel (``MHWIO``, ``LHWIO``, ...) as
+  ``[h, w, in, out]``, whatever the layout's order (``OIHW``, ...)."""
+  if layout.stack_axes:
+    kernel = layout.layers_first(kernel)[(0,) * len(layout.stack_axes)]
+    first = ", ".join(_STACK_NAMES.get(layout.axes[a], layout.axes[a]) + " 0"
+                      for a in layout.stack_axes)
+    name = f"{name} ({first})"
+  one = layout.layer.axes
+  spatial = [a for a in one if a not in "IO"]
+  if len(spatial) != 2:
+    raise ValueError(
+        f"{name}: the filter grid draws 2-D convolutions; layout {layout} "
+        f"has {len(spatial)} spatial axes.")
+  return name, kernel.transpose([one.index(a) for a in (*spatial, "I", "O")])
 
 
 def weight_histogram(params: Any, path: str, bins: int = 200,
                      layout: Any = None) -> str:
-  weights = np.concatenate([k.ravel() for _, k in _conv_kernels(params,
-                                                                 layout)])
+  weights = np.concatenate([k.ravel() for _, k, _ in _conv_kernels(params,
+                                                                    layout)])
   zeros = np.mean(weights == 0) * 100
   fig = Figure(figsize=(6, 4))
   ax = fig.subplots()
@@ -90,20 +115,20 @@ def conv_filters_grid(params: Any, path: str, layer: int | None = None,
 def conv_filters_figure(params: Any, layer: int | None = None,
                         layout: Any = None) -> Figure:
   """Every kernel ``[:, :, i, o]`` of one conv layer, inputs by rows,
-  filters by columns: the whole layer, so that every pruned channel shows.
+  filters by columns: the whole layer, so that every pruned channel shows;
+  for a stacked kernel (layout ``"MHWIO"``, ``"LHWIO"``, ...), its first
+  layer.
 
   A pruned input channel shows as a blank row (and a pruned filter as a
   blank column), marked in red on the axis. ``layer`` indexes the conv
   kernels in tree order; default the middle 3x3 layer.
   """
-  kernels = _conv_kernels(params, layout)
+  kernels = [_first_layer_hwio(*k) for k in _conv_kernels(params, layout)]
   if layer is None:   # the middle one of the 3x3 (not 1x1) layers
-    spatial = [k for k in kernels if k[1].shape[-4] > 1] or kernels
+    spatial = [k for k in kernels if k[1].shape[0] > 1] or kernels
     name, kernel = spatial[len(spatial) // 2]
   else:
     name, kernel = kernels[layer]
-  if kernel.ndim == 5:   # member axis first: show member 0
-    kernel, name = kernel[0], f"{name} (member 0)"
   h, w, n_in, n_out = kernel.shape
   dead_in = np.flatnonzero(~np.any(kernel != 0, axis=(0, 1, 3)))
   dead_out = np.flatnonzero(~np.any(kernel != 0, axis=(0, 1, 2)))

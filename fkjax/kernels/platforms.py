@@ -10,9 +10,10 @@ the programs fkjax builds, not where they run.
 """
 from __future__ import annotations
 
-import os
 
 import jax
+
+from fkjax import environment
 
 PLATFORM_ENV = "FKJAX_KERNELS_PLATFORM"
 PLATFORMS = ("cpu", "gpu", "tpu")
@@ -36,7 +37,7 @@ def platform(backend: str | None = None) -> str:
       CPUs only).
   """
   if backend is None:
-    forced = os.environ.get(PLATFORM_ENV, "").strip().lower()
+    forced = environment.text(PLATFORM_ENV).lower()
     if forced:
       if forced not in PLATFORMS:
         raise ValueError(f"{PLATFORM_ENV}={forced!r}: one of {PLATFORMS}")

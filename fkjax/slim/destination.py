@@ -3,8 +3,10 @@ replaced in fkjax's own files only.
 
 ``export.py --out=DIR`` on an existing folder used to delete ``DIR/variables/``
 with whatever the user kept there (orbax saves with ``force=True``). Now the
-export is written into a folder of its own beside ``DIR`` (:func:`staging`),
-then :func:`install` moves its files in: ``DIR`` is refused, in one line,
+export is written into a hidden folder of its own inside ``DIR``
+(:func:`staging`: on the same file system, so that moving its files is a
+rename even where ``DIR`` is a mount point), then :func:`install` moves its
+files in: ``DIR`` is refused, in one line,
 when it is a file, or a folder that holds files but no export of fkjax
 (:func:`check`, before any work), or when its ``variables/`` holds anything
 orbax does not write there. Anything else in ``DIR`` (the user's notes, other
@@ -27,6 +29,8 @@ COSTS = "costs.json"
 # what makes a folder an export.
 OWN_FILES = (VARIABLES, COSTS, ARCHITECTURE)
 _FORMAT = "fkjax.slim/1"
+# The hidden folders an export is written in before its files move out.
+STAGING_PREFIX = ".fkjax-export-"
 
 
 def is_export(path: str) -> bool:
@@ -47,19 +51,48 @@ def check(out: str) -> None:
   if not os.path.isdir(out):
     raise WorkdirError(f"--out={out} is a file, not a folder: choose another "
                        "--out")
-  if os.listdir(out) and not is_export(out):
+  if _contents(out) and not is_export(out):
     raise WorkdirError(
         f"--out={out} holds files but no export of fkjax (no fkjax "
         f"{ARCHITECTURE}): export.py writes {', '.join(OWN_FILES)} there and "
         "would replace them; choose a new or empty folder")
 
 
+def _contents(out: str) -> list[str]:
+  """What ``out`` holds besides exports being written."""
+  return [n for n in os.listdir(out) if not n.startswith(STAGING_PREFIX)]
+
+
 def staging(out: str) -> str:
-  """A new folder beside ``out`` to write the export into."""
-  parent = os.path.dirname(os.path.abspath(out))
-  os.makedirs(parent, exist_ok=True)
-  return tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.export-",
-                          dir=parent)
+  """A new hidden folder inside ``out`` (made if missing) to write the
+  export into; an earlier export's left by a killed process is removed."""
+  os.makedirs(out, exist_ok=True)
+  for name in os.listdir(out):
+    if name.startswith(STAGING_PREFIX) and not _alive(name):
+      shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+  return tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out)
+
+
+def _alive(name: str) -> bool:
+  """Whether the process that made the staging folder ``name`` runs."""
+  try:
+    pid = int(name[len(STAGING_PREFIX):].split("-", 1)[0])
+    os.kill(pid, 0)
+  except (ValueError, ProcessLookupError):
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def discard(staged: str) -> None:
+  """Removes an export that failed in ``staged``, and its folder ``out``
+  if that holds nothing else now (it was made for the export)."""
+  shutil.rmtree(staged, ignore_errors=True)
+  try:
+    os.rmdir(os.path.dirname(staged))
+  except OSError:
+    pass   # it holds something: the user's, or an earlier export
 
 
 def _foreign(old: str, new: str) -> list[str]:
@@ -107,7 +140,7 @@ def install(staged: str, out: str) -> str:
 
 def write_error(out: str, cause: OSError) -> WorkdirError:
   """The one line for an export to ``out`` that ``cause`` failed (``out``
-  is unchanged: the export is written beside it first)."""
+  is unchanged: the export is written in a hidden folder first)."""
   if cause.errno in (errno.ENOSPC, errno.EDQUOT):
     return WorkdirError(f"no space left on device while writing the export "
                         f"to {out}; free space and rerun ({out} is "

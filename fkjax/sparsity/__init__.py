@@ -5,24 +5,30 @@ the parameter trees of Flax linen and NNX, Equinox, and plain dicts)::
 
     from fkjax import sparsity
 
-    sp = sparsity.get_sparsifier("rvsm", beta=5e-2, lamb=1e-6)
-    tx = sp.optimizer(schedule)            # SGD + weight decay + RVSM
+    sgd = optax.inject_hyperparams(optax.sgd)(
+        learning_rate=schedule, momentum=0.9, nesterov=True)
+    tx = sparsity.rvsm(sgd, beta=5e-2, lamb=1e-6)  # reads sgd's lr
     ...                                    # train with tx; at each epoch's end:
-    params, opt_state = sp.end_of_epoch(params, opt_state)
-    print(sp.report(sp.evaluated_params(params)).format_table())
+    params = sparsity.project(params, "rvsm", beta=5e-2, lamb=1e-6,
+                              opt_state=opt_state)
 
-The functions (``rvsm``, ``rgsm``, ``admm``, ``sparse_sgd``, ``project``) are
-the same pieces one at a time.
+``rvsm``, ``rgsm`` and ``admm`` wrap the optimiser they sparsify, so their
+pieces (``l0_split``, ``group_lasso``, ``group_l0_split``, ``admm_split``,
+public for experts) cannot be put in the wrong order. A :class:`Sparsifier`
+(``get_sparsifier``) holds a method with its hyperparameters and does what a
+training loop needs (``wrap``, ``end_of_epoch``, ``evaluated_params``,
+``report``).
 
 See ``docs/sparsity.md``.
 """
 from fkjax.sparsity.admm_pruning import ADMMSpec
 from fkjax.sparsity.admm_pruning import ADMMState
-from fkjax.sparsity.admm_pruning import admm
 from fkjax.sparsity.admm_pruning import admm_reset
+from fkjax.sparsity.admm_pruning import admm_split
 from fkjax.sparsity.chain import sparse_sgd
 from fkjax.sparsity.layouts import DEFAULT_LAYOUTS
 from fkjax.sparsity.layouts import Layout
+from fkjax.sparsity.leaves import SkippedLeaf
 from fkjax.sparsity.masks import CONV_KERNELS
 from fkjax.sparsity.masks import conv_kernel_mask
 from fkjax.sparsity.masks import Mask
@@ -51,9 +57,13 @@ from fkjax.sparsity.sparsifiers import Sparsifier
 from fkjax.sparsity.transforms import group_l0_split
 from fkjax.sparsity.transforms import group_lasso
 from fkjax.sparsity.transforms import GroupL0SplitState
-from fkjax.sparsity.transforms import rgsm
-from fkjax.sparsity.transforms import rvsm
-from fkjax.sparsity.transforms import RVSMState
+from fkjax.sparsity.transforms import GroupLassoState
+from fkjax.sparsity.transforms import l0_split
+from fkjax.sparsity.transforms import L0SplitState
+from fkjax.sparsity.wrappers import admm
+from fkjax.sparsity.wrappers import rgsm
+from fkjax.sparsity.wrappers import rvsm
+from fkjax.sparsity.wrappers import SparsifiedState
 
 __all__ = [
     "ADMM",
@@ -64,6 +74,8 @@ __all__ = [
     "DEFAULT_LAYOUTS",
     "Group",
     "GroupL0SplitState",
+    "GroupLassoState",
+    "L0SplitState",
     "LayerSparsity",
     "Layout",
     "METHODS",
@@ -71,12 +83,14 @@ __all__ = [
     "NoSparsity",
     "RGSM",
     "RVSM",
-    "RVSMState",
     "Sparsifier",
+    "SkippedLeaf",
+    "SparsifiedState",
     "SparsityReport",
     "admm",
     "admm_projection",
     "admm_reset",
+    "admm_split",
     "conv_kernel_mask",
     "from_config",
     "get_sparsifier",
@@ -87,6 +101,7 @@ __all__ = [
     "group_lasso_grad",
     "group_norms",
     "hard_threshold",
+    "l0_split",
     "l0_threshold",
     "project",
     "register",

@@ -10,8 +10,9 @@ current params ``w`` and the state ``(z, u)``::
     updates += −η_t ρ (w − z + u)
 
 The last line is the gradient of ``ρ/2 ‖w − z + u‖²``; like the RVSM splitting
-step it is added after the optimiser (outside momentum), so the transformation
-goes last in the chain. The paper's protocol re-initialises ``z = Proj(w)``,
+step it is added after the optimiser (outside momentum), so the piece
+:func:`admm_split` goes last in the chain (:func:`fkjax.sparsity.admm` wraps
+the optimiser and puts it there). The paper's protocol re-initialises ``z = Proj(w)``,
 ``u = 0`` at every epoch: call :func:`admm_reset` at the epoch's start.
 
 ``variant="authors"`` follows the authors' released code instead: its
@@ -79,17 +80,17 @@ class ADMMSpec:
   def num_layers(self, tree: PyTree) -> int:
     """The layers in ``tree`` as :meth:`project` counts them (static).
 
-    A leaf is one layer, or one per member for member-stacked kernels
-    (``M`` axes of its layout). Masked-out ``optax.MaskedNode`` entries have
-    no leaves and are not counted.
+    A leaf is one layer, or one per index of its layout's stacked axes
+    (``M``, ``L``, ``S``: members, scanned layers, ...). Masked-out
+    ``optax.MaskedNode`` entries have no leaves and are not counted.
     """
     count = 0
     for path, w in jax.tree_util.tree_leaves_with_path(tree):
       layout = self.layouts.for_leaf(path, w)
-      members = 1
-      for axis in (layout.member_axes if layout is not None else ()):
-        members *= w.shape[axis]
-      count += members
+      layers = 1
+      for axis in (layout.stack_axes if layout is not None else ()):
+        layers *= w.shape[axis]
+      count += layers
     return count
 
   def pull_multiplicity(self, tree: PyTree) -> int:
@@ -99,25 +100,28 @@ class ADMMSpec:
 
 
 class ADMMState(NamedTuple):
-  """State of :func:`admm`.
+  """State of :func:`admm_split`.
 
   Attributes:
-    count: step count, evaluates the learning-rate schedule.
-    percent: the pruning percentage used by the last update (it may be a
-      schedule under ``optax.inject_hyperparams``).
+    count: step count, at which schedules are evaluated.
+    rho: the penalty ρ used by the last update (at ``init``: step 0's).
+    percent: the pruning percentage used by the last update.
     z: the auxiliary, sparse variable ``Proj(w + u)``, shaped like the params.
     u: the scaled dual variable, shaped like the params.
     spec: structure and grouping of the projection (static, no leaves).
+    placement: where it goes in a chain (static).
   """
 
   count: chex.Array
+  rho: chex.Array
   percent: chex.Array
   z: PyTree
   u: PyTree
   spec: ADMMSpec
+  placement: transforms.Placement
 
 
-def admm(
+def admm_split(
     rho: Any,
     percent: Any,
     learning_rate: Optional[transforms.ScalarOrSchedule],
@@ -129,14 +133,17 @@ def admm(
 ) -> optax.GradientTransformation:
   """ADMM pruning step; put it last in the chain, after the optimiser.
 
+  :func:`fkjax.sparsity.admm` wraps the optimiser and puts it there.
+
   Args:
-    rho: ADMM penalty ρ (> 0); may be traced.
+    rho: ADMM penalty ρ (> 0), a float or a schedule.
     percent: percentage of each layer's entries (``structure="element"``) or
       channel groups (``"channel"``) that ``z`` zeroes, in [0, 100]; per
-      member for member-stacked kernels (layout ``"MHWIO"``).
+      layer of stacked kernels (layouts ``"MHWIO"``, ``"LHWIO"``); a float or
+      a schedule.
     learning_rate: η, a float or an optax schedule: use the optimiser's. Or
       None: the step adds the gradient ``+ρ (w − z + u)`` and goes before
-      ``optax.scale_by_learning_rate`` (see :func:`fkjax.sparsity.rvsm`).
+      ``optax.scale_by_learning_rate`` (see :func:`fkjax.sparsity.l0_split`).
     structure: ``"element"`` or ``"channel"``.
     group: channel grouping for ``"channel"``: ``"input"``, ``"output"``, axes.
     mask: which leaves to prune; default: conv kernels.
@@ -151,7 +158,8 @@ def admm(
     An ``optax.GradientTransformation`` with an :class:`ADMMState` (inside
     ``optax.MaskedState`` when masked).
   """
-  checks.check_hparams("admm", rho=rho, percent=percent)
+  checks.check_hparams("admm_split", rho=rho, percent=percent,
+                       learning_rate=learning_rate)
   operators.check_structure(structure)
   operators.check_group(group)
   operators.check_variant(variant)
@@ -159,26 +167,34 @@ def admm(
     group = tuple(int(a) for a in group)  # hashable: ADMMSpec is static
   spec = ADMMSpec(structure=structure, group=group,
                   layouts=layouts_lib.normalize(layout), variant=variant)
+  placement = transforms.Placement(scales_itself=learning_rate is not None)
 
   def init_fn(params):
+    count = jnp.zeros([], jnp.int32)
+    p = checks.value_at(percent, count)
     return ADMMState(
-        count=jnp.zeros([], jnp.int32),
-        percent=jnp.asarray(percent, jnp.float32),
-        z=spec.project("admm", params, percent),
+        count=count,
+        rho=transforms.recorded(checks.value_at(rho, count)),
+        percent=transforms.recorded(p),
+        z=spec.project("admm", params, p),
         u=jax.tree.map(jnp.zeros_like, params),
         spec=spec,
+        placement=placement,
     )
 
   def update_fn(updates, state, params=None):
     if params is None:
       raise ValueError(
-          "fkjax.sparsity.admm needs the current parameters: call "
-          "`update(updates, state, params)`, with admm last in the chain."
+          "fkjax.sparsity.admm_split needs the current parameters: call "
+          "`update(updates, state, params)`, with it last in the chain."
       )
-    z = spec.project("admm", jax.tree.map(jnp.add, params, state.u), percent)
+    rho_t = checks.value_at(rho, state.count)
+    percent_t = checks.value_at(percent, state.count)
+    z = spec.project("admm", jax.tree.map(jnp.add, params, state.u),
+                     percent_t)
     u = jax.tree.map(lambda u, w, z: u + w - z, state.u, params, z)
     # Shapes only: a Python int under jit.
-    pull = spec.pull_multiplicity(params) * rho
+    pull = spec.pull_multiplicity(params) * rho_t
     if learning_rate is None:  # before the lr scaling: a gradient term
       step = lambda g, w, z, u: g + (pull * (w - z + u)).astype(g.dtype)
     else:
@@ -187,15 +203,18 @@ def admm(
     updates = jax.tree.map(step, updates, params, z, u)
     new_state = ADMMState(
         count=optax.safe_increment(state.count),
-        percent=jnp.asarray(percent, jnp.float32),
+        rho=transforms.recorded(rho_t),
+        percent=transforms.recorded(percent_t),
         z=z,
         u=u,
         spec=spec,
+        placement=placement,
     )
     return updates, new_state
 
   return masks.maybe_masked(
-      optax.GradientTransformation(init_fn, update_fn), mask, layout, "admm"
+      optax.GradientTransformation(init_fn, update_fn), mask, layout,
+      "admm_split"
   )
 
 

@@ -2,8 +2,10 @@
 
 A wrong value trains without complaint and gives a silently wrong net (``β = 0``
 prunes everything: the thresholds are ``sqrt(2λ/β)``), so every sparsifier
-checks its values when it is built. Values that cannot be known then (traced
-under ``jit``, or schedules) are not checked.
+checks its values when it is built. A hyperparameter is a number or an optax
+schedule (a function of the step count): a schedule is checked at step 0, and
+a callable that is not a schedule is refused then. Values traced under
+``jit`` (a sweep's, or ``optax.inject_hyperparams``') are not checked.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import math
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # name -> (lower, lower inclusive, upper, upper inclusive, why).
@@ -23,13 +26,41 @@ _RULES = {
     "rho": (0.0, False, math.inf, False, "the ADMM penalty"),
     "percent": (0.0, True, 100.0, True,
                 "the percentage of each layer that ADMM prunes"),
+    "learning_rate": (0.0, True, math.inf, False, "the step size"),
 }
 
 
+def value_at(value: Any, count: Any) -> Any:
+  """A hyperparameter's value at step ``count``: ``value(count)`` for a
+  schedule, ``value`` itself otherwise (a Python float stays one, so a fixed
+  value computes exactly as it did before schedules were accepted)."""
+  return value(count) if callable(value) else value
+
+
+def _at_step_zero(value: Any) -> Any:
+  """A schedule's value at step 0; TypeError when ``value`` is no schedule."""
+  try:
+    out = value(jnp.zeros([], jnp.int32))
+  except Exception as e:  # any failure says the same: not a schedule
+    raise TypeError(
+        f"is the callable {getattr(value, '__name__', value)!r}, which is "
+        f"not an optax schedule (step -> number): calling it at step 0 "
+        f"raised {type(e).__name__}: {e}") from None
+  if isinstance(out, jax.core.Tracer):
+    return None
+  if np.ndim(out) != 0:
+    raise TypeError(
+        f"is a schedule whose value at step 0 has shape {np.shape(out)}; a "
+        "schedule gives one number per step")
+  return out
+
+
 def _concrete(value: Any) -> Optional[np.ndarray]:
-  """``value``'s numbers as a flat float array, or None when they are not
-  known now (traced, or a schedule)."""
-  if callable(value) or isinstance(value, jax.core.Tracer):
+  """``value``'s numbers as a flat float array (a schedule's at step 0), or
+  None when they are not known now (traced)."""
+  if callable(value):
+    value = _at_step_zero(value)
+  if value is None or isinstance(value, jax.core.Tracer):
     return None
   arr = np.asarray(value)
   if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
@@ -50,10 +81,16 @@ def check_hparam(who: str, name: str, value: Any) -> None:
     who: the sparsifier, for the message (e.g. ``"rgsm"``).
     name: a hyperparameter with a rule (beta, lamb, lamb1, lamb2, rho,
       percent); other names are not checked.
-    value: its value, or an array of values (one per run of a sweep), each
-      checked; traced values and schedules are not checked.
+    value: its value, an array of values (one per run of a sweep), each
+      checked, or an optax schedule, checked at step 0; traced values are
+      not checked.
+
+  Raises:
+    ValueError: for a value out of range.
+    TypeError: for a value that is no real number, or a callable that is no
+      schedule.
   """
-  if name not in _RULES:
+  if name not in _RULES or value is None:
     return
   try:
     xs = _concrete(value)
@@ -73,5 +110,17 @@ def check_hparam(who: str, name: str, value: Any) -> None:
 
 
 def check_hparams(who: str, **values: Any) -> None:
+  """:func:`check_hparam` of every ``name=value``."""
   for name, value in values.items():
     check_hparam(who, name, value)
+
+
+def check_number(who: str, name: str, value: Any) -> None:
+  """Raises TypeError, in one line, for a callable where a number is needed
+  (e.g. a projection with no optimiser state to read a schedule's value
+  from)."""
+  if callable(value):
+    raise TypeError(
+        f"fkjax.sparsity {who}: {name} is a schedule, and this needs the "
+        f"number in force: pass the optimiser state (opt_state=...), whose "
+        f"sparsifier state records the value of the last step, or a number.")

@@ -1,18 +1,26 @@
 """Where a kernel's channel axes are: explicit layouts, never guessed from rank.
 
-A layout is a string with one letter per axis:
+A layout is a string with one letter per axis, each letter at most once:
 
+* ``D``, ``H``, ``W``: spatial axes (depth, height, width). A channel group
+  spans them;
 * ``I`` and ``O``: the input- and output-channel axes (exactly one each);
-* ``M``: an axis that stacks independent copies of the layer, e.g. the members
-  of an ensemble built with ``nn.vmap`` / ``nn.scan`` / ``eqx.filter_vmap``.
-  Copies are never pooled: each one has its own channel groups, and ADMM
-  prunes each one on its own;
-* any other capital letter (``D``, ``H``, ``W``, ...): a spatial axis.
+* ``M``, ``L``, ``S``: axes that stack separate copies of the layer, which
+  stay apart: ``M`` the members of an ensemble or vmapped models
+  (``nn.vmap``, ``eqx.filter_vmap``), ``L`` scanned layers (``nn.scan``,
+  ``nnx.scan``: kernels ``(L, 3, 3, I, O)``), ``S`` any other stack (e.g.
+  the runs of a sweep). The three behave alike: every index of a stacked axis
+  is a layer of its own, with its own channel groups; ADMM prunes each one on
+  its own, and the reports count each one's channels. A kernel may have
+  several (``"MLHWIO"``: an ensemble of scanned stacks).
+
+Any other letter is refused: a layout says what every axis is, so an axis is
+never pooled into the channel groups by a letter that was meant otherwise.
 
 Flax (linen and NNX) convolution kernels are ``"HWIO"``; Equinox's
 ``Conv2d.weight`` and PyTorch's are ``"OIHW"``; a 3-D convolution in Flax is
 ``"DHWIO"``; a 2-D convolution kernel whose axis 0 stacks ensemble members is
-``"MHWIO"``.
+``"MHWIO"``, one whose axis 0 stacks scanned layers ``"LHWIO"``.
 
 Every ``layout`` argument of :mod:`fkjax.sparsity` takes one of:
 
@@ -42,6 +50,19 @@ PyTree = Any
 # Flax's and Equinox's convolution kernels.
 KERNEL_NAMES = ("kernel", "weight")
 
+# What each letter of a layout is; see the module docstring.
+SPATIAL_AXES = "DHW"
+INPUT_AXIS = "I"
+OUTPUT_AXIS = "O"
+STACKED_AXES = "MLS"
+AXIS_LETTERS = SPATIAL_AXES + INPUT_AXIS + OUTPUT_AXIS + STACKED_AXES
+
+_LETTERS_HELP = (
+    "D, H, W spatial; I input channels; O output channels; M, L, S stacked "
+    "copies kept apart (M ensemble members or vmapped models, L scanned "
+    "layers, S any other stack)"
+)
+
 # Trailing path entries that name no layer: nnx.state(model) leaves end in the
 # Variable's `.value`.
 _VARIABLE_ATTRS = ("value", "raw_value")
@@ -59,19 +80,28 @@ class Layout:
 
   def __post_init__(self):
     axes = self.axes
-    if not isinstance(axes, str) or not axes.isalpha() or not axes.isupper():
+    if not isinstance(axes, str) or not axes:
       raise ValueError(
-          f"A layout is a string of capital letters such as 'HWIO', got "
-          f"{axes!r}."
+          f"A layout is a string with one letter per axis such as 'HWIO' "
+          f"({_LETTERS_HELP}), got {axes!r}."
       )
-    if axes.count("I") != 1 or axes.count("O") != 1:
+    unknown = sorted({a for a in axes if a not in AXIS_LETTERS})
+    if unknown:
       raise ValueError(
-          f"Layout {axes!r} must name exactly one input-channel axis 'I' and "
-          "one output-channel axis 'O'."
+          f"Layout {axes!r}: unknown axis letter(s) {', '.join(unknown)}; a "
+          f"layout's letters are {_LETTERS_HELP}."
       )
-    spatial = [a for a in axes if a not in "IOM"]
-    if len(set(spatial)) != len(spatial):
-      raise ValueError(f"Layout {axes!r} repeats a spatial axis.")
+    repeated = sorted({a for a in axes if axes.count(a) > 1})
+    if repeated:
+      raise ValueError(
+          f"Layout {axes!r} repeats {', '.join(repeated)}: each letter names "
+          f"one axis ({_LETTERS_HELP})."
+      )
+    if INPUT_AXIS not in axes or OUTPUT_AXIS not in axes:
+      raise ValueError(
+          f"Layout {axes!r} must name one input-channel axis 'I' and one "
+          "output-channel axis 'O'."
+      )
 
   @property
   def ndim(self) -> int:
@@ -87,17 +117,42 @@ class Layout:
     return self.axes.index("O")
 
   @property
-  def member_axes(self) -> tuple[int, ...]:
-    """Axes that stack independent copies (``M``)."""
-    return tuple(i for i, a in enumerate(self.axes) if a == "M")
+  def stack_axes(self) -> tuple[int, ...]:
+    """The stacked axes (``M``, ``L``, ``S``): separate layers, never pooled."""
+    return tuple(i for i, a in enumerate(self.axes) if a in STACKED_AXES)
+
+  @property
+  def spatial_axes(self) -> tuple[int, ...]:
+    """The spatial axes (``D``, ``H``, ``W``)."""
+    return tuple(i for i, a in enumerate(self.axes) if a in SPATIAL_AXES)
+
+  @property
+  def layer(self) -> "Layout":
+    """The layout of one layer of the stack: the stacked letters left out."""
+    return Layout("".join(a for a in self.axes if a not in STACKED_AXES))
+
+  def _layers_first_order(self) -> tuple[int, ...]:
+    stack = self.stack_axes
+    return stack + tuple(i for i in range(self.ndim) if i not in stack)
+
+  def layers_first(self, x: Any) -> Any:
+    """``x`` (a kernel of this layout, or one reduced with ``keepdims``) with
+    its stacked axes moved to the front, in order: ``x[m, l]`` is then one
+    layer. Works on NumPy and JAX arrays alike."""
+    return x.transpose(self._layers_first_order())
+
+  def layers_back(self, x: Any) -> Any:
+    """The inverse of :meth:`layers_first`."""
+    order = self._layers_first_order()
+    return x.transpose(tuple(order.index(i) for i in range(self.ndim)))
 
   def group_axes(self, group: str) -> tuple[int, ...]:
     """The axes one channel group spans.
 
     Args:
       group: ``"input"`` (a group is one input channel: every axis but ``I``
-        and the member axes) or ``"output"`` (one filter: every axis but
-        ``O`` and the member axes).
+        and the stacked axes) or ``"output"`` (one filter: every axis but
+        ``O`` and the stacked axes).
     """
     if group == "input":
       keep = self.in_axis
@@ -109,7 +164,7 @@ class Layout:
           "tuple of axes."
       )
     return tuple(
-        i for i in range(self.ndim) if i != keep and i not in self.member_axes
+        i for i in range(self.ndim) if i != keep and i not in self.stack_axes
     )
 
   def __str__(self) -> str:
@@ -281,7 +336,8 @@ def tree_map_with_layouts(
           f"{tuple(getattr(x, 'shape', ()))}, which no layout describes "
           f"(layouts: {spec.describe()}), so its channel axes are unknown. "
           "Pass its layout with `layout=` (e.g. 'MHWIO' for kernels whose "
-          "axis 0 stacks ensemble members), or explicit axes as `group`."
+          "axis 0 stacks ensemble members, 'LHWIO' for scanned layers), or "
+          "explicit axes as `group`."
       )
     return fn(x, found, *xs)
 

@@ -42,7 +42,8 @@ def _ambiguous_kernel_error(path, leaf) -> ValueError:
       f"a rank-{leaf.ndim} {name!r} could be a 3-D convolution or a stack of "
       "2-D ones, and fkjax.sparsity does not guess. Say where its axes are "
       "with `layout=`, e.g. layout='MHWIO' when axis 0 stacks ensemble members "
-      "(fkjax's EnResNet, nn.vmap), 'DHWIO' for a 3-D convolution, "
+      "(fkjax's EnResNet, nn.vmap), 'LHWIO' when it stacks scanned layers "
+      "(nn.scan), 'DHWIO' for a 3-D convolution, "
       "('HWIO', 'MHWIO') for a tree holding both plain and stacked kernels; "
       "or leave it out with `mask=`."
   )
@@ -132,7 +133,8 @@ def nothing_selected_error(
       msg += (" Leaves with those names but another rank: "
               + ", ".join(near[:4]) + (", ..." if len(near) > 4 else "")
               + "; pass `layout=` with their layout (e.g. 'MHWIO' for "
-              "kernels whose axis 0 stacks ensemble members).")
+              "kernels whose axis 0 stacks ensemble members, 'LHWIO' for "
+              "scanned layers).")
     else:
       msg += (" For kernels with other names pass `layout={name: layout}`, "
               "or select leaves with `mask=`.")

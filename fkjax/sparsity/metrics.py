@@ -3,8 +3,12 @@
 * Weight sparsity: % of exactly-zero entries among the sparsified leaves (and,
   separately, among all parameters).
 * Channel sparsity: % of channel groups whose ℓ2 norm is ``< 1e-15``, among the
-  sparsified leaves. Member-stacked kernels (layout ``"MHWIO"``) count one
-  group per member.
+  sparsified leaves. Stacked kernels (layouts ``"MHWIO"``, ``"LHWIO"``, ...)
+  count one group per channel of every layer of the stack.
+
+The reports take any tree a user holds; leaves that are not weights (see
+:mod:`fkjax.sparsity.leaves`) are left out of every count and named in the
+report.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import jax
 import numpy as np
 
 from fkjax.sparsity import layouts as layouts_lib
+from fkjax.sparsity import leaves as leaves_lib
 from fkjax.sparsity import masks
 from fkjax.sparsity import operators
 
@@ -33,9 +38,10 @@ class LayerSparsity:
     shape: the leaf's shape.
     size: number of entries.
     zeros: number of exactly-zero entries.
-    num_channels: number of channel groups (times members, if stacked).
+    num_channels: number of channel groups (of every layer, if stacked).
     channels_pruned: groups with norm ``< 1e-15``.
-    channel_norms: the group norms, shape ``(*members, channels)``.
+    channel_norms: the group norms, shape ``(*stack, channels)``: one row per
+      layer of a stacked kernel (its ``M``, ``L``, ``S`` axes, in order).
     layout: the leaf's layout, e.g. ``"HWIO"``; empty when it has none
       (only possible with explicit ``group`` axes).
   """
@@ -60,15 +66,18 @@ class SparsityReport:
 
   Attributes:
     weight_sparsity: % zero entries among the sparsified (masked) leaves.
-    total_weight_sparsity: % zero entries among all parameters.
+    total_weight_sparsity: % zero entries among all parameters (weights).
     channel_sparsity: % channel groups with norm < 1e-15 (masked leaves).
     layers: one :class:`LayerSparsity` per masked leaf, in tree order.
+    skipped: the leaves that are not weights (RNG keys, counters, BatchNorm
+      statistics, functions, ...), left out of every count, in tree order.
   """
 
   weight_sparsity: float
   total_weight_sparsity: float
   channel_sparsity: float
   layers: tuple[LayerSparsity, ...]
+  skipped: tuple[leaves_lib.SkippedLeaf, ...] = ()
 
   def channel_norms(self) -> np.ndarray:
     """All channel-group norms as one flat array (the paper's histograms)."""
@@ -110,6 +119,11 @@ class SparsityReport:
     ]
     lines.insert(1, "-" * len(lines[0]))
     lines.append(f"all parameters: {self.total_weight_sparsity:.2f} % zeros")
+    by_kind: dict[str, list[str]] = {}
+    for leaf in self.skipped:
+      by_kind.setdefault(leaf.kind, []).append(leaf.name)
+    for kind, names in by_kind.items():
+      lines.append(f"not weights, left out ({kind}): {', '.join(names)}")
     return "\n".join(lines)
 
 
@@ -118,16 +132,17 @@ def _channel_norms(
     group: operators.Group,
     layout: layouts_lib.Layout | None,
 ) -> np.ndarray:
+  """The group norms, one row per layer of the stack (see LayerSparsity)."""
   # `layout` is None only with explicit group axes: one flat row of groups.
   axes = operators.group_axes(group, w.ndim, layout or "HWIO")
   norms = np.sqrt(np.sum(np.square(w.astype(np.float64)), axis=axes,
                          keepdims=True))
-  # One row of groups per member, so histograms and counts see every member's
-  # channels.
-  members = () if layout is None else layout.member_axes
-  front = tuple(range(len(members)))
-  norms = np.moveaxis(norms, members, front)
-  return norms.reshape(*norms.shape[: len(members)], -1)
+  if layout is None:
+    return norms.reshape(-1)
+  # The operators' per-layer order, so histograms and counts see every
+  # layer's channels.
+  norms = layout.layers_first(norms)
+  return norms.reshape(*norms.shape[: len(layout.stack_axes)], -1)
 
 
 def sparsity_report(
@@ -139,9 +154,12 @@ def sparsity_report(
   """Weight and channel sparsity of ``params``, overall and per layer.
 
   Args:
-    params: a parameter tree (device or host arrays; fetched to the host):
-      Flax linen params, ``nnx.state(model)``, ``eqx.filter(model,
-      eqx.is_array)``, a dict.
+    params: any tree holding the weights (device or host arrays; fetched to
+      the host): Flax linen params or variables, ``nnx.state(model)``, an
+      Equinox module, dicts, lists, tuples. Leaves that are not weights (RNG
+      keys, counters, BatchNorm statistics, functions, ...; see
+      :mod:`fkjax.sparsity.leaves`) are left out and named in
+      ``SparsityReport.skipped``.
     mask: the sparsified leaves; default: conv kernels.
     group: channel grouping for channel counts and norms.
     layout: the kernels' layouts (see :mod:`fkjax.sparsity.layouts`).
@@ -150,44 +168,27 @@ def sparsity_report(
     A :class:`SparsityReport`.
 
   Raises:
-    ValueError: when the mask selects no leaf, or a selected leaf has no
+    ValueError: when the mask selects no weight, or a selected leaf has no
       layout and ``group`` is a name.
   """
   operators.check_group(group)
   spec = layouts_lib.normalize(layout)
-  host = jax.device_get(params)
-  keep = masks.select("sparsity_report", mask, host, spec)
-  leaves = jax.tree_util.tree_leaves_with_path(host)
-  keep_leaves = jax.tree.leaves(keep)
+  keep = jax.tree.leaves(masks.resolve_mask(mask, params, spec))
+  kinds = leaves_lib.classify(params)
   total_zeros = total_size = 0
-  layers = []
-  for (path, leaf), is_masked in zip(leaves, keep_leaves):
-    w = np.asarray(leaf)
-    zeros = int(np.count_nonzero(w == 0))
-    total_zeros += zeros
-    total_size += w.size
-    if not is_masked:
+  layers, skipped = [], []
+  for (path, leaf), is_masked, kind in zip(
+      jax.tree_util.tree_leaves_with_path(params), keep, kinds, strict=True):
+    if kind is not None:
+      skipped.append(leaves_lib.SkippedLeaf(masks.path_name(path), kind))
       continue
-    found = spec.for_leaf(path, w)
-    if found is None and isinstance(group, str):
-      raise ValueError(
-          f"fkjax.sparsity.sparsity_report: {masks.path_name(path)!r} has "
-          f"shape {w.shape}, which no layout describes ({spec.describe()}): "
-          "pass its layout with `layout=`, or explicit axes as `group`."
-      )
-    norms = _channel_norms(w, group, found)
-    layers.append(
-        LayerSparsity(
-            name=masks.path_name(path),
-            shape=tuple(w.shape),
-            size=int(w.size),
-            zeros=zeros,
-            num_channels=int(norms.size),
-            channels_pruned=int(np.count_nonzero(norms < CHANNEL_ZERO_TOL)),
-            channel_norms=norms,
-            layout=str(found) if found else "",
-        )
-    )
+    w = np.asarray(jax.device_get(leaf))
+    total_zeros += int(np.count_nonzero(w == 0))
+    total_size += w.size
+    if is_masked:
+      layers.append(_layer_sparsity(path, w, group, spec))
+  if not layers:
+    raise masks.nothing_selected_error("sparsity_report", mask, params, spec)
   return SparsityReport(
       weight_sparsity=_percent(
           sum(l.zeros for l in layers), sum(l.size for l in layers)
@@ -198,4 +199,31 @@ def sparsity_report(
           sum(l.num_channels for l in layers),
       ),
       layers=tuple(layers),
+      skipped=tuple(skipped),
+  )
+
+
+def _layer_sparsity(
+    path: tuple[Any, ...],
+    w: np.ndarray,
+    group: operators.Group,
+    spec: layouts_lib.Layouts,
+) -> LayerSparsity:
+  found = spec.for_leaf(path, w)
+  if found is None and isinstance(group, str):
+    raise ValueError(
+        f"fkjax.sparsity.sparsity_report: {masks.path_name(path)!r} has "
+        f"shape {w.shape}, which no layout describes ({spec.describe()}): "
+        "pass its layout with `layout=`, or explicit axes as `group`."
+    )
+  norms = _channel_norms(w, group, found)
+  return LayerSparsity(
+      name=masks.path_name(path),
+      shape=tuple(w.shape),
+      size=int(w.size),
+      zeros=int(np.count_nonzero(w == 0)),
+      num_channels=int(norms.size),
+      channels_pruned=int(np.count_nonzero(norms < CHANNEL_ZERO_TOL)),
+      channel_norms=norms,
+      layout=str(found) if found else "",
   )

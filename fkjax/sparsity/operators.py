@@ -5,9 +5,10 @@ hyperparameters (so the transformations built on top of them work with
 ``optax.inject_hyperparams``).
 
 Channel groups follow the kernel's layout (:mod:`fkjax.sparsity.layouts`),
-Flax's ``"HWIO"`` by default. Axes marked ``M`` in the layout (e.g. the member
-axis of an ensemble's ``"MHWIO"`` kernels) index separate groups and separate
-layers: members are never folded together. Nothing is inferred from the rank.
+Flax's ``"HWIO"`` by default. The stacked axes of a layout (``M``, ``L``,
+``S``: an ensemble's members in ``"MHWIO"``, scanned layers in ``"LHWIO"``)
+index separate groups and separate layers: they are never folded together.
+Nothing is inferred from the rank.
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def group_axes(
       raise ValueError(
           f"Channel group {group!r} with layout {layout} needs a rank-"
           f"{layout.ndim} kernel, got a rank-{ndim} array. Pass its layout "
-          "(e.g. 'MHWIO' for member-stacked kernels, 'OIHW' for Equinox), or "
-          "explicit axes as `group`."
+          "(e.g. 'MHWIO' for member-stacked kernels, 'LHWIO' for scanned "
+          "layers, 'OIHW' for Equinox), or explicit axes as `group`."
       )
     return layout.group_axes(group)
   axes = tuple(int(a) for a in group)
@@ -142,7 +143,7 @@ def group_l0_prox(
     beta: splitting weight β.
     group: channel grouping, see :func:`group_axes`.
     layout: the kernel's layout, e.g. ``"HWIO"`` (Flax), ``"OIHW"``
-      (Equinox), ``"MHWIO"`` (member-stacked).
+      (Equinox), ``"MHWIO"`` (member-stacked), ``"LHWIO"`` (scanned layers).
   """
   w = jnp.asarray(w)
   sq = _sum_of_squares(w, group_axes(group, w.ndim, layout), keepdims=True)
@@ -168,6 +169,20 @@ def group_lasso_grad(
   return (lamb2 * w / jnp.sqrt(sq + GROUP_LASSO_EPS)).astype(w.dtype)
 
 
+def _floor_percent_of(percent: ArrayLike, n: int) -> Array:
+  """``⌊percent · n / 100⌋``, exact also for a traced ``percent``.
+
+  Under ``jit`` XLA turns the division by the constant 100 into a product by
+  its rounded reciprocal, so ``50 · 216 / 100`` gives 107.99999 and the floor
+  107; the two integer comparisons below put the quotient right (they are
+  exact for ``percent · n`` below 2^24 / 100).
+  """
+  scaled = jnp.asarray(percent, jnp.float32) * n
+  q = jnp.floor(scaled / 100.0)
+  q = jnp.where((q + 1.0) * 100.0 <= scaled, q + 1.0, q)
+  return jnp.where(q * 100.0 > scaled, q - 1.0, q)
+
+
 def _keep_largest(scores: Array, percent: ArrayLike) -> Array:
   """Boolean mask over the last axis keeping all but the ⌊p·n/100⌋ smallest.
 
@@ -175,33 +190,28 @@ def _keep_largest(scores: Array, percent: ArrayLike) -> Array:
   per row, even with ties; among equal scores the earlier index goes first.
   """
   n = scores.shape[-1]
-  n_drop = jnp.floor(jnp.asarray(percent, jnp.float32) * n / 100.0)
-  n_drop = jnp.clip(n_drop, 0, n).astype(jnp.int32)
+  n_drop = jnp.clip(_floor_percent_of(percent, n), 0, n).astype(jnp.int32)
   ranks = jnp.argsort(jnp.argsort(scores, axis=-1, stable=True), axis=-1)
   return ranks >= n_drop
 
 
 def _per_layer(
-    keep_fn, scores: Array, percent: ArrayLike, member_axes: tuple[int, ...]
+    keep_fn, scores: Array, percent: ArrayLike,
+    layout: Optional[layouts_lib.Layout],
 ) -> Array:
-  """``keep_fn(rows, percent)`` over each layer: every index of ``member_axes``.
+  """``keep_fn(rows, percent)`` over each layer: every index of the layout's
+  stacked axes (``None``: the whole array is one layer).
 
-  ``keep_fn`` sees the scores as ``(*members, n)``, one row per layer, the
+  ``keep_fn`` sees the scores as ``(*stack, n)``, one row per layer, the
   ``n`` entries in C order of the remaining axes (for channel norms kept with
   ``keepdims``: the channel index), and returns a boolean mask shaped alike.
   """
-  front = tuple(range(len(member_axes)))
-  moved = jnp.moveaxis(scores, member_axes, front)
-  members = moved.shape[: len(member_axes)]
-  keep = keep_fn(moved.reshape(*members, -1), percent)
-  return jnp.moveaxis(keep.reshape(moved.shape), front, member_axes)
-
-
-def _keep_largest_per_layer(
-    scores: Array, percent: ArrayLike, member_axes: tuple[int, ...]
-) -> Array:
-  """:func:`_keep_largest` over each layer: every index of ``member_axes``."""
-  return _per_layer(_keep_largest, scores, percent, member_axes)
+  if layout is None:
+    return keep_fn(scores.reshape(-1), percent).reshape(scores.shape)
+  moved = layout.layers_first(scores)
+  stack = moved.shape[: len(layout.stack_axes)]
+  keep = keep_fn(moved.reshape(*stack, -1), percent)
+  return layout.layers_back(keep.reshape(moved.shape))
 
 
 def _authors_keep_elements(w: Array, percent: ArrayLike) -> Array:
@@ -299,8 +309,8 @@ def admm_projection(
 ) -> Array:
   """ADMM's projection: zero the ``percent`` % smallest entries (or channels).
 
-  The projection is per layer, and per member for member-stacked kernels
-  (layout ``"MHWIO"``).
+  The projection is per layer: per member, scanned layer, ... for stacked
+  kernels (the ``M``, ``L``, ``S`` axes of the layout, e.g. ``"MHWIO"``).
 
   ``variant="exact"`` (the default): each layer keeps its own largest
   ``(100 − percent)`` % magnitudes (``structure="element"``) or channel-group
@@ -333,32 +343,26 @@ def admm_projection(
   w = jnp.asarray(w)
   check_structure(structure)
   check_variant(variant)
-  if layout is None:
-    member_axes = ()
-    layout = "HWIO"
-  else:
+  if layout is not None:
     layout = layouts_lib.as_layout(layout)
     if layout.ndim != w.ndim:
       raise ValueError(
           f"Layout {layout} needs a rank-{layout.ndim} kernel, got a rank-"
           f"{w.ndim} array."
       )
-    member_axes = layout.member_axes
   exact = variant == "exact"
   if structure == "element":
-    if exact:
-      keep = _keep_largest_per_layer(jnp.abs(w), percent, member_axes)
-    else:
-      keep = _per_layer(_authors_keep_elements, w, percent, member_axes)
+    keep_fn = _keep_largest if exact else _authors_keep_elements
+    keep = _per_layer(keep_fn, jnp.abs(w) if exact else w, percent, layout)
   else:
     sq = _sum_of_squares(w, group_axes(group, w.ndim, layout), keepdims=True)
-    # The group index runs over the kept (non-reduced) axes; member axes stay
+    # The group index runs over the kept (non-reduced) axes; stacked axes stay
     # separate layers.
     if exact:
-      keep = _keep_largest_per_layer(sq, percent, member_axes)
+      keep = _per_layer(_keep_largest, sq, percent, layout)
     else:
       # Norms, not squares (the percentile interpolates between them), with
       # the authors' 1e-8 under the root.
       keep = _per_layer(_authors_keep_channels,
-                        jnp.sqrt(sq + GROUP_LASSO_EPS), percent, member_axes)
+                        jnp.sqrt(sq + GROUP_LASSO_EPS), percent, layout)
   return jnp.where(keep, w, jnp.zeros_like(w))

@@ -16,6 +16,7 @@ def project(
     *,
     mask: masks.Mask = masks.CONV_KERNELS,
     layout: layouts_lib.LayoutSpec = None,
+    opt_state: Any = None,
     **hparams: Any,
 ) -> PyTree:
   """Returns the sparse ``u`` for ``params``: the weights the paper evaluates.
@@ -23,7 +24,9 @@ def project(
   The paper replaces ``w`` by ``u`` at the end of every epoch; a training loop
   does ``params = project(params, method, **hparams)``. The same as
   ``get_sparsifier(method, mask=mask, layout=layout, **hparams)``
-  ``.project(params)``.
+  ``.project(params, opt_state)``: with ``opt_state`` (the optimiser's), the
+  hyperparameters its last update used (schedules, ``inject_hyperparams``);
+  without, the numbers given.
 
   * ``"none"``: ``params`` unchanged.
   * ``"rvsm"`` (``beta, lamb``): hard threshold at ``sqrt(2 lamb / beta)``.
@@ -41,7 +44,8 @@ def project(
   Raises:
     ValueError: for an unknown method, an invalid value, or a mask that
       selects nothing.
-    TypeError: for missing or unexpected hyperparameters.
+    TypeError: for missing or unexpected hyperparameters, or a schedule
+      without ``opt_state``.
   """
   return sparsifiers.get_sparsifier(
-      method, mask=mask, layout=layout, **hparams).project(params)
+      method, mask=mask, layout=layout, **hparams).project(params, opt_state)

@@ -11,7 +11,11 @@ class WorkdirError(RuntimeError):
 
 def check_workdir(workdir: str | os.PathLike[str]) -> None:
   """Raises :class:`WorkdirError` where ``workdir`` names an existing file,
-  or lies below one, instead of a directory (existing or not)."""
+  or lies below one, instead of a directory (existing or not), or is empty
+  (which would name the current directory)."""
+  if not os.fspath(workdir):
+    raise WorkdirError("--workdir is empty: give the directory that holds "
+                       "(or will hold) the run")
   path = os.path.abspath(os.fspath(workdir))
   node = path
   while True:

@@ -39,6 +39,7 @@ import jax
 import jaxlib
 
 from fkjax import atomic
+from fkjax import environment
 
 SOURCES = tuple(pathlib.Path(__file__).with_name(name)
                 for name in ("onednn_conv.cc", "noise_cpu.cc"))
@@ -56,12 +57,12 @@ class OneDnnUnavailable(RuntimeError):
 
 
 def onednn_root() -> pathlib.Path:
-  return pathlib.Path(os.environ.get("FKJAX_ONEDNN_ROOT") or sys.prefix)
+  return pathlib.Path(environment.text("FKJAX_ONEDNN_ROOT") or sys.prefix)
 
 
 def cache_dir() -> pathlib.Path:
   default = pathlib.Path("~/.cache/fkjax/onednn").expanduser()
-  return pathlib.Path(os.environ.get("FKJAX_ONEDNN_CACHE") or default)
+  return pathlib.Path(environment.text("FKJAX_ONEDNN_CACHE") or default)
 
 
 def _library_path(root: pathlib.Path, compiler: str) -> pathlib.Path:

@@ -32,6 +32,8 @@ import pkgutil
 import sys
 import warnings
 
+from fkjax import environment
+
 DEFAULT_CPU_FLAGS: dict[str, str] = {
     "--xla_cpu_experimental_ynn_fusion_type": "reduce",
     "--xla_cpu_enable_concurrency_optimized_scheduler": "false",
@@ -57,7 +59,7 @@ def apply_xla_flags() -> list[str]:
   Returns:
     The flags added (``--name=value``), often none.
   """
-  if os.environ.get(DISABLE_ENV):
+  if environment.enabled(DISABLE_ENV):
     return []
   current = os.environ.get("XLA_FLAGS", "")
   present = {item.split("=", 1)[0] for item in current.split()}
