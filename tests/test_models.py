@@ -216,9 +216,8 @@ def test_every_member_execution_draws_the_unrolled_keys(small_batch, other):
 
   def step_noise(model, key):
     """The training step's forward pass: noise on, batch statistics."""
-    return jax.jit(lambda v, x: model.apply(
-        v, x, train=True, rngs={"noise": key}, mutable="batch_stats"))(
-            expected, small_batch)
+    return jit_apply(model)(expected, small_batch, train=True,
+                            rngs={"noise": key}, mutable="batch_stats")
 
   a, b = (step_noise(m, jax.random.key(5)) for m in (unrolled, form))
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5,
