@@ -1,5 +1,6 @@
 """What each entry point (train.py, eval.py, export.py, ``python -m
-reproduce``, benchmarks/gpu_bench.py) does first, before its imports.
+reproduce``, ``python -m reproduce.analysis``, benchmarks/gpu_bench.py) does
+first, before its imports.
 
 :func:`start` makes two things one line on stderr, at any moment from then
 on, the entry point's own imports included (they run before
