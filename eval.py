@@ -10,10 +10,11 @@ evaluated (``config.eval.*``, ``config.kernels.*``, data location, devices,
 progress). Results go to ``<workdir>/eval_<protocol>[_eot<K>].json`` and
 ``<workdir>/plots/*.png``.
 """
-# First, before the imports below (seconds): Ctrl-C during them is one line.
-from fkjax import interrupt
+# First, before the imports below (seconds): Ctrl-C, or a missing package of
+# the [train] extra, during them is one line (fkjax.entry).
+from fkjax import entry
 if __name__ == "__main__":
-  interrupt.install()
+  entry.start()
 # pylint: disable=wrong-import-position
 
 import os

@@ -16,10 +16,11 @@ layer, before and after), prints the cost table, and checks on test images
 that the saved model, loaded back, gives the checkpoint's logits (same noise
 key). Load it with ``fkjax.slim.load_slim(out)`` (docs/slim.md).
 """
-# First, before the imports below (seconds): Ctrl-C during them is one line.
-from fkjax import interrupt
+# First, before the imports below (seconds): Ctrl-C, or a missing package of
+# the [train] extra, during them is one line (fkjax.entry).
+from fkjax import entry
 if __name__ == "__main__":
-  interrupt.install()
+  entry.start()
 # pylint: disable=wrong-import-position
 
 import os

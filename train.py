@@ -10,10 +10,11 @@ program, each in ``<workdir>/<run name>/`` (docs/sweeps.md). A mistake
 (bad config value, missing data, a workdir of another run) ends in one line
 ``error: ...``; ``--traceback`` shows the traceback.
 """
-# First, before the imports below (seconds): Ctrl-C during them is one line.
-from fkjax import interrupt
+# First, before the imports below (seconds): Ctrl-C, or a missing package of
+# the [train] extra, during them is one line (fkjax.entry).
+from fkjax import entry
 if __name__ == "__main__":
-  interrupt.install()
+  entry.start()
 # pylint: disable=wrong-import-position
 
 from absl import flags

@@ -37,10 +37,11 @@ ResNet8, a few images, short roofs) on a CPU, compiled with
 """
 from __future__ import annotations
 
-# First, before the imports below (seconds): Ctrl-C during them is one line.
-from fkjax import interrupt
+# First, before the imports below (seconds): Ctrl-C, or a missing package of
+# the [train] extra, during them is one line (fkjax.entry).
+from fkjax import entry
 if __name__ == "__main__":
-  interrupt.install()
+  entry.start()
 # pylint: disable=wrong-import-position
 
 import argparse

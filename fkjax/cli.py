@@ -19,11 +19,13 @@ from typing import Any, Callable, Sequence
 from absl import app
 from absl import flags
 
+from fkjax import entry
 from fkjax import environment
+from fkjax import extras
 from fkjax import interrupt
 from fkjax import oserrors
 
-TRACEBACK_ENV = "FKJAX_TRACEBACK"
+TRACEBACK_ENV = entry.TRACEBACK_ENV
 # Ctrl-C's line.
 INTERRUPTED = interrupt.INTERRUPTED
 
@@ -40,11 +42,7 @@ flags.DEFINE_bool("allow_unverified_checkpoint", False,
                   f"refused (also {ALLOW_UNVERIFIED_ENV}=1).")
 
 
-def show_traceback(argv: Sequence[str] = ()) -> bool:
-  if environment.enabled(TRACEBACK_ENV):
-    return True
-  return any(a in ("--traceback", "--traceback=true", "--traceback=1")
-             for a in argv)
+show_traceback = entry.show_traceback
 
 
 # The exception types that mean a mistake of the user's, not a bug: module ->
@@ -294,13 +292,16 @@ def exit(code: int) -> None:  # pylint: disable=redefined-builtin
 
 def error_line(exc: BaseException) -> str | None:
   """The one line that says ``exc``, or None where it is a bug (shown with
-  its traceback): a user's mistake (:func:`is_user_error`), or a system
+  its traceback): a user's mistake (:func:`is_user_error`), a package of
+  the ``[train]`` extra not installed (:mod:`fkjax.extras`), or a system
   error on a path (:mod:`fkjax.oserrors`: the path, the flag that gave it,
   what to do)."""
   if show_traceback():
     return None
   if is_user_error(exc):
     return one_line(exc)
+  if extras.missing(exc) is not None:
+    return extras.missing_line(exc)
   cause = oserrors.os_error(exc)
   if cause is not None and oserrors.is_path_error(cause):
     return oserrors.describe(cause)

@@ -25,6 +25,13 @@ projection (issue 16, protocol table).
 """
 from __future__ import annotations
 
+# First, before the imports below (seconds): Ctrl-C, or a missing package of
+# the [train] extra, during them is one line (fkjax.entry).
+from fkjax import entry
+if __name__ == "__main__":
+  entry.start()
+# pylint: disable=wrong-import-position
+
 import argparse
 import os
 import sys
@@ -169,14 +176,9 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=main.__doc__)
   parser.add_argument("--workdir", required=True)
   args = parser.parse_args(argv)
-  try:
-    config = run_config.config_for_eval(args.workdir, None, {}, False)
-    summary = analyze_run(config, args.workdir)
-  except Exception as e:  # pylint: disable=broad-except
-    # A wrong or unfinished workdir is one line, as in eval.py.
-    if not cli.is_user_error(e):
-      raise
-    cli.fail(cli.one_line(e))
+  # A wrong or unfinished workdir is one line (cli.guard), as in eval.py.
+  config = run_config.config_for_eval(args.workdir, None, {}, False)
+  summary = analyze_run(config, args.workdir)
   for tag in ("w", "u"):
     s = summary[tag]
     print(f"{tag}: |w|<1e-3 {s['small_share']:.2f}%, zeros "
@@ -187,4 +189,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(cli.guard(main))

@@ -100,6 +100,26 @@ def test_train_rejects_bad_input_in_one_line(tmp_path, args, fragments, code):
   assert not (workdir / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("args,fragments", [
+    (["--config.training.batch_size=20"],
+     ["config.training.batch_size=20", "8 devices", "multiple of 8"]),
+    # 68 training images: the last batch of 4 cannot split.
+    (["--config.dataset.synthetic_sizes=(100,32)"],
+     ["last training batch (4 of 68 images)", "8 devices",
+      "config.training.drop_last=True"]),
+])
+def test_a_training_batch_that_cannot_split_is_refused_before_any_step(
+    tmp_path, args, fragments):
+  """On 8 devices, naming the setting; evaluation batches are padded
+  instead (tests/test_any_device_count.py)."""
+  workdir = tmp_path / "run"
+  proc = _run(["train.py", "--config=configs/tiny.py",
+               f"--workdir={workdir}", *args],
+              env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  _assert_one_line_error(proc, *fragments, code=1)
+  assert not (workdir / "checkpoints").exists()
+
+
 def test_a_workdir_that_is_a_file_is_one_line(tmp_path):
   a_file = tmp_path / "a_file"
   a_file.write_text("kept")

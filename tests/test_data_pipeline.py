@@ -219,6 +219,26 @@ def test_eval_batches_across_processes_cover_each_example_once():
   np.testing.assert_array_equal(np.sort(labels), np.arange(45))
 
 
+def test_eval_batches_padded_to_more_rows_hold_the_same_examples():
+  """Rows past the batch size (a multiple of the devices) are padding: each
+  batch keeps its examples, in every process's slice."""
+  split = _id_split(37)
+  plain = list(data.eval_batches(split, 20))
+  for count in (1, 2):
+    parts = [list(data.eval_batches(split, 20, rows=24, process_index=p,
+                                    process_count=count))
+             for p in range(count)]
+    joined = [{k: np.concatenate([p[i][k] for p in parts])
+               for k in ("label", "mask")} for i in range(len(plain))]
+    assert all(len(p) == len(plain) for p in parts)
+    for padded, batch in zip(joined, plain):
+      assert padded["mask"].shape == (24,) and not padded["mask"][20:].any()
+      np.testing.assert_array_equal(padded["label"][padded["mask"]],
+                                    batch["label"][batch["mask"]])
+  with pytest.raises(ValueError, match="rows"):
+    data.eval_batches(split, 20, rows=16)
+
+
 def test_eval_batches_of_an_empty_split_yield_nothing():
   empty = data.Split(np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int32))
   assert list(data.eval_batches(empty, 8)) == []

@@ -224,6 +224,19 @@ def test_every_variable_fkjax_names_is_declared():
   assert _fkjax_variables_in_sources() <= declared
 
 
+def test_the_docs_list_exactly_the_declared_variables():
+  # docs/training.md's table, generated from fkjax.environment.VARIABLES:
+  # each variable once, in order, with its declared meaning.
+  docs = (REPO / "docs" / "training.md").read_text()
+  rows = re.findall(r"^\| `(FKJAX_\w+)` \| ([^|]+) \|", docs, re.M)
+  assert rows == [(v.name, v.meaning) for v in environment.VARIABLES]
+  # Its exit statuses are the code's.
+  from fkjax import interrupt
+  section = docs.split("## Exit status", 1)[1].split("\n## ", 1)[0]
+  statuses = re.findall(r"^\| (\d+) \|", section, re.M)
+  assert statuses == ["0", "1", "2", str(interrupt.EXIT_CODE)]
+
+
 def test_nothing_reads_the_environment_around_the_declaration():
   # Every FKJAX_ variable is read through fkjax.environment (one meaning
   # of a value everywhere): no os.environ.get / getenv of one elsewhere.

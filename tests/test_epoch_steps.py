@@ -182,3 +182,28 @@ def test_a_suggested_training_batch_passes_the_same_check(monkeypatch):
   real_check(compiled, suggested, "the training step",
              batch_key="config.training.batch_size",
              free=(free, "RAM available"))
+
+
+def test_a_ctrl_c_that_a_step_swallowed_stops_before_the_next_step(
+    monkeypatch):
+  from fkjax import interrupt
+  ran = []
+
+  def step_fn(state, feed, step):
+    ran.append(step)
+    if step == 13:
+      # A Ctrl-C arrives (fkjax.interrupt's handler marks it and raises
+      # KeyboardInterrupt) in library code that catches and drops it.
+      monkeypatch.setattr(interrupt._State, "requested", True)
+      try:
+        raise KeyboardInterrupt
+      except KeyboardInterrupt:
+        pass
+    return state + 1, {"loss": 1.0}
+
+  with interrupt.raising(), pytest.raises(KeyboardInterrupt):
+    train.epoch_steps(
+        0, iter(range(6)), first_step=12, skip=0, steps_per_epoch=6,
+        step_fn=step_fn, on_metrics=lambda step, m: {}, save=None,
+        checkpoint_every=0, desc="epoch", progress=False)
+  assert ran == [12, 13]

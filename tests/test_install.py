@@ -164,3 +164,110 @@ def test_the_wheel_installs_the_library_alone(tmp_path):
   # The training side is [train]'s: it misses one of its packages.
   missing = proc.stdout.strip().removeprefix("training needs: ")
   assert missing in ("ml_collections", "tqdm", "tensorboardX", "matplotlib")
+
+
+# --------------------------------------------------------------------------
+# Without the [train] extra, the entry points say what to install.
+
+def test_the_extras_packages_are_pyprojects_train_extra():
+  from fkjax import extras
+  wanted = {canonicalize_name(Requirement(r).name)
+            for r in _project()["optional-dependencies"]["train"]}
+  assert {canonicalize_name(d) for d in extras.TRAIN.values()} == wanted
+  # Each is imported by the name it is listed under.
+  provided = md.packages_distributions()
+  for module, dist in extras.TRAIN.items():
+    assert canonicalize_name(dist) in map(canonicalize_name,
+                                          provided.get(module, ())), module
+
+
+# ``python -c _HIDDEN PACKAGE SCRIPT ARGS...`` runs SCRIPT (``-m`` MODULE) as
+# if PACKAGE were not installed.
+_HIDDEN = """
+import runpy, sys
+hidden = sys.argv[1]
+class Hidden:
+  def find_spec(self, name, path=None, target=None):
+    if name.split(".")[0] == hidden:
+      raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    return None
+sys.meta_path.insert(0, Hidden())
+sys.argv = sys.argv[2:]
+if sys.argv[0] == "-m":
+  sys.argv = sys.argv[1:]
+  runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+  runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _without(package, *command, **env):
+  return subprocess.run(
+      [sys.executable, "-c", _HIDDEN, package, *command], cwd=REPO,
+      capture_output=True, text=True, timeout=120,
+      env={**{k: v for k, v in os.environ.items()
+              if not k.startswith("FKJAX_")}, "PYTHONPATH": str(REPO), **env})
+
+
+@pytest.mark.parametrize("package,command", [
+    ("ml_collections", ("train.py", "--config=configs/tiny.py",
+                        "--workdir=unused")),
+    ("absl", ("eval.py", "--workdir=unused")),
+    ("absl", ("-m", "reproduce", "--help")),
+])
+def test_a_missing_train_package_is_one_line(package, command):
+  from fkjax import extras
+  proc = _without(package, *command)
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert proc.returncode == 1, proc.stderr
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith(f"error: {extras.TRAIN[package]} is not "
+                             "installed"), proc.stderr
+  assert lines[0].endswith(extras.INSTALL), proc.stderr
+
+
+def test_traceback_shows_a_missing_packages_traceback():
+  proc = _without("ml_collections", "train.py", "--traceback")
+  assert proc.returncode == 1
+  assert proc.stderr.splitlines()[-1] == (
+      "ModuleNotFoundError: No module named 'ml_collections'"), proc.stderr
+
+
+def test_the_handler_says_a_missing_train_package_in_one_line():
+  """Inside the command's work (imports a function makes when it runs)."""
+  from fkjax import cli, extras
+  wrapped = RuntimeError("while building the loop")
+  wrapped.__cause__ = ModuleNotFoundError("No module named 'tqdm.auto'",
+                                          name="tqdm.auto")
+  line = cli.error_line(wrapped)
+  assert line == extras.missing_line(wrapped)
+  assert line.startswith("tqdm is not installed") and extras.INSTALL in line
+  # Any other missing module is a bug of the installation: its traceback.
+  assert cli.error_line(ModuleNotFoundError("x", name="scipy")) is None
+
+
+def _entry_points():
+  """The repository's tools that use fkjax.cli and run as ``__main__``."""
+  for path in sorted([*REPO.glob("*.py"), *REPO.glob("reproduce/*.py"),
+                      *REPO.glob("benchmarks/*.py")]):
+    text = path.read_text()
+    if "from fkjax import cli" in text and "\nif __name__ ==" in text:
+      yield path.relative_to(REPO)
+
+
+@pytest.mark.parametrize("path", list(_entry_points()), ids=str)
+def test_each_entry_point_starts_with_entry_start(path):
+  # fkjax.entry.start() before any other import: a missing package (or
+  # Ctrl-C) during them is one line too.
+  import ast
+  body = ast.parse((REPO / path).read_text()).body
+  imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+  first = next(n for n in body if isinstance(n, ast.If))
+  assert ast.unparse(first) == ("if __name__ == '__main__':\n"
+                                "    entry.start()"), path
+  assert all(n.lineno < first.lineno for n in imports
+             if ast.unparse(n) in ("from fkjax import entry",
+                                   "from __future__ import annotations"))
+  assert all(n.lineno > first.lineno for n in imports
+             if ast.unparse(n) not in ("from fkjax import entry",
+                                       "from __future__ import annotations"))

@@ -203,14 +203,30 @@ def test_member_executions_compute_the_same_function(small_batch, other):
                              member_execution="parallel"))
 
 
-def test_sequential_and_unrolled_draw_the_same_noise(small_batch):
-  seq, unrolled = (create_model(depth=8, ensemble_size=2, noise_coef=0.2,
-                                member_execution=m)
-                   for m in ("sequential", "unrolled"))
-  variables = init_variables(seq, small_batch)
-  a, b = (jit_apply(m)(variables, small_batch, rngs={"noise": jax.random.key(5)})
-          for m in (seq, unrolled))
-  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+@pytest.mark.parametrize("other", ["batched", "sequential"])
+def test_every_member_execution_draws_the_unrolled_keys(small_batch, other):
+  """One seed, one run: the accelerators' batched members and the CPU's
+  unrolled ones draw the same initial weights and the same noise in a
+  training step (the unrolled draws are the committed CPU runs')."""
+  unrolled, form = (create_model(depth=8, ensemble_size=2, noise_coef=0.2,
+                                 member_execution=m)
+                    for m in ("unrolled", other))
+  init = lambda m: jax.jit(functools.partial(m.init, train=False))(
+      KEYS, small_batch[:1])
+  expected, variables = init(unrolled), init(form)
+  jax.tree.map(np.testing.assert_array_equal, variables, expected)
+
+  def step_noise(model, key):
+    """The training step's forward pass: noise on, batch statistics."""
+    return jit_apply(model)(expected, small_batch, train=True,
+                            rngs={"noise": key}, mutable="batch_stats")
+
+  a, b = (step_noise(m, jax.random.key(5)) for m in (unrolled, form))
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5,
+                                 atol=1e-6), a, b)
+  # The noise is there to be compared: another key moves the logits.
+  other_key = step_noise(form, jax.random.key(6))[0]
+  assert np.max(np.abs(np.asarray(other_key) - np.asarray(b[0]))) > 1e-3
 
 
 def test_en1_without_noise_equals_plain_net(small_batch):

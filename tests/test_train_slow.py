@@ -1,8 +1,8 @@
 """The slow set's end-to-end runs of train.py / eval.py (``-m slow``; CI
 runs them, the README's quick command does not): a jax.distributed run of
-two processes, and eval.py's strong protocol. Both start from one
-uninterrupted 1-device run of the tiny config, made here as
-tests/test_train.py makes its own.
+two processes, and eval.py's strong protocol, both from one uninterrupted
+1-device run of the tiny config, made here as tests/test_train.py makes its
+own; and a run over 8 devices with the default batch sizes.
 """
 import json
 import shutil
@@ -12,6 +12,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from tests.subprocess_env import subprocess_env
 
 from tests.test_train import ONE_DEVICE
 from tests.test_train import REPO
@@ -91,3 +93,61 @@ def test_eval_strong_protocol_writes_its_own_results(runs, tmp_path):
   for seed, acc in enumerate(worst["per_seed"]):
     assert acc <= min(attacks_[a]["per_seed"][seed] for a in attacks_)
   assert "worst case" in proc.stdout
+
+
+# The default batch sizes (training 128, validation and evaluation 500) on
+# synthetic data where neither the validation split (30) nor the test set
+# (60) divides over 8 devices; two training steps of 128.
+EIGHT_DEVICES = [
+    "--config.training.batch_size=128", "--config.validation.batch_size=500",
+    "--config.eval.batch_size=500", "--config.dataset.synthetic_sizes=(286,60)",
+    "--config.dataset.val_size=30", "--config.training.num_epochs=1"]
+# eval.py's protocols at small budgets; NAttack's image groups (16) and
+# population chunks split the batch unevenly too.
+PAPER_ATTACKS = [
+    "--config.eval.attacks=natural,fgsm,ifgsm20,cw,nattack",
+    "--config.eval.nattack_population=8", "--config.eval.nattack_iters=2",
+    "--config.eval.nattack_chunk=4", "--config.eval.nattack_image_chunk=16"]
+STRONG = [
+    "--config.eval.protocol=strong", "--config.eval.strong.num_iters=2",
+    "--config.eval.strong.num_seeds=1", "--config.eval.strong.num_targets=1",
+    "--config.eval.strong.eot_samples=1",
+    "--config.eval.strong.sanity_examples=0"]
+
+
+def test_a_run_on_eight_devices_runs_to_its_end(tmp_path):
+  """train.py then eval.py (paper with NAttack, and strong) on 8 devices
+  with the default batch sizes: nothing refused, nothing lost."""
+  workdir = tmp_path / "eight"
+  env = subprocess_env(tmp_path / "cache", devices=8)
+
+  def run(program, *args):
+    proc = subprocess.run(
+        [sys.executable, program, f"--workdir={workdir}", *args], cwd=REPO,
+        env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+  assert "devices: 8 x cpu" in run("train.py", "--config=configs/tiny.py",
+                                   *EIGHT_DEVICES)
+  records = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+  assert "val_natural_accuracy" in records[-1]
+  final = json.loads((workdir / "final_eval.json").read_text())
+  assert final["num_examples"] == 60
+  # The final evaluation's attacks again on one device, into their own
+  # file: image for image the same results.
+  run("eval.py", "--config.num_devices=1", "--config.eval.protocol=one",
+      "--config.eval.attacks=natural,fgsm")
+  one = json.loads((workdir / "eval_one.json").read_text())
+  assert one["metadata"]["devices"].startswith("1 x cpu")
+  assert final["metadata"]["devices"].startswith("8 x cpu")
+  assert one["correct_per_image"] == final["correct_per_image"]
+  run("eval.py", *PAPER_ATTACKS)
+  paper = json.loads((workdir / "eval_paper.json").read_text())
+  assert paper["num_examples"] == 60
+  assert set(paper["attacks"]) == {"natural", "fgsm", "ifgsm20", "cw",
+                                   "nattack"}
+  run("eval.py", *STRONG)
+  strong = json.loads((workdir / "eval_strong.json").read_text())
+  assert strong["protocol"] == "strong"
+  assert {"natural", "apgd_ce", "apgd_dlr"} <= set(strong["attacks"])

@@ -137,6 +137,7 @@ def eval_batches(
     split: Split,
     batch_size: int,
     *,
+    rows: int | None = None,
     process_index: int = 0,
     process_count: int = 1,
 ) -> Iterator[dict[str, np.ndarray]]:
@@ -148,15 +149,22 @@ def eval_batches(
 
   Args:
     split: the split to evaluate.
-    batch_size: the GLOBAL batch size; divisible by process_count.
+    batch_size: the examples of a GLOBAL batch.
+    rows: the rows of a global batch (default ``batch_size``), a multiple of
+      process_count: the rows past ``batch_size`` are padding too, so that
+      a batch divides over devices (or processes) however many examples it
+      holds; the examples of each batch are the same whatever ``rows``.
     process_index: this process's index in [0, process_count).
     process_count: number of processes sharing each global batch.
 
   Yields:
     {"image": float32 (local, 32, 32, 3), "label": int32 (local,),
-     "mask": bool (local,)} with local = batch_size // process_count.
+     "mask": bool (local,)} with local = rows // process_count.
   """
-  local = _local_size(batch_size, process_index, process_count)
+  rows = batch_size if rows is None else rows
+  if rows < batch_size:
+    raise ValueError(f"rows {rows} cannot hold a batch of {batch_size}")
+  local = _local_size(rows, process_index, process_count)
   return _eval_iter(split, batch_size, local, process_index)
 
 
@@ -164,9 +172,9 @@ def _eval_iter(split: Split, batch_size: int, local: int,
                process_index: int) -> Iterator[dict[str, np.ndarray]]:
   n = split.num_examples
   for b in range(num_eval_batches(n, batch_size)):
-    start = b * batch_size + process_index * local
-    idx = np.arange(start, start + local)
-    mask = idx < n
+    offset = process_index * local + np.arange(local)
+    idx = b * batch_size + offset
+    mask = (idx < n) & (offset < batch_size)
     idx = np.where(mask, idx, 0)
     images = split.images[idx]
     images[~mask] = 0

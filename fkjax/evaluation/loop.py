@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
 import numpy as np
 
 from fkjax import attacks as attacks_lib
@@ -71,8 +72,32 @@ def _correct(apply_fn, num_noise_draws, variables, images, labels, mask,
   return jnp.logical_and(jnp.argmax(probs, axis=-1) == labels, mask)
 
 
-def _signature(*arrays: Any) -> tuple[Any, ...]:
-  return tuple((a.shape, str(a.dtype)) for a in arrays)
+def _signature(*arrays: Any, layout: Any = None) -> tuple[Any, ...]:
+  return tuple((a.shape, str(a.dtype)) for a in arrays) + (layout,)
+
+
+def batch_layout(batch: Mapping[str, Any]) -> NamedSharding | None:
+  """How ``batch``'s rows are split over devices: a sharding of its first
+  axis over a mesh, or None (one device, or every device the whole batch).
+  """
+  sharding = getattr(batch.get("image"), "sharding", None)
+  if (not isinstance(sharding, NamedSharding) or not sharding.spec
+      or sharding.spec[0] is None):
+    return None
+  return NamedSharding(sharding.mesh, P(sharding.spec[0]))
+
+
+def _on_layout(fn: Any, layout: NamedSharding | None, variables: Any,
+               images: jax.Array, labels: jax.Array, *rest: Any) -> Any:
+  """``fn(variables, images, labels, *rest)`` with the rows split over
+  ``layout``'s devices inside the program, whatever their number: XLA pads
+  the last device's part and leaves the padding out of every reduction (a
+  batch's standard deviation, its BatchNorm statistics), so the numbers are
+  those of the rows alone, where a placed array must divide evenly."""
+  if layout is not None:
+    images, labels = jax.lax.with_sharding_constraint((images, labels),
+                                                      layout)
+  return fn(variables, images, labels, *rest)
 
 
 def to_host(x: Any) -> np.ndarray:
@@ -88,7 +113,9 @@ def real_rows(batch: Mapping[str, Any]) -> dict[str, Any] | None:
   A padded row must not reach the model: with ``noise_std_over="batch"``
   an EnResNet scales its noise by the standard deviation over the whole
   batch, so zero rows would change the predictions of the real ones. The
-  result has no ``mask`` (every row is real) and keeps the rows' order.
+  result has no ``mask`` (every row is real) and keeps the rows' order; its
+  rows need not divide over the devices the batch was split over
+  (``batch_layout``: the ``Evaluator`` splits them inside its programs).
   """
   if "mask" not in batch:
     return dict(batch)
@@ -219,7 +246,10 @@ class Evaluator:
 
   Only real rows reach the model: a batch with padding rows (``mask``
   False) is cut to its real rows first (``real_rows``), so the last, padded
-  batch of an evaluation is compiled once more at its smaller size.
+  batch of an evaluation is compiled once more at its smaller size. A batch
+  placed split over devices (``batch_layout``: padded to a multiple of them,
+  as ``fkjax.training.parallel.eval_batches`` places it) is computed split
+  over them, however many real rows it has.
   """
 
   def __init__(self, apply_fn: attacks_lib.ApplyFn,
@@ -247,18 +277,26 @@ class Evaluator:
     self.counting = eval_progress.CallCounting(apply_fn, work_per_image)
     self.calls = self.counting.calls
     # False: the attacks as given; True: counting their model calls.
-    self._jitted = {
-        counting: {name: jax.jit(functools.partial(
-            attacks[name], self.counting.apply_fn if counting else apply_fn))
+    self._attacks = {
+        counting: {name: functools.partial(
+            attacks[name], self.counting.apply_fn if counting else apply_fn)
                    for name in self.names}
         for counting in (False, True)}
-    self._correct = jax.jit(functools.partial(
-        _correct, apply_fn, num_noise_draws))
+    self._correct = functools.partial(_correct, apply_fn, num_noise_draws)
+    # (function, layout) -> the function jitted on that layout.
+    self._jitted: dict[Any, Any] = {}
     self._compiled: dict[bool, dict[str, dict[Any, Any]]] = {
         counting: {n: {} for n in self.names} for counting in (False, True)}
     self._compiled_correct: dict[Any, Any] = {}
     # The setting a batch too large for memory is refused by.
     self.batch_key = batch_key
+
+  def _jit(self, fn: Any, layout: NamedSharding | None) -> Any:
+    """``fn`` jitted with its batch split over ``layout`` (``_on_layout``)."""
+    if (id(fn), layout) not in self._jitted:
+      self._jitted[id(fn), layout] = jax.jit(
+          functools.partial(_on_layout, fn, layout))
+    return self._jitted[id(fn), layout]
 
   def compiled_attacks(self, name: str, *, progress: bool = False
                        ) -> list[Any]:
@@ -269,26 +307,28 @@ class Evaluator:
 
   def _compile(self, name: str, counting: bool, variables: Any,
                images: jax.Array, labels: jax.Array, key: jax.Array,
-               announce: Any = None) -> tuple[Any, float]:
-    """Attack ``name`` compiled for this batch shape, and the seconds that
-    took (0 when it was compiled before); ``announce()`` before compiling."""
-    signature = _signature(images, labels)
+               layout: NamedSharding | None, announce: Any = None
+               ) -> tuple[Any, float]:
+    """Attack ``name`` compiled for this batch shape and layout, and the
+    seconds that took (0 when it was compiled before); ``announce()``
+    before compiling."""
+    signature = _signature(images, labels, layout=layout)
     cache = self._compiled[counting][name]
     if signature in cache:
       return cache[signature], 0.0
     if announce is not None:
       announce()
     start = time.perf_counter()
-    traced = self._jitted[counting][name].trace(variables, images, labels,
-                                                key)
+    jitted = self._jit(self._attacks[counting][name], layout)
+    traced = jitted.trace(variables, images, labels, key)
     if counting:
       self.counting.traced(name, signature, traced)
     cache[signature] = traced.lower().compile()
-    self._check_memory(name, counting, cache[signature], variables, images,
+    self._check_memory(name, jitted, cache[signature], variables, images,
                        labels, key)
     return cache[signature], time.perf_counter() - start
 
-  def _check_memory(self, name: str, counting: bool, compiled: Any,
+  def _check_memory(self, name: str, jitted: Any, compiled: Any,
                     variables: Any, images: jax.Array, labels: jax.Array,
                     key: jax.Array) -> None:
     """Refuses, in one line, a batch that would not fit in memory
@@ -298,26 +338,29 @@ class Evaluator:
     devices = len(placed)
     eval_memory.check(
         compiled, int(images.shape[0]), f"attack {name}",
-        batch_key=self.batch_key, multiple=devices,
-        at_batch=lambda b: self._jitted[counting][name].trace(
+        batch_key=self.batch_key,
+        at_batch=lambda b: jitted.trace(
             variables, images[:b], labels[:b], key).lower().compile(),
         # The CPU's devices share its memory; a GPU's estimate is its own.
         scale=devices if placed[0].platform == "cpu" else 1,
         free=eval_memory.free_bytes(placed[0]))
 
-  def _predictor(self, tally: Tally, *args: Any) -> Any:
-    """The compiled prediction for this batch shape (its compilation
-    counted in ``tally``)."""
-    signature = _signature(*args[1:4])
+  def _predictor(self, tally: Tally, layout: NamedSharding | None,
+                 *args: Any) -> Any:
+    """The compiled prediction for this batch shape and layout (its
+    compilation counted in ``tally``)."""
+    signature = _signature(*args[1:4], layout=layout)
     if signature not in self._compiled_correct:
       start = time.perf_counter()
-      self._compiled_correct[signature] = self._correct.lower(*args).compile()
+      self._compiled_correct[signature] = self._jit(
+          self._correct, layout).lower(*args).compile()
       tally.predict_compile_seconds += time.perf_counter() - start
     return self._compiled_correct[signature]
 
   def _on_survivors(self, name: str, counting: bool, alive: np.ndarray,
                     variables: Any, images: jax.Array, labels: jax.Array,
-                    key: jax.Array) -> tuple[jax.Array, float]:
+                    key: jax.Array, layout: NamedSharding | None
+                    ) -> tuple[jax.Array, float]:
     """The batch with only its ``alive`` images attacked by ``name`` (the
     others as given), and the seconds spent compiling."""
     rows = np.flatnonzero(alive)
@@ -327,35 +370,36 @@ class Evaluator:
     # Padding repeats a survivor; its copies' results are dropped.
     take = np.concatenate([rows, np.repeat(rows[:1], size - rows.size)])
     compiled, spent = self._compile(name, counting, variables, images[take],
-                                    labels[take], key)
+                                    labels[take], key, layout)
     x_sub = compiled(variables, images[take], labels[take], key)
     return images.at[rows].set(x_sub[:rows.size]), spent
 
   def _batch(self, variables: Any, batch: Mapping[str, Any],
-             batch_key: jax.Array, batch_index: int, counting: bool,
-             tally: Tally, shown: Any,
+             layout: NamedSharding | None, batch_key: jax.Array,
+             batch_index: int, counting: bool, tally: Tally, shown: Any,
              done: dict[str, tuple[np.ndarray, float]],
              on_attack: Any) -> dict[str, tuple[np.ndarray, float]]:
-    """Runs the attacks not ``done`` yet on one batch of real rows; returns
-    every attack's (right per image, seconds). ``on_attack(done)`` after
-    each attack but the last (the journal keeps them)."""
+    """Runs the attacks not ``done`` yet on one batch of real rows, split
+    over ``layout``; returns every attack's (right per image, seconds).
+    ``on_attack(done)`` after each attack but the last (the journal keeps
+    them)."""
     names = self.names
     images = jnp.asarray(batch["image"])
     labels = jnp.asarray(batch["label"], jnp.int32)
     mask = jnp.ones(labels.shape, jnp.bool_)
     predict_key, *attack_keys = jax.random.split(batch_key, len(names) + 1)
-    predict = self._predictor(tally, variables, images, labels, mask,
+    predict = self._predictor(tally, layout, variables, images, labels, mask,
                               predict_key)
     # Every attack is compiled before the first runs, so that the display
     # knows the batch's calls from the start.
     for name, attack_key in zip(names, attack_keys):
       if name not in self.survivors_of:
         _, spent = self._compile(
-            name, counting, variables, images, labels, attack_key,
+            name, counting, variables, images, labels, attack_key, layout,
             functools.partial(shown.compiling, batch_index, name))
         tally.compile_seconds[name] += spent
         tally.seconds[name] += spent
-    shown.start_batch(batch_index, _signature(images, labels))
+    shown.start_batch(batch_index, _signature(images, labels, layout=layout))
     for name, attack_key in zip(names, attack_keys):
       if name in done:
         continue
@@ -367,13 +411,14 @@ class Evaluator:
               [done[n][0] for n in self.survivors_of[name]]
               + [np.ones(labels.shape, bool)])
           x_adv, spent = self._on_survivors(name, counting, alive, variables,
-                                            images, labels, attack_key)
+                                            images, labels, attack_key,
+                                            layout)
           tally.compile_seconds[name] += spent
         else:
           alive = None
           x_adv = self._compile(name, counting, variables, images, labels,
-                                attack_key)[0](variables, images, labels,
-                                               attack_key)
+                                attack_key, layout)[0](variables, images,
+                                                       labels, attack_key)
         right = to_host(predict(variables, x_adv, labels, mask,
                                 predict_key)).astype(bool)
       if alive is not None:
@@ -434,13 +479,14 @@ class Evaluator:
              if counting else eval_progress.SILENT)
     try:
       for batch_index, batch in enumerate(batches):
+        layout = batch_layout(batch)
         batch = real_rows(batch) if batch_index >= skip else None
         if batch is None:
           continue
         done = (dict(kept["attacks"]) if kept is not None
                 and kept["batch_index"] == batch_index else {})
         done = self._batch(
-            variables, batch, jax.random.fold_in(key, batch_index),
+            variables, batch, layout, jax.random.fold_in(key, batch_index),
             batch_index, counting, tally, shown, done,
             lambda d, i=batch_index: save(i, {"batch_index": i,
                                               "attacks": d}))

@@ -223,25 +223,19 @@ def member_noise_keys(block_names: Sequence[str], num_members: int,
                       ) -> jax.Array:
   """Keys ``(members, blocks)`` that EnResNet's blocks draw, without its body.
 
-  :class:`fkjax.models.EnResNet` splits the ``'noise'`` stream per member
-  with ``nn.vmap`` (``"batched"``) or ``nn.scan`` (``"sequential"``,
-  ``"unrolled"``) under the name ``members``; the same lifted transform of a
-  module that only draws keys, called in the same place, returns the keys
-  the original members' blocks used. Call it inside a module's
-  ``nn.compact`` method.
+  :class:`fkjax.models.EnResNet`'s members draw their keys as an ``nn.scan``
+  over them under the name ``members`` splits the ``'noise'`` stream,
+  whatever their ``member_execution``; the same scan of a module that only
+  draws keys, called in the same place, returns the keys the original
+  members' blocks used. Call it inside a module's ``nn.compact`` method.
   """
-  if member_execution == "batched":
-    probe = nn.vmap(_MemberKeys, variable_axes={}, split_rngs={"noise": True},
-                    in_axes=(), out_axes=0, axis_size=num_members)
-    return probe(tuple(block_names), name=name)()
-  if member_execution in ("sequential", "unrolled"):
-    probe = nn.scan(_ScannedKeys, variable_axes={},
-                    split_rngs={"noise": True}, in_axes=nn.broadcast,
-                    length=num_members)
-    _, keys = probe(tuple(block_names), name=name)(jnp.zeros(()), None)
-    return keys
-  raise ValueError(f"member_execution must be one of {MEMBER_EXECUTIONS}, "
-                   f"got {member_execution!r}")
+  if member_execution not in MEMBER_EXECUTIONS:
+    raise ValueError(f"member_execution must be one of {MEMBER_EXECUTIONS}, "
+                     f"got {member_execution!r}")
+  probe = nn.scan(_ScannedKeys, variable_axes={}, split_rngs={"noise": True},
+                  in_axes=nn.broadcast, length=num_members)
+  _, keys = probe(tuple(block_names), name=name)(jnp.zeros(()), None)
+  return keys
 
 
 class SlimEnResNet(nn.Module):
@@ -249,13 +243,12 @@ class SlimEnResNet(nn.Module):
 
   Members run one after the other (their widths differ, so they cannot be
   batched); their noise keys are those :class:`fkjax.models.EnResNet`'s
-  members draw under ``member_execution`` (the original's setting; its
-  ``"batched"`` and ``"sequential"`` forms split keys alike today, but the
-  slim model follows whichever the original used).
+  members draw (the same under every ``member_execution``).
 
   Attributes:
     specs: one :class:`NetSpec` per member.
-    member_execution: how the original ran its members (for the keys).
+    member_execution: how the original ran its members (kept with the
+      slim model; the keys do not depend on it).
     conv, inject: see :class:`SlimResNet`.
   """
   specs: tuple[NetSpec, ...]

@@ -68,12 +68,21 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def check_batch_size(global_batch_size: int, mesh: Mesh) -> None:
+def check_batch_size(global_batch_size: int, mesh: Mesh,
+                     key: str = "config.training.batch_size") -> None:
+  """Refuses a training batch that does not split evenly over the mesh
+  (``key``: the setting that gives it). Evaluation batches need no such
+  check: :func:`eval_batches` pads them."""
   if global_batch_size % mesh.size:
     raise run_config.ConfigError(
-        f"the batch size {global_batch_size} does not divide over the "
-        f"{mesh.size} devices of the mesh: use a multiple of {mesh.size}, "
-        "or fewer devices (config.num_devices)")
+        f"{key}={global_batch_size} does not divide over the {mesh.size} "
+        f"devices: use a multiple of {mesh.size}, or fewer devices "
+        "(config.num_devices)")
+
+
+def padded_rows(batch_size: int, mesh: Mesh) -> int:
+  """``batch_size`` rounded up to a multiple of the mesh's devices."""
+  return -(-batch_size // mesh.size) * mesh.size
 
 
 def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
@@ -95,9 +104,16 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 def eval_batches(split: Any, batch_size: int, mesh: Mesh
                  ) -> Iterator[dict[str, jax.Array]]:
   """Padded, masked evaluation batches of ``split`` (an
-  ``fkjax.data.Split``) placed on the mesh, each process giving its slice."""
-  check_batch_size(batch_size, mesh)
+  ``fkjax.data.Split``) split over the mesh, each process giving its slice.
+
+  Any ``batch_size`` works on any number of devices: each batch holds
+  ``batch_size`` examples (the last one fewer), padded to a multiple of the
+  devices with rows whose ``mask`` is False, so the batches are those of one
+  device. ``fkjax.evaluation.Evaluator`` computes on the real rows alone,
+  still split over the devices.
+  """
   for batch in data_lib.eval_batches(
-      split, batch_size, process_index=jax.process_index(),
+      split, batch_size, rows=padded_rows(batch_size, mesh),
+      process_index=jax.process_index(),
       process_count=jax.process_count()):
     yield shard_batch(batch, mesh)

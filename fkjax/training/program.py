@@ -437,29 +437,28 @@ class Runs:
       return loss(variables, images, labels, key)
 
     def loss_check(variables, images, labels, keys, values):
+      images, labels = self.spread_rows(images, labels)
       return self.per_run(one, (0, 0, 0, None, None))(
           variables, keys, values, images, labels)
     return jax.jit(loss_check)
 
+  def spread_rows(self, *batch: jax.Array) -> tuple[jax.Array, ...]:
+    """Inside a program: a validation batch's rows split as a training
+    batch's are (:meth:`batch_sharding`), however many rows it has (XLA
+    pads the last device's part and leaves the padding out of every
+    reduction)."""
+    return jax.lax.with_sharding_constraint(batch, self.batch_sharding())
+
   def eval_batches(self, split: data_lib.Split
                    ) -> Iterator[dict[str, jax.Array] | None]:
-    """The validation batches of real rows, placed: split over the mesh
-    where the batch size allows (several processes: each its own slice),
-    else on every device; None for a batch of padding only."""
-    batch_size = self.template.validation.batch_size
-    if jax.process_count() > 1:
-      for batch in parallel.eval_batches(split, batch_size, self.mesh):
-        yield eval_loop.real_rows(batch)
-      return
-    for batch in data_lib.eval_batches(split, batch_size):
-      batch = eval_loop.real_rows(batch)
-      if batch is None:
-        yield None
-        continue
-      rows = len(batch["label"])
-      whole = self.shard == "batch" and rows % self.mesh.size == 0
-      yield jax.device_put(batch, self.batch_sharding() if whole
-                           else NamedSharding(self.mesh, P()))
+    """The validation batches of real rows (None for a batch of padding
+    only), from batches padded to split over the mesh
+    (:func:`fkjax.training.parallel.eval_batches`; several processes: each
+    its own slice); the programs split the real rows again
+    (:meth:`spread_rows`)."""
+    for batch in parallel.eval_batches(
+        split, self.template.validation.batch_size, self.mesh):
+      yield eval_loop.real_rows(batch)
 
   @functools.cached_property
   def validation_counts(self):
@@ -476,6 +475,7 @@ class Runs:
 
     def counts(variables, images, labels, keys, epoch, batch_index,
                values):
+      images, labels = self.spread_rows(images, labels)
       return self.per_run(one, (0, 0, 0, None, None, None, None))(
           variables, keys, values, images, labels, epoch, batch_index)
     return jax.jit(counts)

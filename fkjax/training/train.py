@@ -32,6 +32,7 @@ import optax
 
 from fkjax import checkpoint as ckpt_lib
 from fkjax import data as data_lib
+from fkjax import interrupt
 from fkjax import workdir as workdir_lib
 from fkjax.config import record as run_config
 from fkjax.errors import NonFiniteLossError
@@ -250,6 +251,7 @@ def epoch_steps(state: PyTree, feeds: Iterable[Any], *, first_step: int,
   pending = None
   for done, feed in enumerate(
       itertools.islice(feeds, skip, steps_per_epoch), start=skip + 1):
+    interrupt.check()  # a Ctrl-C that library code caught stops here
     step = first_step + done - 1
     state, metrics = step_fn(state, feed, step)
     if pending is not None:
