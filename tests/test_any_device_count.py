@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.subprocess_env import subprocess_env
+from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def eight_devices():
   env = subprocess_env(None, devices=8)
   proc = subprocess.run([sys.executable, "-m", "tests.uneven_devices"],
                         cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=600)
+                        timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -57,7 +58,7 @@ def test_validation_splits_a_batch_that_does_not_divide():
   env["FKJAX_KERNELS_PLATFORM"] = "gpu"   # XLA's convolutions, as a GPU's
   proc = subprocess.run(
       [sys.executable, "-m", "tests.uneven_devices", "validation"], cwd=REPO,
-      env=env, capture_output=True, text=True, timeout=900)
+      env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])
   assert report["8"]["conv_rows"] == [4]
