@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import orbax.checkpoint as ocp
@@ -116,7 +116,7 @@ class Checkpointer:
     self._read_only = must_exist
     self._asynchronous = asynchronous and not must_exist
     # The last save's step and orbax's error records held until it ends.
-    self._pending: tuple[int, list[Any]] | None = None
+    self._pending: tuple[int, list[Any], Callable[[], None]] | None = None
     self._held = contextlib.ExitStack()
     with quiet.dropping(quiet.METADATA_COMPLAINTS):
       # The handler named up front, so that a reader that has saved nothing
@@ -150,7 +150,10 @@ class Checkpointer:
         run_record.of_workdir(os.path.dirname(self.directory)))
     # Orbax's threads log a failed write's tracebacks as they go: held
     # until wait(), which says the failure in one line instead.
+    # The write's threads report its failure as tensorstore's callbacks
+    # meet a closed event loop: dropped until wait() has said it.
     self._held = contextlib.ExitStack()
+    keep_dropping = self._held.enter_context(quiet.leftovers_dropped())
     held = self._held.enter_context(quiet.errors_held(orbax_only=True))
     try:
       # Ctrl-C: the save is abandoned, the previous checkpoints are intact.
@@ -160,9 +163,10 @@ class Checkpointer:
                            custom_metadata=metadata)
     except BaseException:
       held.clear()
+      keep_dropping()
       self._held.close()
       raise
-    self._pending = (step, held)
+    self._pending = (step, held, keep_dropping)
     if not self._asynchronous:
       self.wait()
 
@@ -175,12 +179,13 @@ class Checkpointer:
     """
     if self._pending is None:
       return
-    (step, held), self._pending = self._pending, None
+    (step, held, keep_dropping), self._pending = self._pending, None
     try:
       with self._writing(step):
         self._manager.wait_until_finished()
     except BaseException:
       held.clear()   # said in one line
+      keep_dropping()
       raise
     finally:
       self._held.close()

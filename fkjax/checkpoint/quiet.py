@@ -103,16 +103,21 @@ def _drops_leftovers(hook: Any) -> bool:
 
 
 @contextlib.contextmanager
-def leftovers_dropped() -> Iterator[None]:
-  """Around an orbax read: its leftover reports are dropped from the
-  start, since one can come before the read has raised (a truncated
-  chunk's restore printed a traceback of "Event loop is closed" above its
-  one-line error once in a CI run). A read that succeeds leaves nothing to
-  drop, and the hook in place before is put back; after one that fails,
-  the dropping stays (:func:`drop_orbax_leftovers`)."""
+def leftovers_dropped() -> Iterator[Callable[[], None]]:
+  """Around an orbax read or write: its leftover reports are dropped from
+  the start, since one can come before it has raised (a truncated chunk's
+  restore printed a traceback of "Event loop is closed" above its one-line
+  error once in a CI run; an asynchronous save's failed write prints them
+  while the loop goes on). One that succeeds leaves nothing to drop, and
+  the hook in place before is put back; after one that fails (an exception
+  out of the block, or the ``keep()`` it yields called: an asynchronous
+  save's failure is seen later, in its wait), the dropping stays
+  (:func:`drop_orbax_leftovers`)."""
   before = drop_orbax_leftovers()
-  yield
-  if before is not None and _drops_leftovers(sys.unraisablehook):
+  kept = []
+  yield lambda: kept.append(True)
+  if before is not None and not kept and _drops_leftovers(
+      sys.unraisablehook):
     sys.unraisablehook = before
 
 
