@@ -288,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     environment = ({"dataset.data_dir": args.data_dir} if args.data_dir
                    else {})
     _declare_paths(args)
+    if not args.report_only and (args.calibrate or not args.dry_run):
+      # As train.py: before planning, which reads the platform (the
+      # precision "auto" stands for) and so starts JAX's backend.
+      kernels.apply_xla_flags()
     plans = _plans(args, scale, table_rows, environment)
   except _UsageError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -305,9 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                       from_scratch=_from_scratch(scale, table_rows, None,
                                                  speed))
     if args.calibrate:
-      # Timed as the runs would train: with fkjax's CPU flags.
-      kernels.apply_xla_flags()
-      step_times = calibrate.measure()
+      step_times = calibrate.measure()   # with fkjax's CPU flags, as a run
     return _dry_run(plans, sweep=args.sweep, max_runs=args.sweep_max_runs,
                     step_times=step_times,
                     extra_evals=not args.defer_extra_evals,
@@ -325,8 +327,6 @@ def _run_tables(args: argparse.Namespace, scale: scales_lib.Scale,
   not_restored = ({r.workdir for runs in plans.values() for r in runs}
                   if args.no_restore else True)
   if not args.report_only:
-    # As train.py and eval.py: the runs train and attack in this process.
-    kernels.apply_xla_flags()
     logging.set_verbosity(logging.WARNING)   # orbax logs every file at INFO
   failed = not_started = 0
   for name, runs in plans.items():

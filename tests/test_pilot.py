@@ -93,13 +93,15 @@ def test_a_bad_command_line_is_one_error_line(argv, message, capsys):
 
 
 def test_the_doubled_rgsm_pilot_trains_table2s_row_of_the_long_variant():
+  from fkjax.training import precision
   from reproduce.run import plan as plan_lib
   from reproduce.spec import tables
   scale = scales.with_variant(scales.SCALES["cpu"], "long")
   (run,) = plan_lib.plan(tables.TABLES["table2"], scale, root="w", seeds=1,
                          rows=["resnet20_rgsm_l0.1"])
   row = scales.flat(run.config)
-  mine = scales.flat(pilot.pilot_config("rgsm_m4_x2"))
+  # as the pilot's run records it (train_runs resolves "auto")
+  mine = scales.flat(precision.resolved(pilot.pilot_config("rgsm_m4_x2")))
   differ = {k for k in set(row) | set(mine) if row.get(k) != mine.get(k)}
   # the pilot evaluates A1 and A3 only, at the end of its training
   assert differ == {"eval.final_attacks"}

@@ -169,7 +169,7 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
   """
   saved = load_saved(workdir)
   if saved is not None:
-    diffs = differences(saved, as_dict(config))
+    diffs = differences(saved, _as_recorded(as_dict(config), saved))
     if diffs:
       raise ConfigError(
           f"{workdir} holds a run with another config ("
@@ -207,7 +207,7 @@ def _check_checkpoint_record(config: ml_collections.ConfigDict,
         "or recorded that file as it was): restore "
         f"{CONFIG_FILE}, or use a new workdir")
   step, recorded = found
-  diffs = differences(recorded, as_dict(config))
+  diffs = differences(recorded, _as_recorded(as_dict(config), recorded))
   if diffs:
     raise ConfigError(
         f"{missing}, and its checkpoint step {step} was trained with another "
