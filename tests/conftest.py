@@ -3,8 +3,10 @@ import os
 import signal
 
 import jax
+import pytest
 
 from fkjax import kernels
+from tests import tiny_run as tiny_run_lib
 from tests.subprocess_env import FAST_COMPILE_FLAGS
 from tests.subprocess_env import TEST_CACHE_DIR
 
@@ -41,3 +43,11 @@ jax.config.update("jax_compilation_cache_dir", str(TEST_CACHE_DIR))
 # installs its KeyboardInterrupt again, as in a run started from a terminal.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
   signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+  """A finished tiny train.py run shared by the session's test files (see
+  tests/tiny_run.py): copy it before writing to it."""
+  return tiny_run_lib.train_once(
+      tiny_run_lib.shared_root(tmp_path_factory.getbasetemp()))

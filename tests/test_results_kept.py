@@ -15,13 +15,13 @@ import pytest
 
 from fkjax.evaluation import merge as eval_merge
 from fkjax import workdir as workdir_lib
+from tests import tiny_run as tiny_run_lib
 from tests.subprocess_env import FILE_SIZE_LIMIT
 from tests.subprocess_env import subprocess_env
 from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
-ONE_DEVICE = ["--config.num_devices=1",
-              "--config.training.checkpoint_every_steps=2"]
+ONE_DEVICE = tiny_run_lib.ONE_DEVICE
 # eval.py on 16 images, quietly.
 SMALL_EVAL = ["--config.eval.num_examples=16", "--config.progress=false"]
 
@@ -36,14 +36,10 @@ def _run(args, cache, check=True):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A finished tiny run, and the compilation cache it filled."""
-  root = tmp_path_factory.mktemp("kept")
-  cache = root / "jax_cache"
-  run = root / "run"
-  _run(["train.py", "--config=configs/tiny.py", f"--workdir={run}",
-        *ONE_DEVICE], cache)
-  return run, cache
+def trained(tiny_run):
+  """The session's finished tiny run (copied before a test writes to it),
+  and the compilation cache it filled."""
+  return tiny_run["workdir"], tiny_run_lib.CACHE
 
 
 def _copy(trained, tmp_path, name="run"):

@@ -31,16 +31,19 @@ from fkjax.training import build
 from fkjax.training import parallel
 from fkjax.training import sparsify
 from tests.killed import Killed, killed_after
+from tests import tiny_run as tiny_run_lib
 from tests.subprocess_env import subprocess_env
 from tests.subprocess_env import TIMEOUT_S
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _env(cache_dir):
-  """The subprocesses' environment, 4 host devices; cache_dir None leaves the
-  compilation cache to the config (config.compilation_cache_dir)."""
-  return subprocess_env(cache_dir, devices=4)
+def _env(cache_dir, devices=1):
+  """The subprocesses' environment; cache_dir None leaves the compilation
+  cache to the config (config.compilation_cache_dir). One host device, as
+  the shared run had (the device count is part of a compiled program's
+  cache key), unless a test needs more."""
+  return subprocess_env(cache_dir, devices=devices)
 
 
 def _cmd(program, workdir, overrides):
@@ -48,27 +51,26 @@ def _cmd(program, workdir, overrides):
           f"--workdir={workdir}", *overrides]
 
 
-def _run(program, workdir, overrides, cache_dir, check=True):
+def _run(program, workdir, overrides, cache_dir, check=True, devices=1):
   proc = subprocess.run(_cmd(program, workdir, overrides), cwd=REPO,
-                        env=_env(cache_dir), capture_output=True, text=True,
-                        timeout=TIMEOUT_S)
+                        env=_env(cache_dir, devices), capture_output=True,
+                        text=True, timeout=TIMEOUT_S)
   if check and proc.returncode != 0:
     raise AssertionError(f"{program} failed:\n{proc.stdout}\n{proc.stderr}")
   return proc
 
 
-ONE_DEVICE = ["--config.num_devices=1",
-              "--config.training.checkpoint_every_steps=2"]
+ONE_DEVICE = list(tiny_run_lib.ONE_DEVICE)
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-  """An uninterrupted 1-device run, and the compilation cache it filled."""
+def full_run(tmp_path_factory, tiny_run):
+  """An uninterrupted 1-device run (a copy of the session's), and the
+  compilation cache it filled."""
   root = tmp_path_factory.mktemp("train")
-  cache = root / "jax_cache"
-  full = root / "full"
-  return {"root": root, "cache": cache, "full": full,
-          "full_log": _run("train.py", full, ONE_DEVICE, cache).stdout}
+  return {"root": root, "cache": tiny_run_lib.CACHE,
+          "full": tiny_run_lib.copy(tiny_run, root / "full"),
+          "full_log": tiny_run["log"]}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,8 @@ def runs(full_run):
 def four_devices(full_run):
   """A 4-device run of the same config (the slow set's)."""
   four = full_run["root"] / "four"
-  _run("train.py", four, ["--config.num_devices=4"], full_run["cache"])
+  _run("train.py", four, ["--config.num_devices=4"], full_run["cache"],
+       devices=4)
   return four
 
 
@@ -143,7 +146,7 @@ def test_resume_after_kill_matches_uninterrupted_run(runs):
 def _dp_equivalence(cache, *args):
   proc = subprocess.run(
       [sys.executable, "-m", "tests.dp_equivalence", *args], cwd=REPO,
-      env=_env(cache), capture_output=True, text=True, timeout=TIMEOUT_S)
+      env=_env(cache, devices=4), capture_output=True, text=True, timeout=TIMEOUT_S)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   for kind in ("natural", "adversarial"):

@@ -13,26 +13,24 @@ import sys
 import numpy as np
 import pytest
 
+from tests import tiny_run as tiny_run_lib
 from tests.subprocess_env import subprocess_env
 
-from tests.test_train import ONE_DEVICE
 from tests.test_train import REPO
 from tests.test_train import _cmd
 from tests.test_train import _env
-from tests.test_train import _run
 from tests.subprocess_env import TIMEOUT_S
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  """An uninterrupted 1-device run (tests/test_train.py's ``full``)."""
+def runs(tmp_path_factory, tiny_run):
+  """An uninterrupted 1-device run (a copy of the session's, as
+  tests/test_train.py's ``full``)."""
   root = tmp_path_factory.mktemp("train_slow")
-  cache = root / "jax_cache"
-  out = {"root": root, "cache": cache, "full": root / "full"}
-  _run("train.py", out["full"], ONE_DEVICE, cache)
-  return out
+  return {"root": root, "cache": tiny_run_lib.CACHE,
+          "full": tiny_run_lib.copy(tiny_run, root / "full")}
 
 
 def _free_port() -> int:
