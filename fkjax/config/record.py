@@ -89,7 +89,14 @@ def as_dict(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def is_environment_key(key: str) -> bool:
-  return any(key == k or key.startswith(k + ".") for k in ENVIRONMENT_KEYS)
+  """Whether ``key`` is one of :data:`ENVIRONMENT_KEYS` or inside one."""
+  # One set look-up and one startswith of a tuple: every comparison of two
+  # configs asks this of each of their ~200 keys.
+  return key in _ENVIRONMENT or key.startswith(_ENVIRONMENT_SECTIONS)
+
+
+_ENVIRONMENT = frozenset(ENVIRONMENT_KEYS)
+_ENVIRONMENT_SECTIONS = tuple(k + "." for k in ENVIRONMENT_KEYS)
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any],

@@ -17,6 +17,7 @@ schedule is shorter than the paper's (:func:`shrinkage_factor`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Mapping
 
@@ -413,6 +414,7 @@ def _round(x: float) -> float:
 OPTIONAL_ATTACKS = ("cw_authors",)
 
 
+@functools.cache   # asked for every planned run; the answer is the code's
 def attack_available(name: str) -> bool:
   """Whether this fkjax's eval.py knows attack ``name``."""
   config = default_config.get_config()
