@@ -132,8 +132,10 @@ def _planned_run(table: tables_lib.Table, row: tables_lib.Row,
     overrides.setdefault("eval.protocol", spec.protocol)
     extra.append(_extra_eval_run(spec.protocol, overrides, config, workdir))
   # As train.py records it: its fingerprint is the one of the run it makes
-  # here (precision "auto" is float32 on a CPU, tf32 on a GPU).
-  config = precision.resolved(config)
+  # here (precision "auto" is float32 on a CPU, tf32 on a GPU). The config
+  # is this run's own (built above; the commands and extra evaluations are
+  # already made from it).
+  precision.resolve(config)
   return Run(table, row, owner_name, owner, seed, workdir, config,
              train_cmd, eval_cmd, _result_file(config), extra,
              publish=scale.publish_weights)
