@@ -195,6 +195,7 @@ def _robust(apply_fn, params, x_adv, labels):
   return np.asarray(jnp.argmax(apply_fn(params, x_adv, None), -1) == labels)
 
 
+@pytest.mark.slow
 def test_apgd_at_least_as_strong_as_pgd_with_the_same_budget():
   """Image by image: at most 1 of 128 images survives APGD but not PGD."""
   params, images, labels = tiny_models.trained_mlp()
@@ -351,6 +352,7 @@ def test_targets_on_the_images_left_robust_break_the_same_images(n_restarts):
         atol=1e-6)
 
 
+@pytest.mark.slow
 def test_later_targets_attack_only_the_images_left_robust():
   params, images, labels = tiny_models.trained_mlp()
   images, labels = images[:48], labels[:48]

@@ -482,6 +482,7 @@ def test_sweep_step_size_grows_with_epsilon():
   assert attacks.sweep_step_size(0.1, 10, travel=1.0) == pytest.approx(0.01)
 
 
+@pytest.mark.slow
 def test_cw_authors_scales_its_perturbation_instead_of_projecting():
   from tests import tiny_models  # pylint: disable=import-outside-toplevel
   params, x, y = tiny_models.trained_mlp()

@@ -301,6 +301,7 @@ def test_nattack_chunk_follows_the_devices_memory():
     assert chunk(None, population=300) == population_chunk.CPU_CHUNK
 
 
+@pytest.mark.slow
 def test_nattack_gives_the_same_images_whatever_the_chunk():
   params, images, labels = tiny_models.trained_mlp()
   images, labels = images[:6], labels[:6]

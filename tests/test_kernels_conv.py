@@ -102,8 +102,8 @@ def test_unsupported_cases_fall_back_to_xla():
 
 
 @needs_onednn
-@pytest.mark.parametrize("execution", [
-    "batched", pytest.param("unrolled", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("execution", ["batched", "unrolled"])
 def test_model_with_onednn_equals_xla_model(execution):
   small_batch = jax.random.uniform(jax.random.key(7), (4, 8, 8, 3))
   a, b = (create_model(depth=8, ensemble_size=2, noise_coef=0.0, conv=impl,

@@ -181,8 +181,8 @@ def test_unsupported_inputs():
 
 
 @needs_library
-@pytest.mark.parametrize("execution", [
-    pytest.param("batched", marks=pytest.mark.slow), "unrolled"])
+@pytest.mark.slow
+@pytest.mark.parametrize("execution", ["batched", "unrolled"])
 def test_en2_model_gradients_equal_jnp_model(execution):
   images = jax.random.uniform(jax.random.key(7), (4, 8, 8, 3))
   labels = jnp.arange(4) % 10

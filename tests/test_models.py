@@ -172,6 +172,7 @@ def test_ensemble_equals_mean_of_members(small_batch):
 
 @pytest.mark.parametrize("other", [
     pytest.param("sequential", marks=pytest.mark.slow), "unrolled"])
+@pytest.mark.slow
 def test_member_executions_compute_the_same_function(small_batch, other):
   batched, sequential = (
       create_model(depth=8, ensemble_size=3, member_execution=m)
@@ -203,7 +204,8 @@ def test_member_executions_compute_the_same_function(small_batch, other):
                              member_execution="parallel"))
 
 
-@pytest.mark.parametrize("other", ["batched", "sequential"])
+@pytest.mark.parametrize("other", [
+    "batched", pytest.param("sequential", marks=pytest.mark.slow)])
 def test_every_member_execution_draws_the_unrolled_keys(small_batch, other):
   """One seed, one run: the accelerators' batched members and the CPU's
   unrolled ones draw the same initial weights and the same noise in a
@@ -265,6 +267,7 @@ def test_skip_false_removes_skip_path(small_batch):
     assert np.allclose(a, b) != skip
 
 
+@pytest.mark.slow
 def test_jit_matches_eager(small_batch):
   model = create_model(depth=8, noise_coef=0.1)
   variables = init_variables(model, small_batch)

@@ -80,6 +80,7 @@ def _best_step(workdir):
     checkpointer.close()
 
 
+@pytest.mark.slow
 def test_a_sweep_of_one_writes_the_single_runs_records(both):
   (single_dir, single), (sweep_dir, swept) = both["single"], both["sweep"]
   records = {name: metric_logging.read_metrics(str(d)) for name, d in
@@ -99,6 +100,7 @@ def test_a_sweep_of_one_writes_the_single_runs_records(both):
   assert single["validation"]["epoch"] == swept["validation"]["epoch"] == 2
 
 
+@pytest.mark.slow
 def test_the_validation_seconds_are_the_loops_wall_time_in_both(both):
   # The loop times Runs.validate itself: a run and a sweep report the same
   # thing (it was the attacks' summed seconds in a run, wall time in a
@@ -108,6 +110,7 @@ def test_the_validation_seconds_are_the_loops_wall_time_in_both(both):
       assert record["val_seconds"] >= VALIDATION_PAUSE
 
 
+@pytest.mark.slow
 def test_an_epochs_wall_time_holds_its_loss_check_and_the_last_save(both):
   # epoch_seconds runs from one epoch's record to the next: what
   # benchmarks.gpu_bench multiplies by 200 is all the loop spent.
@@ -119,6 +122,7 @@ def test_an_epochs_wall_time_holds_its_loss_check_and_the_last_save(both):
           + pauses * HOST_PAUSE)
 
 
+@pytest.mark.slow
 def test_a_sweep_of_one_selects_and_evaluates_the_single_runs_checkpoint(
     both):
   (single_dir, single), (sweep_dir, swept) = both["single"], both["sweep"]

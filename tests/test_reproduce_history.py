@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from configs import default as default_config
 from fkjax.config import history
 from fkjax.config import record as run_config
@@ -189,6 +191,7 @@ def test_a_dry_run_of_the_committed_cpu_scale_has_nothing_to_retrain(
   assert not (tmp_path / "w").exists()   # nothing restored
 
 
+@pytest.mark.slow
 def test_report_only_keeps_every_finished_row(tmp_path, capsys):
   # On a copy of results/cpu: every row finished before is finished after,
   # with the same numbers; only the strong column gains its mark. The

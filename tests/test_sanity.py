@@ -33,6 +33,7 @@ def test_paired_excess_by_hand():
   assert not sanity.paired_excess(weaker, stronger, z=0.0)["flagged"]
 
 
+@pytest.mark.slow
 def test_sanity_report_passes_a_normal_model():
   params, batches = _batches()
   report = sanity.sanity_checks(tiny_models.relu_mlp, params, batches,
