@@ -176,7 +176,7 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
   """
   saved = load_saved(workdir)
   if saved is not None:
-    diffs = differences(saved, _as_recorded(as_dict(config), saved))
+    diffs = _differences_from(saved, config)
     if diffs:
       raise ConfigError(
           f"{workdir} holds a run with another config ("
@@ -214,7 +214,7 @@ def _check_checkpoint_record(config: ml_collections.ConfigDict,
         "or recorded that file as it was): restore "
         f"{CONFIG_FILE}, or use a new workdir")
   step, recorded = found
-  diffs = differences(recorded, _as_recorded(as_dict(config), recorded))
+  diffs = _differences_from(recorded, config)
   if diffs:
     raise ConfigError(
         f"{missing}, and its checkpoint step {step} was trained with another "
@@ -225,6 +225,14 @@ def _check_checkpoint_record(config: ml_collections.ConfigDict,
 # What config.precision="auto" becomes where a run trains (the values of
 # fkjax.training.precision.AUTO, read here without JAX).
 AUTO_PRECISIONS = ("float32", "tf32")
+
+
+def _differences_from(recorded: Mapping[str, Any],
+                      config: ml_collections.ConfigDict
+                      ) -> list[tuple[str, Any, Any]]:
+  """:func:`differences` of ``config`` from a run's ``recorded`` config,
+  a precision of ``"auto"`` read as the one recorded."""
+  return differences(recorded, _as_recorded(as_dict(config), recorded))
 
 
 def _as_recorded(config: dict[str, Any], saved: Mapping[str, Any]
@@ -267,7 +275,7 @@ def config_for_eval(workdir: str, cli: ml_collections.ConfigDict | None,
         "may only change " + ", ".join(f"config.{e}" for e in
                                         ENVIRONMENT_KEYS))
   if config_given and cli is not None:
-    diffs = differences(saved, _as_recorded(as_dict(cli), saved))
+    diffs = _differences_from(saved, cli)
     if diffs:
       raise ConfigError(
           f"the --config given is not the config of the run in {workdir} ("
